@@ -1,0 +1,71 @@
+# pgsub: `make test` on a fresh machine installs everything and runs the suite.
+# Targets are idempotent; each installs only what is missing or out of date.
+
+PYTHON      ?= python3.11
+UV_VERSION  := 0.13.8
+# Newer PostgreSQL majors for the protocol-version matrix (npm's embedded builds).
+PG_EMBEDDED := 18=18.4.0-beta.17
+
+TOOLS := .tools
+UV    := $(TOOLS)/bin/uv
+VENV  := .venv
+BIN   := $(VENV)/bin
+SYNCED   := $(VENV)/.synced
+JARS     := jars/lib/.resolved
+POSTGRES := .setup-postgres
+
+export UV_PYTHON_DOWNLOADS := never
+
+.PHONY: setup venv jars postgres test test-unit check lint typecheck fmt clean help
+
+help:
+	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
+	@echo "make test    the full suite (unit, integration against real PostgreSQL and Delta)"
+	@echo "make check   ruff, mypy --strict, unit tests (what a quick pre-commit runs)"
+	@echo "make fmt     format and fix lint"
+
+setup: venv jars postgres
+
+venv: $(SYNCED)
+jars: $(JARS)
+postgres: $(POSTGRES)
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(SYNCED): pyproject.toml uv.lock | $(UV)
+	$(UV) sync --locked --python $(PYTHON)
+	touch $@
+
+$(JARS): jars/pom.xml
+	rm -rf jars/lib
+	mvn --quiet --batch-mode -f jars/pom.xml dependency:copy-dependencies \
+	    -DincludeScope=runtime -DincludeGroupIds=io.delta -DoutputDirectory=lib
+	touch $@
+
+$(POSTGRES): setup/postgres.sh Makefile
+	bash setup/postgres.sh $(PG_EMBEDDED)
+	touch $@
+
+test: setup
+	$(BIN)/pytest tests
+
+test-unit: venv
+	$(BIN)/pytest tests/unit
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+check: lint typecheck test-unit
+
+fmt: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,98 @@
+"""Builds the daemon's one Spark session, wired for Delta Lake.
+
+This module and the Delta writer are the only places that import pyspark.
+The Delta jars are resolved by Maven at set-up time (``make jars``) into a
+local folder; the session is pointed at them with ``spark.jars`` so that
+starting a session never downloads anything. A Spark Connect server
+(``sc://``) carries its own jars and needs none of this.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+JARS_DIR_ENV = "PGSUB_JARS_DIR"
+_REPO_JARS_DIR = Path(__file__).resolve().parent.parent / "jars" / "lib"
+
+# Settings every pgsub session needs; the user's spark.conf overrides them.
+_DELTA_CONF: Mapping[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Timestamps travel as UTC instants; the JVM's zone must not shift them.
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+# Small-batch tuning for a local session: a replication batch is small, and
+# the defaults (200 shuffle partitions, 50 partitions to rebuild a Delta
+# snapshot) spend most of a MERGE scheduling empty tasks.
+_LOCAL_CONF: Mapping[str, str] = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.ui.enabled": "false",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+}
+
+
+class SparkSetupError(RuntimeError):
+    """The Spark session cannot be built as configured."""
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSettings:
+    """What the ``spark`` section of the config says."""
+
+    master: str = "local[*]"
+    remote: str | None = None
+    conf: Mapping[str, str] = field(default_factory=dict)
+    app_name: str = "pgsub"
+
+
+def delta_jars(jars_dir: Path | None = None) -> list[Path]:
+    """The Delta jars to hand to Spark, from ``PGSUB_JARS_DIR`` or jars/lib."""
+    folder = jars_dir or Path(os.environ.get(JARS_DIR_ENV) or _REPO_JARS_DIR)
+    jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
+    if not any(j.name.startswith("delta-spark_") for j in jars):
+        raise SparkSetupError(
+            f"no Delta jars in {folder}: run `make jars` (Maven resolves them into "
+            f"jars/lib) or set {JARS_DIR_ENV} to a folder holding delta-spark and "
+            "delta-storage"
+        )
+    return jars
+
+
+def session_conf(settings: SparkSettings, jars_dir: Path | None = None) -> dict[str, str]:
+    """The full Spark configuration for ``settings`` (pure apart from the jar lookup)."""
+    conf: dict[str, str] = dict(_DELTA_CONF)
+    if settings.remote is None and settings.master.startswith("local"):
+        conf.update(_LOCAL_CONF)
+    if settings.remote is None and "spark.jars" not in settings.conf:
+        conf["spark.jars"] = ",".join(str(j) for j in delta_jars(jars_dir))
+    conf.update(settings.conf)
+    return conf
+
+
+def build_session(settings: SparkSettings, jars_dir: Path | None = None) -> SparkSession:
+    """Start (or join) the process's Spark session with Delta enabled."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(settings.app_name)
+    if settings.remote is not None:
+        builder = builder.remote(settings.remote)
+    else:
+        builder = builder.master(settings.master)
+    for key, value in session_conf(settings, jars_dir).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    if settings.remote is None:
+        session.sparkContext.setLogLevel("WARN")
+    return session

@@ -1,0 +1,123 @@
+"""PostgreSQL column types to Delta (Spark SQL) column types.
+
+The mapping is DESIGN section 6, a contract: users query these columns. It is
+pure - a type OID and typmod in, a Spark SQL type string out - so the Delta
+writer, the table-sync copy and the test oracle all agree on it. Types the
+table does not name become ``string`` holding PostgreSQL's text form, which
+is lossless for every type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+BOOL: Final = 16
+BYTEA: Final = 17
+CHAR: Final = 18
+NAME: Final = 19
+INT8: Final = 20
+INT2: Final = 21
+INT4: Final = 23
+TEXT: Final = 25
+JSON: Final = 114
+FLOAT4: Final = 700
+FLOAT8: Final = 701
+BPCHAR: Final = 1042
+VARCHAR: Final = 1043
+DATE: Final = 1082
+TIME: Final = 1083
+TIMESTAMP: Final = 1114
+TIMESTAMPTZ: Final = 1184
+INTERVAL: Final = 1186
+TIMETZ: Final = 1266
+NUMERIC: Final = 1700
+UUID: Final = 2950
+JSONB: Final = 3802
+
+# Largest precision a Spark decimal holds.
+MAX_DECIMAL_PRECISION: Final = 38
+
+_SCALARS: Final[dict[int, str]] = {
+    BOOL: "boolean",
+    INT2: "short",
+    INT4: "int",
+    INT8: "long",
+    FLOAT4: "float",
+    FLOAT8: "double",
+    BYTEA: "binary",
+    DATE: "date",
+    TIMESTAMP: "timestamp_ntz",
+    TIMESTAMPTZ: "timestamp",
+}
+
+# Array type OID -> element type OID, for the element types DESIGN names.
+ARRAY_ELEMENTS: Final[dict[int, int]] = {
+    1000: BOOL,
+    1001: BYTEA,
+    1002: CHAR,
+    1003: NAME,
+    1005: INT2,
+    1007: INT4,
+    1009: TEXT,
+    1014: BPCHAR,
+    1015: VARCHAR,
+    1016: INT8,
+    1021: FLOAT4,
+    1022: FLOAT8,
+    1115: TIMESTAMP,
+    1182: DATE,
+    1183: TIME,
+    1185: TIMESTAMPTZ,
+    1187: INTERVAL,
+    1231: NUMERIC,
+    1270: TIMETZ,
+    2951: UUID,
+    199: JSON,
+    3807: JSONB,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NumericTypmod:
+    """numeric(precision, scale) decoded from an atttypmod."""
+
+    precision: int
+    scale: int
+
+    @classmethod
+    def decode(cls, typmod: int) -> NumericTypmod | None:
+        """None for a numeric declared without precision (typmod -1)."""
+        if typmod < 4:
+            return None
+        packed = typmod - 4
+        scale = packed & 0x7FF
+        # PostgreSQL 15+ stores the scale as a signed 11-bit field.
+        if scale & 0x400:
+            scale -= 0x800
+        return cls(precision=(packed >> 16) & 0xFFFF, scale=scale)
+
+    def fits_spark_decimal(self) -> bool:
+        return 0 < self.precision <= MAX_DECIMAL_PRECISION and 0 <= self.scale <= self.precision
+
+
+def spark_type(type_oid: int, typmod: int = -1) -> str:
+    """The Delta column type for a PostgreSQL column of ``type_oid``.
+
+    ``type_oid`` is the base type: callers resolve domains to their base type
+    first (an enum has no base type and maps to ``string``).
+    """
+    if type_oid in ARRAY_ELEMENTS:
+        # An array column's typmod is its element's typmod.
+        return f"array<{spark_type(ARRAY_ELEMENTS[type_oid], typmod)}>"
+    if type_oid == NUMERIC:
+        numeric = NumericTypmod.decode(typmod)
+        if numeric is not None and numeric.fits_spark_decimal():
+            return f"decimal({numeric.precision},{numeric.scale})"
+        return "string"
+    return _SCALARS.get(type_oid, "string")
+
+
+def is_text_form(type_oid: int, typmod: int = -1) -> bool:
+    """Whether the Delta column holds PostgreSQL's text form of the value."""
+    return spark_type(type_oid, typmod).replace("array<", "").rstrip(">") == "string"

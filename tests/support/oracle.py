@@ -1,0 +1,191 @@
+"""The test oracle: does a Delta table hold exactly the publisher's rows?
+
+Both sides are read into canonical Python values, type-aware (timestamps as
+UTC instants, numerics by value, float4 at float4 precision, NaN equal to
+NaN, arrays element by element, bytes as bytes), and compared as multisets
+of rows, so a missing duplicate counts. Columns that DESIGN section 6 maps to
+a string are read from PostgreSQL in their text form (``col::text``), which
+is what the Delta column must hold.
+
+On a difference, the error lists the rows that differ; when key columns are
+given, rows with the same key are paired and the differing cells named.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from apply import typemap
+
+Row = tuple[Any, ...]
+MAX_REPORTED = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type_oid: int  # base type (domains resolved)
+    typmod: int
+
+    @property
+    def spark_type(self) -> str:
+        return typemap.spark_type(self.type_oid, self.typmod)
+
+
+@dataclass
+class TableDiff:
+    """What differs between the expected (publisher) and actual (Delta) rows."""
+
+    columns: Sequence[str]
+    missing: list[Row] = field(default_factory=list)  # in the publisher, not in Delta
+    extra: list[Row] = field(default_factory=list)  # in Delta, not in the publisher
+    changed: list[tuple[Row, Row, list[str]]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.extra or self.changed)
+
+    def report(self) -> str:
+        lines = [f"columns: {', '.join(self.columns)}"]
+        for expected, actual, cells in self.changed[:MAX_REPORTED]:
+            lines.append(f"changed: {', '.join(cells)}")
+            lines.append(f"  publisher: {expected!r}")
+            lines.append(f"  delta:     {actual!r}")
+        lines += [f"missing from delta: {row!r}" for row in self.missing[:MAX_REPORTED]]
+        lines += [f"extra in delta: {row!r}" for row in self.extra[:MAX_REPORTED]]
+        total = len(self.changed) + len(self.missing) + len(self.extra)
+        if total > 3 * MAX_REPORTED:
+            lines.append(f"... {total} differences in all")
+        return "\n".join(lines)
+
+
+def _canonical(value: Any, column: Column) -> Any:
+    """A hashable value that compares equal exactly when the values are the same."""
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        element = Column(column.name, typemap.ARRAY_ELEMENTS.get(column.type_oid, 0), column.typmod)
+        return ("array", tuple(_canonical(v, element) for v in value))
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ("float", "NaN")
+        if column.type_oid == typemap.FLOAT4:
+            value = struct.unpack("f", struct.pack("f", value))[0]
+        return ("float", value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, Decimal):
+        return ("decimal", "NaN" if value.is_nan() else value.normalize())
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            return ("timestamptz", value.astimezone(UTC))
+        return ("timestamp", value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return ("bytes", bytes(value))
+    return (type(value).__name__, value)
+
+
+def canonical_row(row: Sequence[Any], columns: Sequence[Column]) -> Row:
+    return tuple(_canonical(v, c) for v, c in zip(row, columns, strict=True))
+
+
+def compare_rows(
+    expected: Sequence[Row],
+    actual: Sequence[Row],
+    columns: Sequence[Column],
+    key: Sequence[str] = (),
+) -> TableDiff:
+    """Multiset comparison of two row lists, both in ``columns`` order."""
+    want = Counter(canonical_row(r, columns) for r in expected)
+    got = Counter(canonical_row(r, columns) for r in actual)
+    names = [c.name for c in columns]
+    diff = TableDiff(columns=names)
+    missing = list((want - got).elements())
+    extra = list((got - want).elements())
+    if key:
+        positions = [names.index(k) for k in key]
+        extra_by_key: dict[Row, list[Row]] = {}
+        for row in extra:
+            extra_by_key.setdefault(tuple(row[p] for p in positions), []).append(row)
+        for row in missing:
+            candidates = extra_by_key.get(tuple(row[p] for p in positions))
+            if candidates:
+                other = candidates.pop()
+                cells = [n for n, a, b in zip(names, row, other, strict=True) if a != b]
+                diff.changed.append((row, other, cells))
+            else:
+                diff.missing.append(row)
+        diff.extra = [r for rows in extra_by_key.values() for r in rows]
+    else:
+        diff.missing, diff.extra = missing, extra
+    return diff
+
+
+def publisher_columns(conn: psycopg.Connection[Any], table: str) -> list[Column]:
+    """The table's live, non-generated columns with domains resolved to base types."""
+    rows = conn.execute(
+        """
+        SELECT a.attname,
+               CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END,
+               CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END
+          FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+         WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+           AND a.attgenerated = ''
+         ORDER BY a.attnum
+        """,
+        [table],
+    ).fetchall()
+    return [Column(name, int(oid), int(typmod)) for name, oid, typmod in rows]
+
+
+def _select_expr(column: Column) -> sql.Composable:
+    ident = sql.Identifier(column.name)
+    if typemap.is_text_form(column.type_oid, column.typmod):
+        cast = "text[]" if column.type_oid in typemap.ARRAY_ELEMENTS else "text"
+        return sql.SQL("{}::{}").format(ident, sql.SQL(cast))
+    return ident
+
+
+def read_publisher(
+    conn: psycopg.Connection[Any], table: str, columns: Sequence[Column]
+) -> list[Row]:
+    schema, _, name = table.rpartition(".")
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(_select_expr(c) for c in columns),
+        sql.Identifier(schema or "public", name),
+    )
+    return [tuple(r) for r in conn.execute(query).fetchall()]
+
+
+def read_delta(spark: Any, path: str, columns: Sequence[Column]) -> list[Row]:
+    frame = spark.read.format("delta").load(path).select(*[f"`{c.name}`" for c in columns])
+    table = frame.toArrow()
+    return [tuple(row[c.name] for c in columns) for row in table.to_pylist()]
+
+
+def diff_delta_against_publisher(
+    conn: psycopg.Connection[Any], table: str, spark: Any, path: str, key: Sequence[str] = ()
+) -> TableDiff:
+    columns = publisher_columns(conn, table)
+    return compare_rows(
+        read_publisher(conn, table, columns), read_delta(spark, path, columns), columns, key
+    )
+
+
+def assert_delta_equals_publisher(
+    conn: psycopg.Connection[Any], table: str, spark: Any, path: str, key: Sequence[str] = ()
+) -> None:
+    diff = diff_delta_against_publisher(conn, table, spark, path, key)
+    if diff:
+        raise AssertionError(f"Delta table {path} differs from {table}:\n{diff.report()}")

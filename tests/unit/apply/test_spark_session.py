@@ -1,0 +1,41 @@
+"""The session configuration is pure; jars come from a folder, never a download."""
+
+from pathlib import Path
+
+import pytest
+
+from apply.spark_session import SparkSettings, SparkSetupError, delta_jars, session_conf
+
+
+def make_jars(folder: Path) -> Path:
+    folder.mkdir()
+    for name in ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"):
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+def test_local_session_points_spark_at_the_jars(tmp_path: Path) -> None:
+    folder = make_jars(tmp_path / "lib")
+    conf = session_conf(SparkSettings(master="local[2]"), folder)
+    assert conf["spark.jars"].split(",") == [str(p) for p in sorted(folder.glob("*.jar"))]
+    assert "spark.jars.packages" not in conf
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+
+
+def test_user_conf_wins(tmp_path: Path) -> None:
+    folder = make_jars(tmp_path / "lib")
+    conf = session_conf(
+        SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "64"}), folder
+    )
+    assert conf["spark.sql.shuffle.partitions"] == "64"
+
+
+def test_remote_session_needs_no_local_jars(tmp_path: Path) -> None:
+    conf = session_conf(SparkSettings(remote="sc://spark:15002"), tmp_path / "absent")
+    assert "spark.jars" not in conf
+
+
+def test_missing_jars_say_how_to_get_them(tmp_path: Path) -> None:
+    with pytest.raises(SparkSetupError, match="make jars"):
+        delta_jars(tmp_path / "absent")
