@@ -1,0 +1,36 @@
+"""Log sequence numbers: 64-bit WAL positions written ``X/Y`` by PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+_TEXT: Final = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
+
+
+class Lsn(int):
+    """A WAL position. An ``int`` so that it orders, hashes and packs for free."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: int = 0) -> Lsn:
+        if not 0 <= value < 1 << 64:
+            raise ValueError(f"LSN out of range: {value}")
+        return super().__new__(cls, value)
+
+    @classmethod
+    def parse(cls, text: str) -> Lsn:
+        """``'16/B374D848'`` -> Lsn; a ValueError names the bad text."""
+        match = _TEXT.match(text.strip())
+        if match is None:
+            raise ValueError(f"not an LSN (expected X/Y in hex): {text!r}")
+        return cls(int(match.group(1), 16) << 32 | int(match.group(2), 16))
+
+    def __str__(self) -> str:
+        return f"{self >> 32:X}/{self & 0xFFFFFFFF:X}"
+
+    def __repr__(self) -> str:
+        return f"Lsn('{self}')"
+
+
+ZERO: Final = Lsn(0)

@@ -1,0 +1,194 @@
+"""Keeps a subscription's stream going: connect, stream, reconnect with backoff.
+
+Each (re)connection starts from ``Progress.flushed`` - the last position
+durable at the target - so a lost connection loses nothing, and nothing at or
+below the flush point is decoded twice. Decoded messages go to ``deliver``
+in stream order, on the receiver's thread. The receiver also keeps the
+pending-work bookkeeping of ``Progress`` (which transactions are open, which
+were handed on), since it sees every transaction boundary.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from subscriber.commands import Streaming, StreamOptions
+from subscriber.errors import ConnectionLostError
+from subscriber.messages import (
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Message,
+    Prepare,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+)
+from subscriber.pgoutput import PgOutputDecoder
+from subscriber.progress import Progress
+from subscriber.stream import ReplicationConnection
+from subscriber.wire import XLogData
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff with jitter; reset once a stream delivers."""
+
+    initial: float = 1.0
+    cap: float = 30.0
+    attempt: int = field(default=0, init=False)
+
+    def next_delay(self) -> float:
+        delay = min(self.cap, self.initial * (2**self.attempt))
+        self.attempt += 1
+        jitter: float = random.uniform(0.8, 1.0)  # noqa: S311 - jitter, not security
+        return delay * jitter
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class TransactionTracker:
+    """Tells ``Progress`` which transactions are open and which were handed on."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._streamed: set[int] = set()
+
+    def reset(self) -> None:
+        self._streamed.clear()
+        self._progress.reset_open()
+
+    def observe(self, message: Message) -> None:
+        progress = self._progress
+        match message:
+            case Begin() | BeginPrepare():
+                progress.open_transaction()
+            case Commit(end_lsn=end) | Prepare(end_lsn=end):
+                progress.close_transaction(end)
+            case StreamStart(xid=xid) if xid not in self._streamed:
+                self._streamed.add(xid)
+                progress.open_transaction()
+            case StreamCommit(xid=xid, end_lsn=end) | StreamPrepare(xid=xid, end_lsn=end):
+                if xid in self._streamed:
+                    self._streamed.discard(xid)
+                    progress.close_transaction(end)
+                else:
+                    progress.handed_out(end)
+            case StreamAbort(xid=xid, subxid=subxid) if xid == subxid and xid in self._streamed:
+                self._streamed.discard(xid)
+                progress.close_transaction(None)
+            case CommitPrepared(end_lsn=end) | RollbackPrepared(rollback_end_lsn=end):
+                progress.handed_out(end)
+            case _:
+                pass
+
+
+Deliver = Callable[[Message, XLogData], None]
+
+
+class Receiver:
+    """Runs the receive loop of one subscription until ``stop()``."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        slot: str,
+        options: StreamOptions,
+        progress: Progress,
+        deliver: Deliver,
+        *,
+        status_interval: float = 10.0,
+        wal_receiver_timeout: float = 60.0,
+        backoff: Backoff | None = None,
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> None:
+        self._conninfo = conninfo
+        self._slot = slot
+        self._options = options
+        self.progress = progress
+        self._deliver = deliver
+        self._status_interval = status_interval
+        self._timeout = wal_receiver_timeout
+        self._backoff = backoff or Backoff()
+        self._on_reconnect = on_reconnect
+        self._tracker = TransactionTracker(progress)
+        self._stopping = threading.Event()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self.connections = 0
+        self.streaming = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake_writer.send(b"x")
+
+    def run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._stream_once()
+                except ConnectionLostError as exc:
+                    self.streaming.clear()
+                    self._tracker.reset()
+                    if self._on_reconnect is not None:
+                        self._on_reconnect()
+                    if self._stopping.is_set():
+                        break
+                    delay = self._backoff.next_delay()
+                    log.warning(
+                        "replication connection lost",
+                        slot=self._slot,
+                        error=str(exc),
+                        resume_lsn=str(self.progress.flushed),
+                        retry_in=round(delay, 1),
+                    )
+                    self._stopping.wait(delay)
+        finally:
+            self._wake_reader.close()
+            self._wake_writer.close()
+
+    def _stream_once(self) -> None:
+        connection = ReplicationConnection(self._conninfo)
+        try:
+            version = connection.server_version
+            decoder = PgOutputDecoder(
+                self._options.negotiated_proto(version),
+                parallel_streaming=self._options.streaming is Streaming.PARALLEL,
+            )
+            stream = connection.start_replication(
+                self._slot,
+                self.progress.flushed,
+                self._options,
+                self.progress,
+                status_interval=self._status_interval,
+                wal_receiver_timeout=self._timeout,
+                interrupt=self._wake_reader,
+            )
+        except BaseException:
+            connection.close()
+            raise
+        self.connections += 1
+        self.streaming.set()
+        try:
+            while not self._stopping.is_set():
+                data = stream.read()
+                if data is None:
+                    continue
+                message = decoder.decode(data.payload, data.data_start)
+                self._backoff.reset()
+                self._tracker.observe(message)
+                self._deliver(message, data)
+        finally:
+            self.streaming.clear()
+            stream.stop()

@@ -1,0 +1,360 @@
+"""The replication connection: the only module that talks to a walsender.
+
+``ReplicationConnection`` runs replication commands (IDENTIFY_SYSTEM, slot
+creation and removal, START_REPLICATION) over psycopg's libpq layer with the
+simple query protocol, which is all a walsender speaks. ``ReplicationStream``
+is the receive side of one START_REPLICATION: it waits on the socket (no
+polling, no fixed sleeps), answers keepalives that ask for a reply at once,
+sends standby status updates from ``Progress`` at least every
+``status_interval``, pings at half of ``wal_receiver_timeout`` and gives up
+with ``ConnectionLostError`` when the server stays silent for all of it.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+import psycopg
+import structlog
+from psycopg import pq
+
+from subscriber.commands import (
+    SnapshotAction,
+    StreamOptions,
+    create_slot_command,
+    drop_slot_command,
+    start_replication_command,
+)
+from subscriber.errors import ConnectionLostError, ProtocolError, ReplicationError
+from subscriber.lsn import Lsn
+from subscriber.progress import Feedback, Progress
+from subscriber.wire import Keepalive, XLogData, parse_frame, status_update
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SystemIdentity:
+    system_id: str
+    timeline: int
+    xlogpos: Lsn
+    dbname: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    slot_name: str
+    consistent_point: Lsn
+    snapshot_name: str | None
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()
+
+
+class ReplicationConnection:
+    """A ``replication=database`` connection to the publisher."""
+
+    def __init__(self, conninfo: str, *, connect_timeout: int = 30) -> None:
+        try:
+            self._conn = psycopg.connect(
+                conninfo,
+                replication="database",
+                autocommit=True,
+                prepare_threshold=None,
+                connect_timeout=connect_timeout,
+            )
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"cannot open a replication connection: {exc}") from exc
+        self.pgconn = self._conn.pgconn
+
+    def __enter__(self) -> ReplicationConnection:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def server_version(self) -> int:
+        return self._conn.info.server_version
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def execute(self, command: str) -> list[dict[str, str | None]]:
+        """One command in the simple query protocol; rows as dicts of text."""
+        verb = command.split(maxsplit=1)[0]
+        try:
+            result = self.pgconn.exec_(command.encode())
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"connection lost running {verb}: {exc}") from exc
+        if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+            message = result.error_message.decode(errors="replace").strip()
+            if self.pgconn.status == pq.ConnStatus.BAD:
+                raise ConnectionLostError(f"{verb} failed: {message}")
+            raise ReplicationError(f"{verb} failed: {message}")
+        names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+        return [
+            {name: _text(result.get_value(row, col)) for col, name in enumerate(names)}
+            for row in range(result.ntuples)
+        ]
+
+    def identify_system(self) -> SystemIdentity:
+        row = self.execute("IDENTIFY_SYSTEM")[0]
+        return SystemIdentity(
+            system_id=row["systemid"] or "",
+            timeline=int(row["timeline"] or 0),
+            xlogpos=Lsn.parse(row["xlogpos"] or "0/0"),
+            dbname=row["dbname"],
+        )
+
+    def create_slot(
+        self,
+        name: str,
+        *,
+        temporary: bool = False,
+        snapshot: SnapshotAction = SnapshotAction.NOTHING,
+        two_phase: bool = False,
+        failover: bool = False,
+    ) -> SlotInfo:
+        row = self.execute(
+            create_slot_command(
+                self.server_version,
+                name,
+                temporary=temporary,
+                snapshot=snapshot,
+                two_phase=two_phase,
+                failover=failover,
+            )
+        )[0]
+        slot = SlotInfo(
+            row["slot_name"] or name,
+            Lsn.parse(row["consistent_point"] or "0/0"),
+            row["snapshot_name"],
+        )
+        log.info(
+            "replication slot created",
+            slot=slot.slot_name,
+            consistent_point=str(slot.consistent_point),
+            temporary=temporary,
+        )
+        return slot
+
+    def drop_slot(self, name: str, *, wait: bool = True) -> None:
+        self.execute(drop_slot_command(name, wait=wait))
+        log.info("replication slot dropped", slot=name)
+
+    def start_replication(
+        self,
+        slot: str,
+        start: Lsn,
+        options: StreamOptions,
+        progress: Progress,
+        *,
+        status_interval: float = 10.0,
+        wal_receiver_timeout: float = 60.0,
+        interrupt: socket.socket | None = None,
+    ) -> ReplicationStream:
+        command = start_replication_command(
+            slot, start, options.pgoutput_options(self.server_version)
+        )
+        try:
+            self.pgconn.send_query(command.encode())
+            result = self.pgconn.get_result()
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"connection lost starting replication: {exc}") from exc
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            message = (
+                "no result"
+                if result is None
+                else result.error_message.decode(errors="replace").strip()
+            )
+            raise ReplicationError(f"START_REPLICATION on slot {slot} failed: {message}")
+        log.info(
+            "replication started",
+            slot=slot,
+            start_lsn=str(start),
+            proto_version=options.negotiated_proto(self.server_version),
+        )
+        return ReplicationStream(
+            self,
+            progress,
+            status_interval=status_interval,
+            wal_receiver_timeout=wal_receiver_timeout,
+            interrupt=interrupt,
+        )
+
+
+class ReplicationStream:
+    """The CopyBoth receive loop of one START_REPLICATION."""
+
+    def __init__(
+        self,
+        connection: ReplicationConnection,
+        progress: Progress,
+        *,
+        status_interval: float = 10.0,
+        wal_receiver_timeout: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        interrupt: socket.socket | None = None,
+    ) -> None:
+        self._connection = connection
+        self._pgconn = connection.pgconn
+        self._progress = progress
+        self._status_interval = status_interval
+        self._timeout = wal_receiver_timeout
+        self._clock = clock
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._pgconn.socket, selectors.EVENT_READ, "server")
+        # A socket another thread writes to, to make a waiting read() return None.
+        self._interrupt = interrupt
+        if interrupt is not None:
+            self._selector.register(interrupt, selectors.EVENT_READ, "interrupt")
+        now = clock()
+        self._last_receipt = now
+        self._last_status = now
+        self._pinged = False
+        self._last_sent: Feedback | None = None
+        self.last_server_time = 0
+        self.ended = False
+
+    @property
+    def last_receipt(self) -> float:
+        return self._last_receipt
+
+    def read(self, timeout: float | None = None) -> XLogData | None:
+        """The next XLogData, or None when ``timeout`` seconds pass without one.
+
+        Keepalives are handled here; status updates go out as they fall due.
+        """
+        deadline = None if timeout is None else self._clock() + timeout
+        while True:
+            frame = self._next_frame()
+            if frame is not None:
+                self._last_receipt = self._clock()
+                self._pinged = False
+                message = parse_frame(frame)
+                self.last_server_time = message.send_time
+                if isinstance(message, Keepalive):
+                    self._progress.note_received(message.wal_end)
+                    if message.reply_requested:
+                        self.send_status(force=True)
+                    continue
+                self._progress.note_received(max(message.data_start, message.wal_end))
+                return message
+            # Nothing buffered: a good moment to report progress, then wait.
+            self.send_status()
+            now = self._clock()
+            silent = now - self._last_receipt
+            if silent >= self._timeout:
+                raise ConnectionLostError(
+                    f"terminating replication stream due to timeout: nothing received for "
+                    f"{silent:.0f}s (wal_receiver_timeout {self._timeout:.0f}s)"
+                )
+            if silent >= self._timeout / 2 and not self._pinged:
+                self.send_status(force=True, reply_requested=True)
+                self._pinged = True
+            wake = min(
+                self._last_status + self._status_interval,
+                self._last_receipt + (self._timeout if self._pinged else self._timeout / 2),
+            )
+            if deadline is not None:
+                if now >= deadline:
+                    return None
+                wake = min(wake, deadline)
+            for key, _ in self._selector.select(max(0.0, wake - now)):
+                if key.data == "interrupt":
+                    return None
+                self._consume()
+
+    def _wait_server(self, timeout: float) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._pgconn.socket, selectors.EVENT_READ)
+            if selector.select(timeout):
+                self._consume()
+
+    def _consume(self) -> None:
+        try:
+            self._pgconn.consume_input()
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"replication connection lost: {exc}") from exc
+
+    def _next_frame(self) -> bytes | None:
+        try:
+            nbytes, data = self._pgconn.get_copy_data(1)
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"replication connection lost: {exc}") from exc
+        if nbytes > 0:
+            return bytes(data)
+        if nbytes == 0:
+            return None
+        # -1: the server ended the copy; -2: an error. Either way the stream is over.
+        self.ended = True
+        reason = self._final_error() or "the server ended the replication stream"
+        raise ConnectionLostError(reason)
+
+    def _final_error(self) -> str | None:
+        try:
+            result = self._pgconn.get_result()
+        except psycopg.OperationalError as exc:
+            return str(exc)
+        if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+            return result.error_message.decode(errors="replace").strip()
+        message = self._pgconn.error_message
+        return message.decode(errors="replace").strip() if message else None
+
+    def send_status(self, *, force: bool = False, reply_requested: bool = False) -> Feedback:
+        """Report positions when they changed, when asked, or when the interval is up."""
+        feedback = self._progress.feedback()
+        now = self._clock()
+        due = now - self._last_status >= self._status_interval
+        if force or due or feedback != self._last_sent:
+            try:
+                self._pgconn.put_copy_data(
+                    status_update(
+                        feedback.write,
+                        feedback.flush,
+                        feedback.apply,
+                        reply_requested=reply_requested,
+                    )
+                )
+                self._pgconn.flush()
+            except psycopg.OperationalError as exc:
+                raise ConnectionLostError(f"cannot send a status update: {exc}") from exc
+            self._last_status = now
+            self._last_sent = feedback
+        return feedback
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the stream cleanly: a last status update, CopyDone, then close."""
+        try:
+            if not self.ended and self._pgconn.status == pq.ConnStatus.OK:
+                self.send_status(force=True)
+                self._pgconn.put_copy_end()
+                self._pgconn.flush()
+                deadline = self._clock() + timeout
+                while self._clock() < deadline:
+                    nbytes, _ = self._pgconn.get_copy_data(1)
+                    if nbytes < 0:
+                        break
+                    if nbytes == 0:
+                        self._wait_server(max(0.0, deadline - self._clock()))
+        except (psycopg.OperationalError, ConnectionLostError, ProtocolError) as exc:
+            log.info("replication stream closed uncleanly", error=str(exc))
+        finally:
+            self._selector.close()
+            self._connection.close()
