@@ -50,7 +50,7 @@ class Backoff:
     attempt: int = field(default=0, init=False)
 
     def next_delay(self) -> float:
-        delay = min(self.cap, self.initial * (2**self.attempt))
+        delay = min(self.cap, self.initial * (1 << min(self.attempt, 30)))
         self.attempt += 1
         jitter: float = random.uniform(0.8, 1.0)  # noqa: S311 - jitter, not security
         return delay * jitter
