@@ -1,0 +1,69 @@
+"""A small TCP proxy on loopback whose connections a test can cut."""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+
+
+class TcpProxy:
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self._target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._closed = threading.Event()
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            with self._lock:
+                self._pairs.append((client, upstream))
+                self.accepted += 1
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        peers = {client: upstream, upstream: client}
+        with selectors.DefaultSelector() as selector:
+            for sock in peers:
+                selector.register(sock, selectors.EVENT_READ)
+            try:
+                while True:
+                    for key, _ in selector.select():
+                        data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                        if not data:
+                            return
+                        peers[key.fileobj].sendall(data)  # type: ignore[index]
+            except OSError:
+                return
+            finally:
+                self._close_pair(client, upstream)
+
+    @staticmethod
+    def _close_pair(*socks: socket.socket) -> None:
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def cut(self) -> int:
+        """Break every open connection; new ones are still accepted."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            self._close_pair(*pair)
+        return len(pairs)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        self.cut()

@@ -1,0 +1,49 @@
+import struct
+
+import pytest
+
+from subscriber.errors import ProtocolError
+from subscriber.lsn import Lsn
+from subscriber.wire import Keepalive, XLogData, parse_frame, pg_timestamp, status_update
+
+
+def test_lsn_text_round_trip() -> None:
+    lsn = Lsn.parse("16/B374D848")
+    assert lsn == 0x16_B374D848
+    assert str(lsn) == "16/B374D848"
+    assert str(Lsn(0)) == "0/0"
+    assert Lsn.parse("0/1528540") < Lsn.parse("0/1528570")
+
+
+@pytest.mark.parametrize("text", ["", "1", "G/0", "1/2/3", "123456789/0"])
+def test_bad_lsn_text_is_named(text: str) -> None:
+    with pytest.raises(ValueError, match="not an LSN"):
+        Lsn.parse(text)
+
+
+def test_lsn_range() -> None:
+    with pytest.raises(ValueError):
+        Lsn(-1)
+    with pytest.raises(ValueError):
+        Lsn(1 << 64)
+
+
+def test_xlogdata_and_keepalive_frames() -> None:
+    frame = b"w" + struct.pack("!QQq", 10, 20, 30) + b"B..."
+    assert parse_frame(frame) == XLogData(Lsn(10), Lsn(20), 30, b"B...")
+    assert parse_frame(b"k" + struct.pack("!QqB", 99, 5, 1)) == Keepalive(Lsn(99), 5, True)
+
+
+@pytest.mark.parametrize("frame", [b"", b"w\x00", b"k" + b"\x00" * 5, b"x" + b"\x00" * 17])
+def test_bad_frames_raise_protocol_error(frame: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse_frame(frame)
+
+
+def test_status_update_layout() -> None:
+    msg = status_update(Lsn(3), Lsn(2), Lsn(1), reply_requested=True, now=7)
+    assert msg == b"r" + struct.pack("!QQQqB", 3, 2, 1, 7, 1)
+
+
+def test_pg_timestamp_epoch() -> None:
+    assert pg_timestamp(0).isoformat() == "2000-01-01T00:00:00+00:00"

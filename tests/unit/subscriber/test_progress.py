@@ -1,0 +1,72 @@
+import pytest
+
+from subscriber.lsn import Lsn
+from subscriber.messages import Begin, Commit, StreamAbort, StreamCommit, StreamStart
+from subscriber.progress import Progress, ProgressError
+from subscriber.receiver import Backoff, TransactionTracker
+
+
+def test_flush_only_moves_forward() -> None:
+    progress = Progress(Lsn(100))
+    progress.confirm_flushed(Lsn(200))
+    with pytest.raises(ProgressError, match="backwards"):
+        progress.confirm_flushed(Lsn(150))
+
+
+def test_idle_progress_confirms_received() -> None:
+    progress = Progress(Lsn(100))
+    progress.note_received(Lsn(500))
+    feedback = progress.feedback()
+    assert (feedback.write, feedback.flush) == (Lsn(500), Lsn(500))
+
+
+def test_pending_transaction_holds_flush_back() -> None:
+    progress = Progress(Lsn(100))
+    tracker = TransactionTracker(progress)
+    tracker.observe(Begin(Lsn(300), 0, 7))
+    progress.note_received(Lsn(250))
+    assert progress.feedback().flush == Lsn(100)
+    tracker.observe(Commit(0, Lsn(300), Lsn(310), 0))
+    progress.note_received(Lsn(400))
+    # Handed on but not durable yet: still held back.
+    assert progress.feedback().flush == Lsn(100)
+    progress.confirm_flushed(Lsn(310))
+    assert progress.feedback().flush == Lsn(400)
+
+
+def test_streamed_transaction_is_pending_until_commit_or_abort() -> None:
+    progress = Progress(Lsn(100))
+    tracker = TransactionTracker(progress)
+    tracker.observe(StreamStart(9, True))
+    tracker.observe(StreamStart(9, False))
+    progress.note_received(Lsn(900))
+    assert progress.feedback().flush == Lsn(100)
+    tracker.observe(StreamAbort(9, 10))  # subtransaction abort: still open
+    assert progress.feedback().flush == Lsn(100)
+    tracker.observe(StreamCommit(9, 0, Lsn(950), Lsn(960), 0))
+    progress.confirm_flushed(Lsn(960))
+    assert progress.feedback().flush == Lsn(960)
+    tracker.observe(StreamStart(11, True))
+    tracker.observe(StreamAbort(11, 11))
+    progress.note_received(Lsn(1000))
+    assert progress.feedback().flush == Lsn(1000)
+
+
+def test_reconnect_forgets_open_transactions() -> None:
+    progress = Progress(Lsn(100))
+    tracker = TransactionTracker(progress)
+    tracker.observe(Begin(Lsn(300), 0, 7))
+    tracker.reset()
+    progress.note_received(Lsn(200))
+    assert progress.feedback().flush == Lsn(200)
+
+
+def test_backoff_is_capped_exponential() -> None:
+    backoff = Backoff(initial=1.0, cap=8.0)
+    delays = [backoff.next_delay() for _ in range(6)]
+    assert 0.8 <= delays[0] <= 1.0
+    assert 1.6 <= delays[1] <= 2.0
+    assert all(d <= 8.0 for d in delays)
+    assert delays[-1] >= 6.4
+    backoff.reset()
+    assert backoff.next_delay() <= 1.0
