@@ -98,10 +98,7 @@ class ReplicationConnection:
     def execute(self, command: str) -> list[dict[str, str | None]]:
         """One command in the simple query protocol; rows as dicts of text."""
         verb = command.split(maxsplit=1)[0]
-        try:
-            result = self.pgconn.exec_(command.encode())
-        except psycopg.OperationalError as exc:
-            raise ConnectionLostError(f"connection lost running {verb}: {exc}") from exc
+        result = self._run(command)
         if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
             message = result.error_message.decode(errors="replace").strip()
             if self.pgconn.status == pq.ConnStatus.BAD:
@@ -112,6 +109,40 @@ class ReplicationConnection:
             {name: _text(result.get_value(row, col)) for col, name in enumerate(names)}
             for row in range(result.ntuples)
         ]
+
+    def _run(self, command: str) -> pq.abc.PGresult:
+        """Send one command and wait for its last result on the socket.
+
+        libpq's blocking calls would hold the GIL while they wait on the
+        network, freezing every other thread of the daemon; so the command is
+        sent, and the socket waited on here, with the GIL released.
+        """
+        verb = command.split(maxsplit=1)[0]
+        pgconn = self.pgconn
+        last: pq.abc.PGresult | None = None
+        try:
+            pgconn.send_query(command.encode())
+            with selectors.DefaultSelector() as selector:
+                selector.register(pgconn.socket, selectors.EVENT_READ)
+                while True:
+                    while pgconn.is_busy():
+                        selector.select()
+                        pgconn.consume_input()
+                    result = pgconn.get_result()
+                    if result is None:
+                        break
+                    last = result
+                    if result.status in (
+                        pq.ExecStatus.COPY_BOTH,
+                        pq.ExecStatus.COPY_OUT,
+                        pq.ExecStatus.COPY_IN,
+                    ):
+                        break
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"connection lost running {verb}: {exc}") from exc
+        if last is None:
+            raise ConnectionLostError(f"{verb}: no result from the server")
+        return last
 
     def identify_system(self) -> SystemIdentity:
         row = self.execute("IDENTIFY_SYSTEM")[0]
@@ -172,17 +203,9 @@ class ReplicationConnection:
         command = start_replication_command(
             slot, start, options.pgoutput_options(self.server_version)
         )
-        try:
-            self.pgconn.send_query(command.encode())
-            result = self.pgconn.get_result()
-        except psycopg.OperationalError as exc:
-            raise ConnectionLostError(f"connection lost starting replication: {exc}") from exc
-        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
-            message = (
-                "no result"
-                if result is None
-                else result.error_message.decode(errors="replace").strip()
-            )
+        result = self._run(command)
+        if result.status != pq.ExecStatus.COPY_BOTH:
+            message = result.error_message.decode(errors="replace").strip()
             raise ReplicationError(f"START_REPLICATION on slot {slot} failed: {message}")
         log.info(
             "replication started",

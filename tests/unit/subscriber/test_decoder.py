@@ -1,5 +1,6 @@
 """Hand-built edge cases and fuzzing of the pgoutput decoder."""
 
+import contextlib
 import struct
 
 import pytest
@@ -146,10 +147,8 @@ def _fresh(proto: int) -> PgOutputDecoder:
 @settings(max_examples=3000, deadline=None)
 @given(payload=st.binary(max_size=200), proto=st.integers(1, 4))
 def test_arbitrary_bytes_decode_or_raise_protocol_error(payload: bytes, proto: int) -> None:
-    try:
+    with contextlib.suppress(ProtocolError):
         _fresh(proto).decode(payload)
-    except ProtocolError:
-        pass
 
 
 SEEDS = [
@@ -176,7 +175,5 @@ def test_mutated_messages_decode_or_raise_protocol_error(
             del payload[pos:]
         else:
             payload[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
-    try:
+    with contextlib.suppress(ProtocolError):
         _fresh(proto).decode(bytes(payload))
-    except ProtocolError:
-        pass

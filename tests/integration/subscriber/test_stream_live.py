@@ -1,0 +1,245 @@
+"""The receive loop against a real publisher: feedback, timeouts, lost connections."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from subscriber.commands import StreamOptions
+from subscriber.errors import ProtocolError
+from subscriber.lsn import Lsn
+from subscriber.messages import Begin, Commit, Insert, LogicalMessage, Message
+from subscriber.pgoutput import PgOutputDecoder
+from subscriber.progress import Progress
+from subscriber.receiver import Backoff, Receiver
+from subscriber.stream import ReplicationConnection
+from subscriber.wire import XLogData
+from tests.support.pgcluster import wait_until
+from tests.support.pgdatabase import PgDatabase
+from tests.support.streaming import create_slot, read_stream
+from tests.support.tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def proxy(publisher: PgDatabase) -> Iterator[TcpProxy]:
+    tcp = TcpProxy(publisher.cluster.port)
+    yield tcp
+    tcp.close()
+
+
+def test_idle_slot_confirmed_flush_advances(publisher: PgDatabase) -> None:
+    db = publisher
+    db.execute(
+        "CREATE TABLE t (a int); CREATE TABLE other (a int); CREATE PUBLICATION p FOR TABLE t"
+    )
+    start = create_slot(db, "s1")
+    progress = Progress()
+    connection = ReplicationConnection(db.replication_dsn)
+    stream = connection.start_replication(
+        "s1", Lsn(0), StreamOptions(("p",)), progress, status_interval=0.5, wal_receiver_timeout=2.0
+    )
+    try:
+        # WAL moves, but nothing of publication p: the slot must not hold it.
+        for _ in range(5):
+            db.execute("INSERT INTO other SELECT generate_series(1, 1000)")
+        target = Lsn.parse(db.fetchval("SELECT pg_current_wal_lsn()::text"))
+        assert target > start
+
+        def confirmed() -> bool:
+            assert stream.read(timeout=0.2) is None  # no data messages for p
+            return Lsn.parse(db.confirmed_flush_lsn("s1") or "0/0") >= target
+
+        wait_until(confirmed, timeout=30, what="confirmed_flush_lsn to pass the WAL written")
+    finally:
+        stream.stop()
+
+
+def test_flush_is_held_back_until_confirmed(publisher: PgDatabase) -> None:
+    db = publisher
+    db.execute(
+        "CREATE TABLE t (a int); CREATE TABLE other (a int); CREATE PUBLICATION p FOR TABLE t"
+    )
+    start = create_slot(db, "s1")
+    db.execute("INSERT INTO t VALUES (1)")
+    db.execute("INSERT INTO other VALUES (1)")  # WAL past the commit, not for p
+    received: list[Message] = []
+    progress = Progress()
+
+    def deliver(message: Message, data: XLogData) -> None:
+        received.append(message)
+
+    receiver = Receiver(
+        db.replication_dsn,
+        "s1",
+        StreamOptions(("p",)),
+        progress,
+        deliver,
+        status_interval=0.2,
+        wal_receiver_timeout=2.0,
+    )
+    thread = threading.Thread(target=receiver.run)
+    thread.start()
+    try:
+        wait_until(lambda: any(isinstance(m, Commit) for m in received), what="the commit")
+        commit = next(m for m in received if isinstance(m, Commit))
+        # Pings and status updates go on, but the flush position stays put.
+        wait_until(lambda: progress.received > commit.end_lsn, timeout=10, what="a keepalive")
+        assert Lsn.parse(db.confirmed_flush_lsn("s1") or "0/0") <= start
+        progress.confirm_flushed(commit.end_lsn)
+        wait_until(
+            lambda: Lsn.parse(db.confirmed_flush_lsn("s1") or "0/0") >= commit.end_lsn,
+            timeout=10,
+            what="the confirmed flush to be reported",
+        )
+    finally:
+        receiver.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert db.fetchval("SELECT active FROM pg_replication_slots WHERE slot_name = 's1'") is False
+
+
+def test_cut_connection_resumes_from_flushed_position(
+    publisher: PgDatabase, proxy: TcpProxy
+) -> None:
+    db = publisher
+    db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
+    create_slot(db, "s1")
+    total = 300
+    with db.connect() as conn:
+        for i in range(total):
+            conn.execute("INSERT INTO t VALUES (%s)", [i])
+
+    deliveries: list[tuple[int, Lsn, int]] = []  # (value, commit end, connection number)
+    flushed_at_cut: list[Lsn] = []
+    state: dict[str, object] = {}
+    progress = Progress()
+
+    def deliver(message: Message, data: XLogData) -> None:
+        if isinstance(message, Begin):
+            state["pending"] = None
+        elif isinstance(message, Insert):
+            state["pending"] = int(message.new.values[0] or b"-1")
+        elif isinstance(message, Commit):
+            deliveries.append((state["pending"], message.end_lsn, receiver.connections))  # type: ignore[arg-type]
+            # Durable one transaction behind, like a batching apply side.
+            if len(deliveries) >= 2 and deliveries[-2][2] == receiver.connections:
+                progress.confirm_flushed(max(progress.flushed, deliveries[-2][1]))
+            if len(deliveries) == 120 and not flushed_at_cut:
+                flushed_at_cut.append(progress.flushed)
+                proxy.cut()
+
+    dsn = db.cluster.dsn(db.name, replication="database").replace(
+        f"port={db.cluster.port}", f"port={proxy.port}"
+    )
+    receiver = Receiver(
+        dsn,
+        "s1",
+        StreamOptions(("p",)),
+        progress,
+        deliver,
+        status_interval=0.2,
+        wal_receiver_timeout=5.0,
+        backoff=Backoff(initial=0.2, cap=1.0),
+    )
+    thread = threading.Thread(target=receiver.run)
+    thread.start()
+    try:
+        wait_until(
+            lambda: {v for v, _, _ in deliveries} >= set(range(total)),
+            timeout=60,
+            what="every transaction to arrive",
+        )
+    finally:
+        receiver.stop()
+        thread.join(timeout=30)
+
+    assert receiver.connections >= 2, "the cut was not noticed"
+    assert proxy.accepted >= 2
+    cut_flush = flushed_at_cut[0]
+    seen: dict[int, int] = {}
+    for value, end_lsn, _ in deliveries:
+        seen[value] = seen.get(value, 0) + 1
+        if seen[value] > 1:
+            # Sent again only when it was not durable when the connection broke.
+            assert end_lsn > cut_flush, f"transaction at {end_lsn} decoded twice"
+    assert set(seen) == set(range(total))
+    after = [end for _, end, conn in deliveries if conn >= 2]
+    assert min(after) > cut_flush
+
+
+@pytest.fixture(scope="module")
+def captured(pg_clusters) -> list[tuple[bytes, Lsn, int]]:  # type: ignore[no-untyped-def]
+    """Raw pgoutput payloads of a varied workload, captured from the running server."""
+    from tests.support.pgcluster import DEFAULT_MAJOR
+
+    db = PgDatabase.create(pg_clusters.get("publisher", DEFAULT_MAJOR), "cap")
+    try:
+        db.execute(
+            "CREATE TYPE color AS ENUM ('red', 'blue');"
+            "CREATE TABLE c (id int PRIMARY KEY, t text, n numeric, ts timestamptz, col color,"
+            " arr int[], j jsonb);"
+            "CREATE TABLE f (x int, y text); ALTER TABLE f REPLICA IDENTITY FULL;"
+            "CREATE PUBLICATION p FOR TABLE c, f"
+        )
+        create_slot(db, "cap")
+        db.execute(
+            "INSERT INTO c SELECT g, 'text ' || g, g * 1.5, now(), 'red', ARRAY[g, NULL],"
+            " '{\"k\": 1}' FROM generate_series(1, 20) g"
+        )
+        db.execute("UPDATE c SET id = id + 100, t = NULL WHERE id < 5")
+        db.execute(
+            "INSERT INTO f VALUES (1, 'a'), (1, 'a'); UPDATE f SET y = 'b';"
+            " DELETE FROM f; DELETE FROM c WHERE id > 15; TRUNCATE f"
+        )
+        db.execute("SELECT pg_logical_emit_message(true, 'p', 'payload')")
+        raw: list[tuple[bytes, Lsn]] = []
+        read_stream(
+            db,
+            "cap",
+            StreamOptions(("p",), messages=True),
+            lambda ms: (
+                any(isinstance(m, LogicalMessage) for m in ms) and isinstance(ms[-1], Commit)
+            ),
+            raw=raw,
+        )
+        return [(payload, lsn, 3) for payload, lsn in raw]
+    finally:
+        db.drop()
+
+
+def test_captured_messages_decode_in_order(captured: list[tuple[bytes, Lsn, int]]) -> None:
+    decoder = PgOutputDecoder(3)
+    kinds = {chr(payload[0]) for payload, _, _ in captured}
+    assert {"B", "C", "R", "Y", "I", "U", "D", "T", "M"} <= kinds
+    for payload, lsn, _ in captured:
+        decoder.decode(payload, lsn)
+
+
+@settings(
+    max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_mutated_captured_messages_raise_only_protocol_error(
+    captured: list[tuple[bytes, Lsn, int]], data: st.DataObject
+) -> None:
+    index = data.draw(st.integers(0, len(captured) - 1))
+    decoder = PgOutputDecoder(3)
+    for payload, lsn, _ in captured[:index]:
+        decoder.decode(payload, lsn)
+    payload = bytearray(captured[index][0])
+    for _ in range(data.draw(st.integers(1, 3))):
+        pos = data.draw(st.integers(0, len(payload) - 1)) if payload else 0
+        if data.draw(st.booleans()) and payload:
+            payload[pos] = data.draw(st.integers(0, 255))
+        else:
+            del payload[pos:]
+    try:
+        decoder.decode(bytes(payload), captured[index][1])
+    except ProtocolError as exc:
+        assert "LSN" in str(exc)
