@@ -1,0 +1,60 @@
+"""``pgsub`` as a process: help, and ``peek`` against a real publisher."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.pgdatabase import PgDatabase
+from tests.support.streaming import create_slot
+
+pytestmark = pytest.mark.e2e
+
+
+def pgsub(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "subscriber.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_help_lists_the_commands() -> None:
+    result = pgsub("--help")
+    assert result.returncode == 0
+    assert "peek" in result.stdout
+
+
+def test_peek_prints_messages_and_leaves_the_slot(publisher: PgDatabase) -> None:
+    publisher.execute(
+        "CREATE TABLE t (a int PRIMARY KEY, b text); CREATE PUBLICATION p FOR TABLE t"
+    )
+    start = create_slot(publisher, "peeked")
+    publisher.execute("INSERT INTO t VALUES (1, 'secret-free value')")
+    result = pgsub("peek", "peeked", "--dsn", publisher.dsn, "-p", "p", "--limit", "4")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(" ", 1)[1].split("(", 1)[0] for line in lines] == [
+        "Begin",
+        "Relation",
+        "Insert",
+        "Commit",
+    ]
+    assert publisher.confirmed_flush_lsn("peeked") == str(start)
+    assert '"event": "replication started"' in result.stderr  # JSON logs, on stderr
+
+
+def test_peek_without_dsn_is_a_usage_error() -> None:
+    result = pgsub("peek", "s", "-p", "p", env={"PATH": "/usr/bin"})
+    assert result.returncode == 2
+    assert "PGSUB_DSN" in result.stderr
+
+
+def test_peek_names_a_missing_slot(publisher: PgDatabase) -> None:
+    publisher.execute("CREATE PUBLICATION p")
+    result = pgsub("peek", "nosuchslot", "--dsn", publisher.dsn, "-p", "p")
+    assert result.returncode == 1
+    assert "nosuchslot" in result.stderr and "does not exist" in result.stderr
