@@ -16,13 +16,14 @@ POSTGRES := .setup-postgres
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres test test-unit check lint typecheck fmt clean help
+.PHONY: setup venv jars postgres test test-unit check lint typecheck fmt clean help bench-stream
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
 	@echo "make test    the full suite (unit, integration against real PostgreSQL and Delta)"
 	@echo "make check   ruff, mypy --strict, unit tests (what a quick pre-commit runs)"
 	@echo "make fmt     format and fix lint"
+	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction (ROWS=...)"
 
 setup: venv jars postgres
 
@@ -66,6 +67,10 @@ check: lint typecheck test-unit
 fmt: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+ROWS ?= 1000000
+bench-stream: setup
+	$(BIN)/python -m benchmarks.stream_decode --rows $(ROWS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache
