@@ -49,7 +49,7 @@ $(POSTGRES): setup/postgres.sh Makefile
 	bash setup/postgres.sh $(PG_EMBEDDED)
 	touch $@
 
-test: setup
+test: setup lint typecheck
 	$(BIN)/pytest tests
 
 test-unit: venv
