@@ -18,22 +18,17 @@ import time
 from subscriber.commands import StreamOptions
 from subscriber.lsn import Lsn
 from subscriber.pgoutput import PgOutputDecoder
-from subscriber.progress import Feedback, Progress
+from subscriber.progress import HeldProgress
 from subscriber.stream import ReplicationConnection
 from tests.support.pgcluster import DEFAULT_MAJOR, running_cluster
 from tests.support.pgdatabase import PgDatabase
-
-
-class _Held(Progress):
-    def feedback(self) -> Feedback:
-        return Feedback(self.received, self.flushed, self.flushed)
 
 
 def stream_rate(db: PgDatabase, slot: str, rows: int, decode: bool) -> float:
     options = StreamOptions(("bench",))
     connection = ReplicationConnection(db.replication_dsn)
     decoder = PgOutputDecoder(options.negotiated_proto(connection.server_version))
-    stream = connection.start_replication(slot, Lsn(0), options, _Held())
+    stream = connection.start_replication(slot, Lsn(0), options, HeldProgress())
     first = 0.0
     try:
         while True:

@@ -23,7 +23,7 @@ from subscriber.errors import SubscriberError
 from subscriber.lsn import Lsn
 from subscriber.messages import Message
 from subscriber.pgoutput import PgOutputDecoder
-from subscriber.progress import Feedback, Progress
+from subscriber.progress import HeldProgress
 from subscriber.stream import ReplicationConnection
 
 EXIT_USAGE = 2
@@ -64,13 +64,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _HeldProgress(Progress):
-    """Reports the start position as flushed forever: peeking consumes nothing."""
-
-    def feedback(self) -> Feedback:
-        return Feedback(write=self.received, flush=self.flushed, apply=self.flushed)
-
-
 def _peek(args: argparse.Namespace) -> int:
     if not args.dsn:
         print("pgsub peek: no connection string: pass --dsn or set PGSUB_DSN", file=sys.stderr)
@@ -95,7 +88,7 @@ def _peek(args: argparse.Namespace) -> int:
         options.negotiated_proto(connection.server_version),
         parallel_streaming=options.streaming is Streaming.PARALLEL,
     )
-    stream = connection.start_replication(args.slot, Lsn(0), options, _HeldProgress())
+    stream = connection.start_replication(args.slot, Lsn(0), options, HeldProgress())
     printed = 0
     try:
         while not stopping and (args.limit == 0 or printed < args.limit):

@@ -90,3 +90,13 @@ class Progress:
         with self._lock:
             flush = max(self._flushed, self._received) if self.idle else self._flushed
             return Feedback(write=self._received, flush=flush, apply=flush)
+
+
+class HeldProgress(Progress):
+    """Reports its starting position as flushed forever: reading consumes nothing.
+
+    For tools that only look at a slot (``pgsub peek``, benchmarks).
+    """
+
+    def feedback(self) -> Feedback:
+        return Feedback(write=self.received, flush=self.flushed, apply=self.flushed)

@@ -244,7 +244,6 @@ class ReplicationStream:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._pgconn.socket, selectors.EVENT_READ, "server")
         # A socket another thread writes to, to make a waiting read() return None.
-        self._interrupt = interrupt
         if interrupt is not None:
             self._selector.register(interrupt, selectors.EVENT_READ, "interrupt")
         now = clock()
@@ -254,10 +253,6 @@ class ReplicationStream:
         self._last_sent: Feedback | None = None
         self.last_server_time = 0
         self.ended = False
-
-    @property
-    def last_receipt(self) -> float:
-        return self._last_receipt
 
     def read(self, timeout: float | None = None) -> XLogData | None:
         """The next XLogData, or None when ``timeout`` seconds pass without one.
