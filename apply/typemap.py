@@ -9,6 +9,7 @@ is lossless for every type.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -34,6 +35,9 @@ TIMETZ: Final = 1266
 NUMERIC: Final = 1700
 UUID: Final = 2950
 JSONB: Final = 3802
+
+# OIDs below this are built into PostgreSQL (FirstNormalObjectId).
+FIRST_USER_OID: Final = 16384
 
 # Largest precision a Spark decimal holds.
 MAX_DECIMAL_PRECISION: Final = 38
@@ -121,3 +125,76 @@ def spark_type(type_oid: int, typmod: int = -1) -> str:
 def is_text_form(type_oid: int, typmod: int = -1) -> bool:
     """Whether the Delta column holds PostgreSQL's text form of the value."""
     return spark_type(type_oid, typmod).replace("array<", "").rstrip(">") == "string"
+
+
+# Element type OID -> its builtin array type OID (the inverse of ARRAY_ELEMENTS).
+ARRAY_OF: Final[dict[int, int]] = {element: array for array, element in ARRAY_ELEMENTS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class PgTypeRow:
+    """The pg_type columns that type resolution needs."""
+
+    oid: int
+    typtype: str  # b base, d domain, e enum, c composite, r range, m multirange, p pseudo
+    basetype: int
+    typtypmod: int
+    elem: int
+    category: str
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    """A publisher column's type as the target sees it.
+
+    ``oid`` is a builtin scalar type (domains resolved to their base type);
+    anything held as PostgreSQL's text form (enums, composites, ranges,
+    extension types) is ``TEXT``. ``is_array`` marks an array of ``oid``.
+    """
+
+    oid: int
+    typmod: int = -1
+    is_array: bool = False
+
+    @property
+    def spark_type(self) -> str:
+        element = spark_type(self.oid, self.typmod)
+        return f"array<{element}>" if self.is_array else element
+
+    @property
+    def text_form(self) -> bool:
+        """Whether the Delta column holds PostgreSQL's text form of each value (or element)."""
+        return spark_type(self.oid, self.typmod) == "string"
+
+
+TypeLookup = Callable[[int], "PgTypeRow | None"]
+
+
+def resolve(type_oid: int, typmod: int, lookup: TypeLookup) -> ColumnType:
+    """Resolve a column type: domains to their base, arrays to their element.
+
+    ``lookup`` returns the pg_type row of a user-defined type (None when
+    unknown). A type the mapping does not name is held as text.
+    """
+    if type_oid in ARRAY_ELEMENTS:
+        return ColumnType(ARRAY_ELEMENTS[type_oid], typmod, is_array=True)
+    if type_oid < FIRST_USER_OID:
+        return ColumnType(type_oid, typmod)
+    row = lookup(type_oid)
+    if row is None:
+        return ColumnType(TEXT)
+    if row.typtype == "d":
+        # A domain's own typmod (numeric(10,2) under the domain) is the one that counts.
+        return resolve(row.basetype, row.typtypmod, lookup)
+    if row.category == "A" and row.elem:
+        element = resolve(row.elem, typmod, lookup)
+        if element.is_array:
+            return ColumnType(TEXT)
+        return ColumnType(element.oid, element.typmod, is_array=True)
+    return ColumnType(TEXT)
+
+
+PG_TYPE_QUERY: Final = (
+    "SELECT oid, typtype, typbasetype, typtypmod, typelem, typcategory"
+    " FROM pg_catalog.pg_type WHERE oid = ANY(%s)"
+)

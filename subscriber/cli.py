@@ -1,10 +1,11 @@
 """The ``pgsub`` command line.
 
-The daemon commands of DESIGN section 10 (run, status, skip, enable,
-disable, refresh, resync, drop) arrive with the apply worker; what exists
-today is ``pgsub peek``, which streams a slot and prints the decoded
-pgoutput messages - a pg_recvlogical that speaks pgoutput - for checking a
-publisher's setup and for debugging the protocol.
+- ``pgsub run -c pgsub.yaml``: the daemon (DESIGN section 10).
+- ``pgsub peek``: streams a slot and prints the decoded pgoutput messages -
+  a pg_recvlogical that speaks pgoutput - for checking a publisher's setup
+  and for debugging the protocol.
+
+Exit codes: 0 done, 1 failed, 2 bad usage or configuration.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ import signal
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
+from pathlib import Path
 from types import FrameType
 
 from subscriber import logs
 from subscriber.commands import Streaming, StreamOptions
+from subscriber.config import ConfigError
+from subscriber.config import load as load_config
 from subscriber.errors import SubscriberError
 from subscriber.lsn import Lsn
 from subscriber.messages import Message
@@ -36,6 +40,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pgsub {version('pgsub')}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run the daemon: replicate every enabled subscription into Delta",
+        description="Replicate every enabled subscription of the config into Delta tables "
+        "until SIGTERM or SIGINT. Every config key can be overridden from the environment "
+        "as PGSUB_<PATH> (e.g. PGSUB_WAREHOUSE, PGSUB_SUBSCRIPTIONS_0_CONNECTION).",
+    )
+    run.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        default=os.environ.get("PGSUB_CONFIG"),
+        help="the YAML config file (default: PGSUB_CONFIG)",
+    )
     peek = commands.add_parser(
         "peek",
         help="stream a replication slot and print the decoded pgoutput messages",
@@ -103,10 +121,27 @@ def _peek(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"pgsub run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not config.subscriptions:
+        print("pgsub run: the config names no subscriptions", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(config.log.format, config.log.level)
+    from subscriber.daemon import Daemon
+
+    return Daemon(config).run()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.configure()
     try:
+        if args.command == "run":
+            return _run(args)
         if args.command == "peek":
             return _peek(args)
     except SubscriberError as exc:

@@ -10,9 +10,11 @@ were handed on), since it sees every transaction boundary.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +22,7 @@ import structlog
 
 from subscriber.commands import Streaming, StreamOptions
 from subscriber.errors import ConnectionLostError
+from subscriber.lsn import Lsn
 from subscriber.messages import (
     Begin,
     BeginPrepare,
@@ -35,7 +38,7 @@ from subscriber.messages import (
 )
 from subscriber.pgoutput import PgOutputDecoder
 from subscriber.progress import Progress
-from subscriber.stream import ReplicationConnection
+from subscriber.stream import ReplicationConnection, ReplicationStream
 from subscriber.wire import XLogData
 
 log = structlog.get_logger(__name__)
@@ -128,10 +131,27 @@ class Receiver:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self.connections = 0
         self.streaming = threading.Event()
+        self.last_receipt: float | None = None  # Unix time of the last message
+        self._stream: ReplicationStream | None = None
+
+    @property
+    def wal_end(self) -> Lsn | None:
+        stream = self._stream
+        return None if stream is None else stream.last_wal_end
+
+    def hold(self) -> None:
+        """Called by ``deliver`` while it waits for room: keeps the stream alive."""
+        if self._stream is not None:
+            self._stream.hold()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._wake_writer.send(b"x")
+        with contextlib.suppress(OSError):  # the loop may have ended and closed it
+            self._wake_writer.send(b"x")
 
     def run(self) -> None:
         try:
@@ -180,15 +200,18 @@ class Receiver:
             raise
         self.connections += 1
         self.streaming.set()
+        self._stream = stream
         try:
             while not self._stopping.is_set():
                 data = stream.read()
                 if data is None:
                     continue
+                self.last_receipt = time.time()
                 message = decoder.decode(data.payload, data.data_start)
                 self._backoff.reset()
                 self._tracker.observe(message)
                 self._deliver(message, data)
         finally:
             self.streaming.clear()
+            self._stream = None
             stream.stop()

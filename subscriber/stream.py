@@ -22,6 +22,7 @@ from types import TracebackType
 import psycopg
 import structlog
 from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from subscriber.commands import (
     SnapshotAction,
@@ -53,6 +54,23 @@ class SlotInfo:
     snapshot_name: str | None
 
 
+# The text forms the apply side parses (PostgreSQL's own walreceiver sets the
+# first three too): ISO dates, UTC offsets, shortest-exact floats, hex bytea.
+SESSION_OPTIONS = (
+    "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3"
+    " -c timezone=UTC -c bytea_output=hex"
+)
+
+
+def with_session_options(conninfo: str) -> str:
+    """``conninfo`` with our session settings appended to any ``options`` it has."""
+    params = conninfo_to_dict(conninfo)
+    current = params.get("options")
+    params["options"] = f"{current} {SESSION_OPTIONS}" if current else SESSION_OPTIONS
+    params["client_encoding"] = "UTF8"
+    return make_conninfo("", **params)
+
+
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode()
 
@@ -63,7 +81,7 @@ class ReplicationConnection:
     def __init__(self, conninfo: str, *, connect_timeout: int = 30) -> None:
         try:
             self._conn = psycopg.connect(
-                conninfo,
+                with_session_options(conninfo),
                 replication="database",
                 autocommit=True,
                 prepare_threshold=None,
@@ -252,6 +270,7 @@ class ReplicationStream:
         self._pinged = False
         self._last_sent: Feedback | None = None
         self.last_server_time = 0
+        self.last_wal_end: Lsn | None = None  # the server's WAL end, as last reported
         self.ended = False
 
     def read(self, timeout: float | None = None) -> XLogData | None:
@@ -267,6 +286,7 @@ class ReplicationStream:
                 self._pinged = False
                 message = parse_frame(frame)
                 self.last_server_time = message.send_time
+                self.last_wal_end = message.wal_end
                 if isinstance(message, Keepalive):
                     self._progress.note_received(message.wal_end)
                     if message.reply_requested:
@@ -298,6 +318,16 @@ class ReplicationStream:
                 if key.data == "interrupt":
                     return None
                 self._consume()
+
+    def hold(self) -> None:
+        """Keep the connection alive while the consumer cannot take more (backpressure).
+
+        Reports progress when due, and does not count the pause as silence
+        from the server: nothing is read while holding.
+        """
+        self.send_status()
+        self._last_receipt = self._clock()
+        self._pinged = False
 
     def _wait_server(self, timeout: float) -> None:
         with selectors.DefaultSelector() as selector:

@@ -26,6 +26,8 @@ import psycopg
 from psycopg import sql
 
 from apply import typemap
+from apply.typemap import ColumnType
+from subscriber.catalog import fetch_type_rows
 
 Row = tuple[Any, ...]
 MAX_REPORTED = 20
@@ -34,12 +36,19 @@ MAX_REPORTED = 20
 @dataclass(frozen=True, slots=True)
 class Column:
     name: str
-    type_oid: int  # base type (domains resolved)
+    type_oid: int  # base type (domains resolved); the element type when ``is_array``
     typmod: int
+    is_array: bool = False
+
+    @property
+    def column_type(self) -> ColumnType:
+        if self.is_array:
+            return ColumnType(self.type_oid, self.typmod, is_array=True)
+        return typemap.resolve(self.type_oid, self.typmod, lambda oid: None)
 
     @property
     def spark_type(self) -> str:
-        return typemap.spark_type(self.type_oid, self.typmod)
+        return self.column_type.spark_type
 
 
 @dataclass
@@ -73,7 +82,8 @@ def _canonical(value: Any, column: Column) -> Any:
     if value is None:
         return None
     if isinstance(value, list | tuple):
-        element = Column(column.name, typemap.ARRAY_ELEMENTS.get(column.type_oid, 0), column.typmod)
+        resolved = column.column_type
+        element = Column(column.name, resolved.oid, resolved.typmod)
         return ("array", tuple(_canonical(v, element) for v in value))
     if isinstance(value, bool):
         return ("bool", value)
@@ -133,26 +143,32 @@ def compare_rows(
 
 
 def publisher_columns(conn: psycopg.Connection[Any], table: str) -> list[Column]:
-    """The table's live, non-generated columns with domains resolved to base types."""
+    """The table's live, non-generated columns, types resolved as the product resolves them."""
     rows = conn.execute(
         """
-        SELECT a.attname,
-               CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END,
-               CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END
-          FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+        SELECT a.attname, a.atttypid, a.atttypmod
+          FROM pg_attribute a
          WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
            AND a.attgenerated = ''
          ORDER BY a.attnum
         """,
         [table],
     ).fetchall()
-    return [Column(name, int(oid), int(typmod)) for name, oid, typmod in rows]
+    columns = []
+    for name, oid, typmod in rows:
+        resolved = typemap.resolve(
+            int(oid), int(typmod), lambda o: fetch_type_rows(conn, [o]).get(o)
+        )
+        columns.append(Column(name, resolved.oid, resolved.typmod, resolved.is_array))
+    return columns
 
 
 def _select_expr(column: Column) -> sql.Composable:
     ident = sql.Identifier(column.name)
-    if typemap.is_text_form(column.type_oid, column.typmod):
-        cast = "text[]" if column.type_oid in typemap.ARRAY_ELEMENTS else "text"
+    resolved = column.column_type
+    # char(n) keeps its padding in its output form; a cast to text would strip it.
+    if resolved.text_form and resolved.oid != typemap.BPCHAR:
+        cast = "text[]" if resolved.is_array else "text"
         return sql.SQL("{}::{}").format(ident, sql.SQL(cast))
     return ident
 

@@ -1,0 +1,166 @@
+"""Row values to Arrow columns, a column at a time (DESIGN section 6).
+
+Values arrive as the bytes of PostgreSQL's text output (the replication
+connection fixes DateStyle ISO, TimeZone UTC, IntervalStyle postgres and
+client_encoding UTF8, so the forms are known). Scalars are parsed by
+Arrow's compute casts in C - no Python object per value; arrays and
+bytea go through psycopg's loaders. A value the target type cannot hold
+(``infinity`` dates, years past 9999, NaN in a ``numeric(p,s)``, a
+multidimensional array) raises ``ValueConversionError`` naming the column
+and what is wrong - never a silently different value. Error messages never
+carry the value itself: logs must not leak row data.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Any, Final
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg import pq
+from psycopg.adapt import Transformer
+
+from apply import typemap
+from apply.errors import ApplyError
+from apply.typemap import ColumnType
+
+Values = Sequence[bytes | None]
+
+_INTEGERS: Final = {typemap.INT2: pa.int16(), typemap.INT4: pa.int32(), typemap.INT8: pa.int64()}
+_FLOATS: Final = {typemap.FLOAT4: pa.float32(), typemap.FLOAT8: pa.float64()}
+_DATETIMES: Final = {
+    typemap.DATE: pa.date32(),
+    typemap.TIMESTAMP: pa.timestamp("us"),
+    typemap.TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
+}
+_YEAR: Final = re.compile(rb"^(\d+)-")
+
+
+class ValueConversionError(ApplyError):
+    """A value that its target column cannot hold."""
+
+    def __init__(self, column: str, column_type: ColumnType, problem: str) -> None:
+        self.column = column
+        self.problem = problem
+        super().__init__(
+            f"column {column!r} ({column_type.spark_type}): {problem}; change the column on "
+            "the publisher, leave it out of the publication's column list, or skip the "
+            "transaction with `pgsub skip`"
+        )
+
+
+def arrow_type(column_type: ColumnType) -> pa.DataType:
+    element = _scalar_arrow_type(column_type.oid, column_type.typmod)
+    return pa.list_(element) if column_type.is_array else element
+
+
+def _scalar_arrow_type(oid: int, typmod: int) -> pa.DataType:
+    if oid in _INTEGERS:
+        return _INTEGERS[oid]
+    if oid in _FLOATS:
+        return _FLOATS[oid]
+    if oid in _DATETIMES:
+        return _DATETIMES[oid]
+    if oid == typemap.BOOL:
+        return pa.bool_()
+    if oid == typemap.BYTEA:
+        return pa.binary()
+    if oid == typemap.NUMERIC:
+        numeric = typemap.NumericTypmod.decode(typmod)
+        if numeric is not None and numeric.fits_spark_decimal():
+            return pa.decimal128(numeric.precision, numeric.scale)
+    return pa.string()
+
+
+def to_arrow(values: Values, column_type: ColumnType, column: str) -> pa.Array:
+    """The Arrow column of ``values`` (text-format bytes or None for NULL)."""
+    target = arrow_type(column_type)
+    if column_type.is_array:
+        return _arrays(values, column_type, target, column)
+    try:
+        if pa.types.is_string(target):
+            return pa.array(values, type=pa.string())
+        if pa.types.is_binary(target):
+            return pa.array([_unhex(v) for v in values], type=pa.binary())
+        raw = pa.array(values, type=pa.binary())
+        if pa.types.is_boolean(target):
+            result: pa.Array = pc.equal(raw, pa.scalar(b"t", pa.binary()))
+            return result
+        text = raw.cast(pa.string())
+    except (pa.ArrowInvalid, ValueError) as exc:
+        raise ValueConversionError(column, column_type, "a value that is not valid text") from exc
+    try:
+        parsed: pa.Array = pc.cast(text, target)
+        return parsed
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ValueConversionError(column, column_type, _why_not(values, column_type)) from exc
+
+
+def _unhex(value: bytes | None) -> bytes | None:
+    # bytea's hex output: \x followed by two hex digits a byte.
+    return None if value is None else binascii.a2b_hex(value[2:])
+
+
+def _why_not(values: Values, column_type: ColumnType) -> str:
+    """Names the first value the target type cannot hold, without printing it."""
+    for value in values:
+        if value is None:
+            continue
+        lowered = value.lower()
+        if lowered in (b"infinity", b"-infinity"):
+            return f"{value.decode()} has no {column_type.spark_type} representation"
+        if lowered in (b"nan",):
+            return f"NaN has no {column_type.spark_type} representation"
+        if lowered.endswith(b" bc"):
+            return f"a BC date is outside {column_type.spark_type}'s range (years 1 to 9999)"
+        year = _YEAR.match(value)
+        if year is not None and int(year.group(1)) > 9999:
+            return f"a year after 9999 is outside {column_type.spark_type}'s range"
+    if column_type.oid == typemap.NUMERIC:
+        return "a value with more digits than the declared precision"
+    return f"a value that does not parse as {column_type.spark_type}"
+
+
+def _array_loader(column_type: ColumnType) -> Callable[[bytes], Any]:
+    oid = typemap.TEXT if column_type.text_form else column_type.oid
+    array_oid = typemap.ARRAY_OF.get(oid, typemap.ARRAY_OF[typemap.TEXT])
+    return Transformer().get_loader(array_oid, pq.Format.TEXT).load
+
+
+def _arrays(values: Values, column_type: ColumnType, target: pa.DataType, column: str) -> pa.Array:
+    load = _array_loader(column_type)
+    lists: list[Any] = []
+    try:
+        for value in values:
+            if value is None:
+                lists.append(None)
+                continue
+            items = load(value)
+            if any(isinstance(item, list) for item in items):
+                raise ValueConversionError(
+                    column, column_type, "a multidimensional array has no array<> representation"
+                )
+            lists.append(items)
+    except psycopg.DataError as exc:
+        raise ValueConversionError(column, column_type, _why_not_elements(values)) from exc
+    try:
+        return pa.array(lists, type=target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        problem = "an element that does not fit the element type"
+        if any(
+            isinstance(i, Decimal) and not i.is_finite() for items in lists if items for i in items
+        ):
+            problem = "a NaN or infinite element has no decimal representation"
+        raise ValueConversionError(column, column_type, problem) from exc
+
+
+def _why_not_elements(values: Values) -> str:
+    for value in values:
+        if value is not None and b"infinity" in value.lower():
+            return "an infinite element is outside the element type's range"
+    return "an element outside the element type's range"

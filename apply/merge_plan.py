@@ -1,0 +1,133 @@
+"""MERGE statements as values (pure): conditions and clauses for Delta's merge builder.
+
+A keyed table's MERGE matches the source (``s``, one row per key, see
+``apply.source``) to the target (``t``) on the key and, in order:
+
+1. when matched and the chain expected no row (an insert, or the new key of
+   an update that changed it): the conflict insert_exists / update_exists.
+   With the default ``error`` the clause calls ``raise_error``, which aborts
+   the whole MERGE before anything is committed - so the conflict-free path
+   pays nothing for detection;
+2. when matched and the row is gone at the end of the batch: delete;
+3. when matched: update every column, keeping the target's value where the
+   publisher did not send one (unchanged TOAST);
+4. when not matched and the row exists at the end: insert - if the chain
+   began with an insert (or re-inserted the key). A chain that expected a
+   row which is not there (update_missing / delete_missing) is skipped.
+
+A multiset table's MERGE deletes every copy of each row the batch removes
+from and inserts the copies that remain or were added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
+
+from apply.schema import TargetSchema, quote
+from apply.source import FIRST, PRESENT, REINSERTED, keep_flag
+
+EXPECTS_ABSENT: Final = f"s.{FIRST} IN ('INSERT', 'KEY_UPDATE_NEW')"
+REMOVE: Final = "__pgsub_remove"
+CONFLICT_MARK: Final = "pgsub conflict:"
+
+
+class ClauseKind(Enum):
+    MATCHED_UPDATE = "matched_update"
+    MATCHED_DELETE = "matched_delete"
+    NOT_MATCHED_INSERT = "not_matched_insert"
+
+
+class OnExists(Enum):
+    """What to do when a row the publisher inserted already exists."""
+
+    ERROR = "error"
+    APPLY_REMOTE = "apply_remote"
+
+
+@dataclass(frozen=True, slots=True)
+class Clause:
+    kind: ClauseKind
+    condition: str | None
+    assignments: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MergePlan:
+    condition: str
+    clauses: tuple[Clause, ...]
+
+
+def _target(name: str) -> str:
+    return f"t.{quote(name)}"
+
+
+def _source(name: str) -> str:
+    return f"s.{quote(name)}"
+
+
+def keyed_merge(
+    schema: TargetSchema, keep_columns: tuple[int, ...], on_exists: OnExists = OnExists.ERROR
+) -> MergePlan:
+    if not schema.key:
+        raise ValueError(f"{schema.table} has no key; use multiset_merge")
+    condition = " AND ".join(f"{_target(k)} = {_source(k)}" for k in schema.key)
+    clauses: list[Clause] = []
+    if on_exists is OnExists.ERROR:
+        kind = (
+            f"CASE WHEN s.{FIRST} = 'INSERT' THEN '{CONFLICT_MARK}insert_exists' "
+            f"ELSE '{CONFLICT_MARK}update_exists' END"
+        )
+        clauses.append(
+            Clause(
+                ClauseKind.MATCHED_UPDATE,
+                EXPECTS_ABSENT,
+                {quote(schema.key[0]): f"raise_error({kind})"},
+            )
+        )
+    clauses.append(Clause(ClauseKind.MATCHED_DELETE, f"NOT s.{PRESENT}"))
+    keep = set(keep_columns)
+    updates = {}
+    for index, column in enumerate(schema.columns):
+        value = _source(column.name)
+        if index in keep:
+            value = f"CASE WHEN s.{keep_flag(index)} THEN {_target(column.name)} ELSE {value} END"
+        updates[quote(column.name)] = value
+    clauses.append(Clause(ClauseKind.MATCHED_UPDATE, None, updates))
+    clauses.append(
+        Clause(
+            ClauseKind.NOT_MATCHED_INSERT,
+            f"s.{PRESENT} AND ({EXPECTS_ABSENT} OR s.{REINSERTED})",
+            {quote(c.name): _source(c.name) for c in schema.columns},
+        )
+    )
+    return MergePlan(condition, tuple(clauses))
+
+
+def multiset_merge(schema: TargetSchema) -> MergePlan:
+    """Delete every copy of the rows marked ``REMOVE``; insert the other source rows."""
+    same_row = " AND ".join(f"{_target(c.name)} <=> {_source(c.name)}" for c in schema.columns)
+    return MergePlan(
+        f"s.{REMOVE} AND {same_row}",
+        (
+            Clause(ClauseKind.MATCHED_DELETE, None),
+            Clause(
+                ClauseKind.NOT_MATCHED_INSERT,
+                f"NOT s.{REMOVE}",
+                {quote(c.name): _source(c.name) for c in schema.columns},
+            ),
+        ),
+    )
+
+
+def conflict_in(message: str) -> str | None:
+    """The conflict kind a failed MERGE raised, if it was one of ours."""
+    at = message.find(CONFLICT_MARK)
+    if at < 0:
+        return None
+    rest = message[at + len(CONFLICT_MARK) :]
+    for kind in ("insert_exists", "update_exists"):
+        if rest.startswith(kind):
+            return kind
+    return None

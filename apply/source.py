@@ -1,0 +1,141 @@
+"""Arrow tables that feed a MERGE: the net effect of a batch, typed.
+
+No Spark here. A ``KeyedSource`` holds one row per key with the value
+columns in the target's layout and helper columns the MERGE reads:
+
+- ``__pgsub_first``: the chain's first change (``First``), for conflicts;
+- ``__pgsub_present``: whether the row exists after the batch;
+- ``__pgsub_reinserted``: an insert follows the first change;
+- ``__pgsub_tx``: the batch index of the first change's transaction;
+- ``__pgsub_keep_<n>``: column n was not sent (unchanged TOAST): keep the
+  target's value; present only for columns where that happens;
+- ``__pgsub_from_<key>``: for rows whose kept values live at another key
+  (an update that changed the key), that key.
+
+A ``MultisetSource`` holds rows to insert (one Arrow row per copy) and rows
+to remove (one per distinct row, with how many copies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+
+from apply.collapse import KeyedNet, KeyedRow, MultisetNet
+from apply.columnar import arrow_type, to_arrow
+from apply.errors import ApplyError
+from apply.schema import TargetSchema
+from subscriber.messages import BINARY, UNCHANGED, TupleData
+
+PREFIX: Final = "__pgsub_"
+FIRST: Final = PREFIX + "first"
+PRESENT: Final = PREFIX + "present"
+REINSERTED: Final = PREFIX + "reinserted"
+TX: Final = PREFIX + "tx"
+COUNT: Final = PREFIX + "count"
+
+
+def keep_flag(index: int) -> str:
+    return f"{PREFIX}keep_{index}"
+
+
+def from_key(index: int) -> str:
+    return f"{PREFIX}from_{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedSource:
+    table: pa.Table
+    keep_columns: tuple[int, ...]  # indexes of columns with a keep flag
+    moved: bool  # some rows take kept values from another key
+
+
+@dataclass(frozen=True, slots=True)
+class MultisetSource:
+    inserts: pa.Table  # one row per copy to add
+    removals: pa.Table  # one row per distinct row to remove, with COUNT copies
+
+
+def _check_names(schema: TargetSchema) -> None:
+    for column in schema.columns:
+        if column.name.startswith(PREFIX):
+            raise ApplyError(
+                f"column {column.name!r} of {schema.table} uses the prefix {PREFIX!r}, which "
+                "pgsub reserves for its own bookkeeping; rename the column"
+            )
+
+
+def _column_values(images: Sequence[TupleData | None], index: int) -> list[bytes | None]:
+    return [None if image is None else image.values[index] for image in images]
+
+
+def _value_arrays(schema: TargetSchema, images: Sequence[TupleData | None]) -> dict[str, pa.Array]:
+    for image in images:
+        if image is not None and BINARY in image.kinds:
+            raise ApplyError(
+                f"{schema.table}: binary-format values arrived; set binary: false for this "
+                "subscription (binary transfer is not applied yet)"
+            )
+    return {
+        column.name: to_arrow(_column_values(images, i), column.type, column.name)
+        for i, column in enumerate(schema.columns)
+    }
+
+
+def keyed_source(net: KeyedNet, schema: TargetSchema) -> KeyedSource:
+    _check_names(schema)
+    rows: list[KeyedRow] = list(net.rows.values())
+    images = [row.image for row in rows]
+    arrays = _value_arrays(schema, images)
+    # Deleted rows carry only their key.
+    for position, name in enumerate(net.key_columns):
+        index = [c.name for c in schema.columns].index(name)
+        column = schema.columns[index]
+        arrays[name] = to_arrow([row.key[position] for row in rows], column.type, name)
+    arrays[FIRST] = pa.array([row.first.value for row in rows], type=pa.string())
+    arrays[PRESENT] = pa.array([row.present for row in rows], type=pa.bool_())
+    arrays[REINSERTED] = pa.array([row.reinserted for row in rows], type=pa.bool_())
+    arrays[TX] = pa.array([row.first_tx for row in rows], type=pa.int32())
+    keep: list[int] = []
+    if any(row.keeps_target_values for row in rows):
+        for i in range(len(schema.columns)):
+            flags = [image is not None and image.kinds[i] == UNCHANGED for image in images]
+            if any(flags):
+                keep.append(i)
+                arrays[keep_flag(i)] = pa.array(flags, type=pa.bool_())
+    moved = any(row.toast_key is not None for row in rows)
+    if moved:
+        for position, name in enumerate(net.key_columns):
+            column = schema.column(name)
+            arrays[from_key(position)] = to_arrow(
+                [None if row.toast_key is None else row.toast_key[position] for row in rows],
+                column.type,
+                name,
+            )
+    return KeyedSource(pa.table(arrays), tuple(keep), moved)
+
+
+def multiset_source(net: MultisetNet, schema: TargetSchema) -> MultisetSource:
+    _check_names(schema)
+    copies: list[TupleData] = []
+    removals: list[TupleData] = []
+    counts: list[int] = []
+    for row in net.rows.values():
+        if row.delta > 0:
+            copies.extend([row.image] * row.delta)
+        else:
+            removals.append(row.image)
+            counts.append(-row.delta)
+    inserts = pa.table(_value_arrays(schema, copies)) if copies else empty(schema)
+    removal_arrays = _value_arrays(schema, removals)
+    removal_arrays[COUNT] = pa.array(counts, type=pa.int64())
+    return MultisetSource(inserts, pa.table(removal_arrays))
+
+
+def empty(schema: TargetSchema, extra: Iterable[tuple[str, pa.DataType]] = ()) -> pa.Table:
+    fields = [pa.field(c.name, arrow_type(c.type)) for c in schema.columns]
+    fields += [pa.field(name, kind) for name, kind in extra]
+    return pa.schema(fields).empty_table()

@@ -1,0 +1,167 @@
+"""The leader's apply loop: complete transactions in, durable progress out.
+
+The receiver thread assembles transactions and puts them on a
+``TransactionQueue``; ``ApplyWorker`` takes them in commit order, forms
+batches (``batch.max_changes`` / ``batch.max_delay``), applies each to
+Delta, records the checkpoint and only then confirms the batch's end LSN to
+``Progress`` - the position the receiver reports upstream as flushed. The
+queue is bounded by changes, so a slow apply holds back reading (the
+receiver keeps answering keepalives while it waits).
+
+After a failed batch, the next attempts apply one transaction at a time up
+to the failed batch's end, so that the error names exactly one remote
+transaction - the one ``pgsub skip`` would skip.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+
+import structlog
+
+from apply.applier import BatchApplier
+from apply.batch import Batch, Batcher
+from apply.state_store import CheckpointStore
+from apply.transactions import RemoteTransaction, RowChange
+from subscriber.failpoints import failpoint
+from subscriber.lsn import Lsn
+from subscriber.metrics import Metrics
+from subscriber.progress import Progress
+from subscriber.wire import PG_EPOCH_OFFSET
+
+log = structlog.get_logger(__name__)
+
+
+class TransactionQueue:
+    """Transactions from the receiver to the apply worker, bounded by row changes.
+
+    A transaction larger than the bound is still accepted when the queue is
+    empty, so that any transaction can pass.
+    """
+
+    def __init__(self, max_changes: int) -> None:
+        self._max = max_changes
+        self._items: deque[RemoteTransaction] = deque()
+        self._changes = 0
+        self._cond = threading.Condition()
+
+    def put(self, tx: RemoteTransaction, timeout: float) -> bool:
+        """False when there was no room within ``timeout`` seconds."""
+        size = len(tx.changes)
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: not self._items or self._changes + size <= self._max, timeout
+            )
+            if not ok:
+                return False
+            self._items.append(tx)
+            self._changes += size
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float) -> RemoteTransaction | None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self._items), timeout):
+                return None
+            tx = self._items.popleft()
+            self._changes -= len(tx.changes)
+            self._cond.notify_all()
+            return tx
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class ApplyWorker:
+    def __init__(
+        self,
+        subscription: str,
+        queue: TransactionQueue,
+        *,
+        applier: BatchApplier,
+        checkpoints: CheckpointStore,
+        progress: Progress,
+        batcher: Batcher,
+        metrics: Metrics,
+        isolate_through: Lsn | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.subscription = subscription
+        self._queue = queue
+        self._applier = applier
+        self._checkpoints = checkpoints
+        self._progress = progress
+        self._batcher = batcher
+        self._metrics = metrics
+        self._isolate_through = isolate_through
+        self._wall_clock = wall_clock
+        self.last_commit_time: int | None = None
+        self.in_flight: Batch | None = None
+
+    def run(self, stopping: threading.Event) -> None:
+        batcher = self._batcher
+        while not stopping.is_set():
+            wait = batcher.time_left() if len(batcher) else 0.5
+            tx = self._queue.get(timeout=max(0.0, min(wait, 0.5)))
+            if tx is not None:
+                batcher.add(tx)
+            if len(batcher) and (batcher.due() or self._isolating(tx)):
+                self._apply(batcher.take())
+
+    def _isolating(self, tx: RemoteTransaction | None) -> bool:
+        return (
+            self._isolate_through is not None
+            and tx is not None
+            and tx.end_lsn <= self._isolate_through
+        )
+
+    def _apply(self, batch: Batch) -> None:
+        self.in_flight = batch
+        started = time.monotonic()
+        result = self._applier.apply(batch)
+        failpoint("apply.before_checkpoint")
+        if result.tables:
+            self._checkpoints.record(
+                self.subscription, batch.end_lsn, batch.commit_time, result.versions
+            )
+        failpoint("apply.before_flush_report")
+        self._progress.confirm_flushed(batch.end_lsn)
+        self.in_flight = None
+        if self._isolate_through is not None and batch.end_lsn >= self._isolate_through:
+            self._isolate_through = None
+        seconds = time.monotonic() - started
+        self.last_commit_time = batch.commit_time
+        self._observe(batch, result.tables, seconds)
+
+    def _observe(self, batch: Batch, tables: tuple[object, ...], seconds: float) -> None:
+        name = self.subscription
+        metrics = self._metrics
+        ops: Counter[str] = Counter()
+        for tx in batch.transactions:
+            for change in tx.changes:
+                ops["TRUNCATE" if not isinstance(change, RowChange) else change.op.value] += 1
+        for op, count in ops.items():
+            metrics.changes_applied.labels(name, op).inc(count)
+        metrics.transactions_applied.labels(name).inc(len(batch.transactions))
+        metrics.batch_duration.labels(name).observe(seconds)
+        metrics.flushed_lsn.labels(name).set(int(batch.end_lsn))
+        commit_unix = batch.commit_time / 1e6 + PG_EPOCH_OFFSET
+        metrics.apply_lag.labels(name).set(max(0.0, self._wall_clock() - commit_unix))
+        from apply.applier import TableResult
+
+        for table in tables:
+            assert isinstance(table, TableResult)
+            metrics.merge_duration.labels(name, table.table).observe(table.seconds)
+        if tables:
+            log.info(
+                "batch applied",
+                subscription=name,
+                transactions=len(batch.transactions),
+                changes=sum(ops.values()),
+                tables=len(tables),
+                seconds=round(seconds, 3),
+                end_lsn=str(batch.end_lsn),
+            )

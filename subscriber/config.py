@@ -1,0 +1,273 @@
+"""The daemon's configuration: a YAML file, validated, with environment overrides.
+
+DESIGN section 10 is the contract. Unknown keys are errors (a typo must not
+silently fall back to a default). Every key can be overridden from the
+environment as ``PGSUB_<PATH>``: ``PGSUB_WAREHOUSE``, ``PGSUB_SPARK_MASTER``,
+``PGSUB_SUBSCRIPTIONS_0_CONNECTION`` (by position) or
+``PGSUB_SUBSCRIPTIONS_SUB1_CONNECTION`` (by name); values are read as YAML
+(``true``, ``5``, ``[a, b]``). Secrets come from the environment (libpq's
+``PGPASSWORD``, ``PGPASSFILE``) or from files (``password_file``), and the
+connection string is never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from subscriber.commands import Streaming, check_slot_name
+
+ENV_PREFIX = "PGSUB_"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the key."""
+
+
+def _seconds(value: Any) -> Any:
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 1s, 5m)")
+        return float(match.group(1)) * _UNITS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(_seconds), Field(ge=0)]
+
+
+class Resolution(Enum):
+    ERROR = "error"
+    SKIP = "skip"
+    APPLY_REMOTE = "apply_remote"
+    KEEP_LOCAL = "keep_local"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BatchConfig(_Strict):
+    max_changes: int = Field(100_000, ge=1)
+    max_delay: Duration = 1.0
+
+
+class ConflictsConfig(_Strict):
+    insert_exists: Resolution = Resolution.ERROR
+    update_exists: Resolution = Resolution.ERROR
+    update_missing: Resolution = Resolution.SKIP
+    delete_missing: Resolution = Resolution.SKIP
+    update_origin_differs: Resolution = Resolution.APPLY_REMOTE
+    delete_origin_differs: Resolution = Resolution.APPLY_REMOTE
+
+
+class SubscriptionConfig(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    connection: str
+    password_file: Path | None = None
+    publications: list[str] = Field(min_length=1)
+    slot_name: str | None = None
+    create_slot: bool = True
+    copy_data: bool = True
+    enabled: bool = True
+    binary: bool = False
+    streaming: Streaming = Streaming.OFF
+    two_phase: bool = False
+    origin: Literal["any", "none"] = "any"
+    disable_on_error: bool = False
+    failover: bool = False
+    max_sync_workers: int = Field(2, ge=1, le=64)
+    create_tables: bool = True
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
+    wal_retrieve_retry_interval: Duration = 5.0
+    wal_receiver_timeout: Duration = 60.0
+    status_interval: Duration = 10.0
+
+    @field_validator("streaming", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        # YAML reads an unquoted off/on as a boolean.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
+
+    @model_validator(mode="after")
+    def _supported(self) -> SubscriptionConfig:
+        check_slot_name(self.slot)
+        if self.binary:
+            raise ValueError("binary: true is not applied yet; use binary: false")
+        if self.streaming is not Streaming.OFF:
+            raise ValueError("streaming: on/parallel is not applied yet; use streaming: off")
+        if self.two_phase:
+            raise ValueError("two_phase: true is not applied yet; use two_phase: false")
+        return self
+
+    @property
+    def slot(self) -> str:
+        return self.slot_name or self.name.lower()
+
+    def conninfo(self) -> str:
+        """The connection string, with the password from ``password_file`` when set."""
+        if self.password_file is None:
+            return self.connection
+        from psycopg.conninfo import make_conninfo
+
+        password = self.password_file.read_text().strip()
+        return make_conninfo(self.connection, password=password)
+
+
+class SparkConfig(_Strict):
+    master: str = "local[*]"
+    remote: str | None = None
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {
+                str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()
+            }
+        return value
+
+
+class MetricsConfig(_Strict):
+    host: str = "0.0.0.0"  # noqa: S104 - a pod's metrics port is scraped from outside
+    port: int = Field(9187, ge=0, le=65535)
+
+
+class LogConfig(_Strict):
+    format: Literal["json", "console", "auto"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Config(_Strict):
+    warehouse: str = "./warehouse"
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    subscriptions: list[SubscriptionConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Config:
+        for what, values in (
+            ("subscription names", [s.name for s in self.subscriptions]),
+            ("slot names", [s.slot for s in self.subscriptions]),
+        ):
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(f"{what} must be unique; repeated: {', '.join(repeated)}")
+        return self
+
+    def subscription(self, name: str) -> SubscriptionConfig:
+        for sub in self.subscriptions:
+            if sub.name == name:
+                return sub
+        known = ", ".join(s.name for s in self.subscriptions) or "none"
+        raise ConfigError(f"no subscription named {name!r} in the config (known: {known})")
+
+
+def _fields(model: type[BaseModel]) -> dict[str, Any]:
+    return dict(model.model_fields)
+
+
+def _apply_override(
+    data: dict[str, Any], tokens: list[str], value: Any, model: type[BaseModel], env: str
+) -> None:
+    """Set ``value`` at the path ``tokens`` (lower-case words) of ``data``."""
+    fields = _fields(model)
+    for size in range(len(tokens), 0, -1):
+        name = "_".join(tokens[:size])
+        if name not in fields:
+            continue
+        rest = tokens[size:]
+        if not rest:
+            data[name] = value
+            return
+        annotation = fields[name].annotation
+        if name == "subscriptions":
+            items = data.setdefault(name, [])
+            _apply_to_item(items, rest, value, env)
+            return
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            child = data.setdefault(name, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{env}: {name} is not a section")
+            _apply_override(child, rest, value, annotation, env)
+            return
+    raise ConfigError(f"{env} names no config key")
+
+
+def _apply_to_item(items: list[Any], tokens: list[str], value: Any, env: str) -> None:
+    selector, rest = tokens[0], tokens[1:]
+    if not rest:
+        raise ConfigError(f"{env}: name a key of the subscription, e.g. {env}_CONNECTION")
+    if selector.isdigit() and int(selector) < len(items):
+        item = items[int(selector)]
+    else:
+        matches = [
+            i for i in items if isinstance(i, dict) and str(i.get("name", "")).lower() == selector
+        ]
+        if not matches:
+            raise ConfigError(f"{env}: no subscription {selector!r} (by position or name)")
+        item = matches[0]
+    _apply_override(item, rest, value, SubscriptionConfig, env)
+
+
+def apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    for key in sorted(environ):
+        if not key.startswith(ENV_PREFIX) or key in ("PGSUB_DSN", "PGSUB_JARS_DIR", "PGSUB_CONFIG"):
+            continue
+        tokens = key[len(ENV_PREFIX) :].lower().split("_")
+        _apply_override(data, tokens, yaml.safe_load(environ[key]), Config, key)
+    return data
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def load(path: Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read, override from the environment and validate; ConfigError names what is wrong."""
+    environ = os.environ if environ is None else environ
+    data: Any = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read the config file {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    data = apply_environment(data, environ)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        source = str(path) if path is not None else "the configuration"
+        raise ConfigError(f"{source} is not valid:\n{_describe(exc)}") from None

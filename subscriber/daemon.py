@@ -1,0 +1,139 @@
+"""``pgsub run``: the long-lived daemon (uvicorn's shape: config, startup, main loop, shutdown).
+
+Startup builds the one Spark session of the process, the HTTP endpoint and
+a ``SubscriptionRunner`` thread per enabled subscription. The main loop
+waits for SIGTERM or SIGINT. Shutdown stops taking changes, lets a batch
+being written finish (its commit is atomic either way), sends a last
+status update and returns 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import structlog
+
+from apply.spark_session import SparkSettings, build_session
+from apply.state_store import CheckpointStore
+from subscriber.config import Config
+from subscriber.http import StatusServer
+from subscriber.metrics import Metrics
+from subscriber.subscription import SubscriptionRunner
+
+log = structlog.get_logger(__name__)
+
+# A stream silent past its wal_receiver_timeout without reconnecting is dead;
+# /healthz gives the receiver this much slack beyond it.
+HEALTH_SLACK = 30.0
+
+
+@contextmanager
+def captured_signals(stopping: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stopping`` for the duration; the old handlers come back after."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if not stopping.is_set():
+            log.info("shutdown requested", signal=signal.Signals(signum).name)
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.stopping = threading.Event()
+        self.runners: list[SubscriptionRunner] = []
+        self.server: StatusServer | None = None
+        self.started_at = time.time()
+
+    def run(self) -> int:
+        with captured_signals(self.stopping):
+            self._startup()
+            try:
+                threads = [
+                    threading.Thread(
+                        target=runner.run, args=(self.stopping,), name=runner.name, daemon=True
+                    )
+                    for runner in self.runners
+                ]
+                for thread in threads:
+                    thread.start()
+                self.stopping.wait()
+                for thread in threads:
+                    thread.join()
+            finally:
+                self._shutdown()
+        log.info("pgsub stopped")
+        return 0
+
+    def _startup(self) -> None:
+        config = self.config
+        enabled = [s for s in config.subscriptions if s.enabled]
+        log.info(
+            "pgsub starting",
+            warehouse=config.warehouse,
+            spark=config.spark.remote or config.spark.master,
+            subscriptions=[s.name for s in enabled],
+        )
+        self.server = StatusServer(
+            config.metrics.host,
+            config.metrics.port,
+            registry=self.metrics.registry,
+            health=self.health,
+            readiness=self.readiness,
+            status=self.status,
+        )
+        self.server.start()
+        log.info("http endpoint listening", host=config.metrics.host, port=self.server.port)
+        spark = build_session(
+            SparkSettings(
+                master=config.spark.master, remote=config.spark.remote, conf=config.spark.conf
+            )
+        )
+        checkpoints = CheckpointStore(spark, config.warehouse)
+        for sub in config.subscriptions:
+            if not sub.enabled:
+                self.metrics.subscription_enabled.labels(sub.name).set(0)
+                continue
+            self.runners.append(
+                SubscriptionRunner(sub, spark, config.warehouse, checkpoints, self.metrics)
+            )
+
+    def _shutdown(self) -> None:
+        self.stopping.set()
+        if self.server is not None:
+            self.server.stop()
+
+    # -- probes --------------------------------------------------------------
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        now = time.time()
+        stuck = []
+        for runner in self.runners:
+            receiver = runner.receiver
+            limit = runner.config.wal_receiver_timeout + runner.config.wal_retrieve_retry_interval
+            last = receiver.last_receipt if receiver is not None else None
+            since = now - (last if last is not None else self.started_at)
+            if since > limit + HEALTH_SLACK and not runner.ready:
+                stuck.append(runner.name)
+        return not stuck, {"stuck": stuck}
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        waiting = [r.name for r in self.runners if not r.ready]
+        return bool(self.runners) and not waiting, {"not_streaming": waiting}
+
+    def status(self) -> dict[str, Any]:
+        return {"subscriptions": [r.status.as_dict() for r in self.runners]}

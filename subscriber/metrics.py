@@ -1,0 +1,91 @@
+"""Prometheus metrics of DESIGN section 10 (a Contract: names and labels).
+
+One ``Metrics`` per daemon, on its own registry, served at ``/metrics``.
+LSNs are exported as numbers (bytes of WAL), so differences are byte lags.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+SUB = ("subscription",)
+REL = ("subscription", "relation")
+_BATCH_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.received_lsn = Gauge(
+            "pgsub_received_lsn", "Last WAL position received", SUB, registry=r
+        )
+        self.flushed_lsn = Gauge(
+            "pgsub_flushed_lsn", "Last WAL position durable in Delta and confirmed", SUB, registry=r
+        )
+        self.latest_end_lsn = Gauge(
+            "pgsub_latest_end_lsn", "Last WAL position reported by the publisher", SUB, registry=r
+        )
+        self.last_msg_receipt = Gauge(
+            "pgsub_last_msg_receipt_timestamp_seconds",
+            "Unix time of the last message received from the publisher",
+            SUB,
+            registry=r,
+        )
+        self.apply_lag = Gauge(
+            "pgsub_apply_lag_seconds",
+            "Now minus the commit time of the last applied transaction (0 when caught up)",
+            SUB,
+            registry=r,
+        )
+        self.replication_lag_bytes = Gauge(
+            "pgsub_replication_lag_bytes",
+            "Publisher WAL end minus the flushed position",
+            SUB,
+            registry=r,
+        )
+        self.apply_errors = Counter("pgsub_apply_errors", "Apply worker errors", SUB, registry=r)
+        self.sync_errors = Counter("pgsub_sync_errors", "Table-sync worker errors", SUB, registry=r)
+        self.conflicts = Counter("pgsub_conflicts", "Conflicts by kind", (*REL, "type"), registry=r)
+        self.transactions_applied = Counter(
+            "pgsub_transactions_applied", "Remote transactions applied", SUB, registry=r
+        )
+        self.changes_applied = Counter(
+            "pgsub_changes_applied",
+            "Remote row changes applied, by operation",
+            (*SUB, "op"),
+            registry=r,
+        )
+        self.batch_duration = Histogram(
+            "pgsub_batch_duration_seconds",
+            "Time to apply a batch to every table",
+            SUB,
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.merge_duration = Histogram(
+            "pgsub_merge_duration_seconds",
+            "Time of one table's Delta commit in a batch",
+            REL,
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.table_state = Gauge(
+            "pgsub_table_state", "1 for the table's current state", (*REL, "state"), registry=r
+        )
+        self.tablesync_rows_copied = Counter(
+            "pgsub_tablesync_rows_copied", "Rows copied by table-sync workers", REL, registry=r
+        )
+        self.tablesync_rows_estimated = Gauge(
+            "pgsub_tablesync_rows_estimated",
+            "Estimated rows of tables being copied (pg_class.reltuples)",
+            REL,
+            registry=r,
+        )
+        self.workers = Gauge("pgsub_workers", "Running workers by type", (*SUB, "type"), registry=r)
+        self.spill_bytes = Gauge(
+            "pgsub_spill_bytes", "Bytes of streamed transactions spooled to disk", SUB, registry=r
+        )
+        self.subscription_enabled = Gauge(
+            "pgsub_subscription_enabled", "1 when the subscription is enabled", SUB, registry=r
+        )

@@ -1,0 +1,288 @@
+"""Runs one subscription: the receiver and the leader apply worker, restarted on errors.
+
+Two threads per attempt: the receiver (stream, decode, assemble complete
+transactions, put them on the queue) and the apply worker (batches into
+Delta, then confirms the flush position). When either fails, both stop;
+the error is logged and counted, and a new attempt starts after
+``wal_retrieve_retry_interval`` from the last confirmed position - what
+PostgreSQL's launcher does for a failed apply worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+
+from apply.applier import BatchApplier, TransactionError
+from apply.batch import Batcher
+from apply.delta_writer import DeltaTables
+from apply.errors import ApplyError
+from apply.state_store import CheckpointStore
+from apply.transactions import TransactionAssembler, UnsupportedStreamError
+from apply.worker import ApplyWorker, TransactionQueue
+from subscriber.catalog import PublisherCatalog
+from subscriber.commands import StreamOptions, quote_literal
+from subscriber.config import SubscriptionConfig
+from subscriber.errors import ReplicationError, SubscriberError
+from subscriber.lsn import Lsn
+from subscriber.messages import Message
+from subscriber.metrics import Metrics
+from subscriber.progress import Progress
+from subscriber.receiver import Receiver
+from subscriber.stream import ReplicationConnection
+from subscriber.wire import XLogData
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = structlog.get_logger(__name__)
+
+_FAILURES = (ApplyError, SubscriberError, UnsupportedStreamError)
+
+
+class _StopRequestedError(Exception):
+    """Raised inside the receiver's deliver callback when shutting down under backpressure."""
+
+
+@dataclass
+class SubscriptionStatus:
+    """What ``/status`` and ``/readyz`` show for a subscription."""
+
+    name: str
+    state: str = "starting"  # starting | streaming | error | stopped | disabled
+    received_lsn: Lsn | None = None
+    flushed_lsn: Lsn | None = None
+    latest_end_lsn: Lsn | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+    error_count: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "received_lsn": _text(self.received_lsn),
+            "flushed_lsn": _text(self.flushed_lsn),
+            "latest_end_lsn": _text(self.latest_end_lsn),
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+            "error_count": self.error_count,
+            **self.extra,
+        }
+
+
+def _text(lsn: Lsn | None) -> str | None:
+    return None if lsn is None else str(lsn)
+
+
+def _thread(
+    name: str, target: Callable[[], None], errors: list[BaseException], done: threading.Event
+) -> threading.Thread:
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:  # noqa: BLE001 - handed to the supervisor, never dropped
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+class SubscriptionRunner:
+    """Keeps one subscription replicating until stopped."""
+
+    def __init__(
+        self,
+        config: SubscriptionConfig,
+        spark: SparkSession,
+        warehouse: str,
+        checkpoints: CheckpointStore,
+        metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._conninfo = config.conninfo()
+        self._checkpoints = checkpoints
+        self._metrics = metrics
+        self.tables = DeltaTables(spark, warehouse, config.name, create_tables=config.create_tables)
+        self.catalog = PublisherCatalog(self._conninfo)
+        self.status = SubscriptionStatus(config.name)
+        self.progress: Progress | None = None
+        self.receiver: Receiver | None = None
+        self.options = StreamOptions(
+            tuple(config.publications),
+            binary=config.binary,
+            streaming=config.streaming,
+            two_phase=config.two_phase,
+            origin=config.origin,
+        )
+
+    # -- supervision ---------------------------------------------------------
+
+    def run(self, stopping: threading.Event) -> None:
+        name = self.name
+        self._metrics.subscription_enabled.labels(name).set(1)
+        flushed: Lsn | None = None
+        isolate: Lsn | None = None
+        while not stopping.is_set():
+            try:
+                if flushed is None:
+                    flushed = self._checkpoints.origin_lsn(name)
+                    log.info("subscription starting", subscription=name, origin_lsn=str(flushed))
+                self._ensure_slot()
+                flushed = self._attempt(flushed, isolate, stopping)
+                isolate = None
+            except TransactionError as exc:
+                isolate = exc.batch.end_lsn
+                self._failed(exc, finish_lsn=exc.finish_lsn)
+            except _FAILURES as exc:
+                self._failed(exc)
+            if self.progress is not None:
+                flushed = self.progress.flushed
+            if stopping.is_set():
+                break
+            stopping.wait(self.config.wal_retrieve_retry_interval)
+        self.status.state = "stopped"
+        self.catalog.close()
+
+    def _failed(self, exc: BaseException, finish_lsn: Lsn | None = None) -> None:
+        self._metrics.apply_errors.labels(self.name).inc()
+        self.status.state = "error"
+        self.status.last_error = str(exc)
+        self.status.last_error_at = time.time()
+        self.status.error_count += 1
+        log.error(
+            "logical replication apply worker failed",
+            subscription=self.name,
+            error=str(exc),
+            error_type=type(exc).__name__,
+            finish_lsn=_text(finish_lsn),
+            retry_in=self.config.wal_retrieve_retry_interval,
+        )
+
+    def _ensure_slot(self) -> None:
+        slot = self.config.slot
+        with ReplicationConnection(self._conninfo) as connection:
+            rows = connection.execute(
+                "SELECT plugin FROM pg_catalog.pg_replication_slots WHERE slot_name = "
+                + quote_literal(slot)
+            )
+            if rows:
+                if rows[0]["plugin"] != "pgoutput":
+                    raise ReplicationError(
+                        f'replication slot "{slot}" uses the plugin {rows[0]["plugin"]}, not '
+                        "pgoutput; drop it or choose another slot_name"
+                    )
+                return
+            if not self.config.create_slot:
+                raise ReplicationError(
+                    f'replication slot "{slot}" does not exist on the publisher; create it '
+                    "(pgoutput) or set create_slot: true"
+                )
+            connection.create_slot(
+                slot, two_phase=self.config.two_phase, failover=self.config.failover
+            )
+
+    # -- one attempt ---------------------------------------------------------
+
+    def _attempt(self, flushed: Lsn, isolate: Lsn | None, stopping: threading.Event) -> Lsn:
+        config = self.config
+        progress = Progress(flushed)
+        queue = TransactionQueue(max(2 * config.batch.max_changes, 10_000))
+        assembler = TransactionAssembler()
+        applier = BatchApplier(self.name, self.tables, self.catalog.type_row)
+        worker = ApplyWorker(
+            self.name,
+            queue,
+            applier=applier,
+            checkpoints=self._checkpoints,
+            progress=progress,
+            batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
+            metrics=self._metrics,
+            isolate_through=isolate,
+        )
+        local_stop = threading.Event()
+        last_queued = flushed
+
+        def deliver(message: Message, data: XLogData) -> None:
+            nonlocal last_queued
+            tx = assembler.feed(message)
+            if tx is None or tx.end_lsn <= last_queued:
+                return  # not complete yet, or sent again after a reconnect
+            while not queue.put(tx, timeout=1.0):
+                if local_stop.is_set() or receiver.stopping:
+                    raise _StopRequestedError
+                receiver.hold()
+            last_queued = tx.end_lsn
+
+        receiver = Receiver(
+            self._conninfo,
+            config.slot,
+            self.options,
+            progress,
+            deliver,
+            status_interval=config.status_interval,
+            wal_receiver_timeout=config.wal_receiver_timeout,
+            on_reconnect=assembler.reset,
+        )
+        self.progress, self.receiver = progress, receiver
+        errors: list[BaseException] = []
+        done = threading.Event()
+        threads = [
+            _thread(f"{self.name}-receiver", receiver.run, errors, done),
+            _thread(f"{self.name}-apply", lambda: worker.run(local_stop), errors, done),
+        ]
+        self._metrics.workers.labels(self.name, "apply").set(1)
+        try:
+            while not done.wait(0.5):
+                self._sample(receiver, progress, worker)
+                if stopping.is_set():
+                    break
+        finally:
+            local_stop.set()
+            receiver.stop()
+            for thread in threads:
+                thread.join()
+            applier.close()
+            self._metrics.workers.labels(self.name, "apply").set(0)
+        self._sample(receiver, progress, worker)
+        failures = [e for e in errors if not isinstance(e, _StopRequestedError)]
+        if failures:
+            raise failures[0]
+        if not stopping.is_set():
+            raise ReplicationError("the apply worker stopped unexpectedly")
+        return progress.flushed
+
+    def _sample(self, receiver: Receiver, progress: Progress, worker: ApplyWorker) -> None:
+        """Copy positions into the status and the metrics (once every half second)."""
+        name, metrics, status = self.name, self._metrics, self.status
+        status.state = "streaming" if receiver.streaming.is_set() else status.state
+        status.received_lsn = progress.received
+        status.flushed_lsn = progress.flushed
+        metrics.received_lsn.labels(name).set(int(progress.received))
+        metrics.flushed_lsn.labels(name).set(int(progress.flushed))
+        wal_end = receiver.wal_end
+        if wal_end is not None:
+            status.latest_end_lsn = wal_end
+            metrics.latest_end_lsn.labels(name).set(int(wal_end))
+            metrics.replication_lag_bytes.labels(name).set(
+                max(0, int(wal_end) - int(progress.flushed))
+            )
+        if receiver.last_receipt is not None:
+            metrics.last_msg_receipt.labels(name).set(receiver.last_receipt)
+        if progress.idle:
+            metrics.apply_lag.labels(name).set(0)
+
+    @property
+    def ready(self) -> bool:
+        receiver = self.receiver
+        return receiver is not None and receiver.streaming.is_set()

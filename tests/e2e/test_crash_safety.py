@@ -1,0 +1,57 @@
+"""kill -9 at named points of a batch, restart: no loss, no duplicates (DESIGN section 3)."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
+from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgdatabase import PgDatabase
+
+pytestmark = pytest.mark.e2e
+
+WORKLOAD = """
+INSERT INTO keyed SELECT g, 'v' || g FROM generate_series(1, 200) g;
+INSERT INTO bag SELECT g % 10, 'dup' FROM generate_series(1, 100) g;
+BEGIN;
+UPDATE keyed SET v = 'changed' WHERE id % 3 = 0;
+DELETE FROM keyed WHERE id > 190;
+INSERT INTO bag SELECT g % 10, 'dup' FROM generate_series(1, 50) g;
+DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag WHERE a = 1 LIMIT 3);
+COMMIT;
+"""
+
+
+@pytest.mark.parametrize(
+    "failpoint",
+    ["apply.after_table_write", "apply.before_checkpoint", "apply.before_flush_report"],
+)
+def test_kill_at_a_failpoint_then_restart(
+    failpoint: str, publisher: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    publisher.execute(
+        "CREATE TABLE keyed (id int PRIMARY KEY, v text);"
+        "CREATE TABLE bag (a int, b text); ALTER TABLE bag REPLICA IDENTITY FULL;"
+        "CREATE PUBLICATION pub FOR TABLE keyed, bag"
+    )
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, warehouse, batch={"max_delay": "2s"})
+
+    first = DaemonProcess(config, port)  # creates the slot, then is stopped cleanly
+    first.wait_ready()
+    assert first.terminate() == 0, first.logs()
+
+    publisher.execute(WORKLOAD)
+    doomed = DaemonProcess(config, port, failpoints=failpoint)
+    assert doomed.wait_exit() == -9, doomed.logs()  # SIGKILL at the failpoint
+
+    survivor = DaemonProcess(config, port)
+    survivor.wait_ready()
+    wait_confirmed(publisher)
+    assert survivor.terminate() == 0, survivor.logs()
+
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",))
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))

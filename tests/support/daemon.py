@@ -1,0 +1,127 @@
+"""``pgsub run`` as a separate process, as operators run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.pgcluster import free_port, wait_until
+from tests.support.pgdatabase import PgDatabase
+
+
+def write_config(path: Path, publisher: PgDatabase, warehouse: Path, **subscription: Any) -> int:
+    """A config for one subscription ``sub1`` of publication ``pub``; returns the metrics port."""
+    port = free_port()
+    sub = {
+        "name": "sub1",
+        "connection": publisher.dsn,
+        "publications": ["pub"],
+        "copy_data": False,
+        "status_interval": "1s",
+        "wal_retrieve_retry_interval": "1s",
+        **subscription,
+    }
+    config = {
+        "warehouse": str(warehouse),
+        "spark": {"master": "local[2]"},
+        "metrics": {"host": "127.0.0.1", "port": port},
+        "log": {"format": "json", "level": "info"},
+        "subscriptions": [sub],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return port
+
+
+class DaemonProcess:
+    def __init__(self, config: Path, port: int, failpoints: str | None = None) -> None:
+        self.port = port
+        env = dict(os.environ)
+        env.pop("PGSUB_FAILPOINTS", None)
+        if failpoints:
+            env["PGSUB_FAILPOINTS"] = failpoints
+        self.log_path = config.with_suffix(f".{int(time.time() * 1000)}.log")
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(  # noqa: S603 - our own CLI
+            [sys.executable, "-m", "subscriber.cli", "run", "-c", str(config)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def get(self, route: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{route}", timeout=5) as reply:  # noqa: S310
+                body = reply.read()
+                status = reply.status
+        except urllib.error.HTTPError as exc:
+            body, status = exc.read(), exc.code
+        return status, (json.loads(body) if route != "/metrics" else body.decode())
+
+    def ready(self) -> bool:
+        try:
+            return self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"pgsub exited with {self.process.returncode}:\n{self.logs()}")
+            return self.ready()
+
+        wait_until(ready, timeout=timeout, interval=0.5, what="pgsub to stream")
+
+    def wait_exit(self, timeout: float = 180) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"pgsub did not exit:\n{self.logs()}") from None
+
+    def terminate(self, timeout: float = 120) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def logs(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-6000:]
+
+    def events(self) -> list[dict[str, Any]]:
+        self._log.flush()
+        found = []
+        for line in self.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                try:
+                    found.append(json.loads(line))
+                except ValueError:
+                    continue
+        return found
+
+
+def wait_confirmed(publisher: PgDatabase, slot: str = "sub1", timeout: float = 180) -> None:
+    """Wait until the slot confirms everything the publisher has written so far."""
+    target = publisher.fetchval("SELECT pg_current_wal_insert_lsn()")
+
+    def confirmed() -> bool:
+        return bool(
+            publisher.fetchval(
+                "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = %s",
+                [target, slot],
+            )
+        )
+
+    wait_until(confirmed, timeout=timeout, interval=0.5, what=f"slot {slot} to confirm {target}")

@@ -1,0 +1,109 @@
+"""Running a real subscription in the test process: publisher -> pgsub -> Delta.
+
+``Replication`` runs a ``SubscriptionRunner`` (the daemon's own code, with
+its receiver and apply threads) against a test publisher and a temporary
+warehouse, and waits until everything the publisher committed so far is
+applied: the runner is idle and has received past the publisher's WAL
+position.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from apply.state_store import CheckpointStore
+from subscriber.config import SubscriptionConfig
+from subscriber.lsn import Lsn
+from subscriber.metrics import Metrics
+from subscriber.subscription import SubscriptionRunner
+from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgcluster import wait_until
+from tests.support.pgdatabase import PgDatabase
+
+
+class Replication:
+    def __init__(
+        self,
+        publisher: PgDatabase,
+        spark: Any,
+        warehouse: Path,
+        *,
+        name: str = "sub1",
+        publications: tuple[str, ...] = ("pub",),
+        **settings: Any,
+    ) -> None:
+        self.publisher = publisher
+        self.spark = spark
+        self.warehouse = warehouse
+        self.metrics = Metrics()
+        defaults: dict[str, Any] = {
+            "copy_data": False,
+            "status_interval": 1,
+            "wal_retrieve_retry_interval": 0.5,
+        }
+        self.config = SubscriptionConfig(
+            name=name,
+            connection=publisher.dsn,
+            publications=list(publications),
+            **{**defaults, **settings},
+        )
+        self.checkpoints = CheckpointStore(spark, str(warehouse))
+        self.runner: SubscriptionRunner | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Replication:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Replication:
+        self._stopping = threading.Event()
+        self.runner = SubscriptionRunner(
+            self.config, self.spark, str(self.warehouse), self.checkpoints, self.metrics
+        )
+        self._thread = threading.Thread(target=self.runner.run, args=(self._stopping,), daemon=True)
+        self._thread.start()
+        runner = self.runner
+        wait_until(lambda: runner.ready, timeout=120, what="the subscription to stream")
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+            assert not self._thread.is_alive(), "the subscription did not stop"
+
+    def caught_up(self, timeout: float = 120) -> None:
+        """Wait until every transaction committed on the publisher so far is applied."""
+        # The insert position: with synchronous_commit off the write position lags commits.
+        target = Lsn.parse(self.publisher.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+
+        def done() -> bool:
+            runner = self.runner
+            assert runner is not None
+            progress = runner.progress
+            if runner.status.state == "error" and runner.status.error_count > 20:
+                raise AssertionError(f"subscription keeps failing: {runner.status.last_error}")
+            return progress is not None and progress.idle and progress.received >= target
+
+        wait_until(
+            done, timeout=timeout, interval=0.2, what=f"the subscriber to apply up to {target}"
+        )
+
+    def path(self, table: str) -> str:
+        schema, _, name = table.partition(".")
+        return str(self.warehouse / schema / name)
+
+    def assert_equal(self, *tables: str, key: tuple[str, ...] = ()) -> None:
+        with self.publisher.connect() as conn:
+            for table in tables:
+                assert_delta_equals_publisher(conn, table, self.spark, self.path(table), key)
+
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        return [
+            r.asDict() for r in self.spark.read.format("delta").load(self.path(table)).collect()
+        ]

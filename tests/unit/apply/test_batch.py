@@ -1,0 +1,33 @@
+"""Batch bounds: complete transactions only, bounded by changes and delay."""
+
+from apply.batch import Batcher
+from tests.unit.apply.builders import ins, relation, tx
+
+T = relation("id", "v")
+
+
+def test_batch_is_due_by_changes() -> None:
+    batcher = Batcher(max_changes=3, max_delay=60, clock=lambda: 0.0)
+    batcher.add(tx(ins(T, 1, "a"), ins(T, 2, "b")))
+    assert not batcher.due()
+    batcher.add(tx(ins(T, 3, "c"), end=200))
+    assert batcher.due()
+    batch = batcher.take()
+    assert len(batch.transactions) == 2 and batch.end_lsn == 200 and len(batcher) == 0
+
+
+def test_batch_is_due_by_delay() -> None:
+    now = [0.0]
+    batcher = Batcher(max_changes=1000, max_delay=1.0, clock=lambda: now[0])
+    assert not batcher.due()  # empty: never due
+    batcher.add(tx(ins(T, 1, "a")))
+    now[0] = 0.5
+    assert not batcher.due() and batcher.time_left() == 0.5
+    now[0] = 1.0
+    assert batcher.due()
+
+
+def test_a_transaction_larger_than_the_bound_is_one_batch() -> None:
+    batcher = Batcher(max_changes=2, max_delay=60, clock=lambda: 0.0)
+    batcher.add(tx(*(ins(T, i, "x") for i in range(10))))
+    assert batcher.due() and batcher.take().change_count == 10

@@ -1,0 +1,49 @@
+"""MERGE statements are values: their text, tested without Spark."""
+
+from apply.merge_plan import ClauseKind, OnExists, conflict_in, keyed_merge, multiset_merge
+from apply.schema import TargetColumn, TargetSchema
+from apply.typemap import ColumnType
+
+SCHEMA = TargetSchema(
+    "public.t",
+    (TargetColumn("id", ColumnType(23)), TargetColumn("we`ird", ColumnType(25))),
+    ("id",),
+)
+
+
+def test_keyed_merge_matches_on_the_key_and_quotes_identifiers() -> None:
+    plan = keyed_merge(SCHEMA, keep_columns=(1,))
+    assert plan.condition == "t.`id` = s.`id`"
+    kinds = [c.kind for c in plan.clauses]
+    assert kinds == [
+        ClauseKind.MATCHED_UPDATE,  # insert_exists / update_exists -> raise_error
+        ClauseKind.MATCHED_DELETE,
+        ClauseKind.MATCHED_UPDATE,
+        ClauseKind.NOT_MATCHED_INSERT,
+    ]
+    assert "raise_error" in plan.clauses[0].assignments["`id`"]
+    update = plan.clauses[2].assignments
+    assert update["`we``ird`"] == (
+        "CASE WHEN s.__pgsub_keep_1 THEN t.`we``ird` ELSE s.`we``ird` END"
+    )
+    assert "s.__pgsub_reinserted" in (plan.clauses[3].condition or "")
+
+
+def test_apply_remote_has_no_error_clause() -> None:
+    plan = keyed_merge(SCHEMA, keep_columns=(), on_exists=OnExists.APPLY_REMOTE)
+    assert all("raise_error" not in str(c.assignments) for c in plan.clauses)
+
+
+def test_multiset_merge_compares_every_column_null_safe() -> None:
+    plan = multiset_merge(SCHEMA)
+    assert (
+        plan.condition == "s.__pgsub_remove AND t.`id` <=> s.`id` AND t.`we``ird` <=> s.`we``ird`"
+    )
+
+
+def test_conflict_kind_is_read_back_from_the_error() -> None:
+    assert (
+        conflict_in("[USER_RAISED_EXCEPTION] pgsub conflict:insert_exists SQLSTATE")
+        == "insert_exists"
+    )
+    assert conflict_in("something else") is None

@@ -1,0 +1,90 @@
+"""The config file: validation errors name the key; environment overrides every key."""
+
+from pathlib import Path
+
+import pytest
+
+from subscriber.config import ConfigError, Resolution, load
+
+GOOD = """
+warehouse: /data/wh
+spark: {master: "local[2]", conf: {spark.sql.shuffle.partitions: 8, some.flag: true}}
+subscriptions:
+  - name: sub1
+    connection: "host=db dbname=app user=replicator"
+    publications: [pub1]
+    streaming: off
+    batch: {max_changes: 5000, max_delay: 250ms}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pgsub.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_follow_design_section_10(tmp_path: Path) -> None:
+    config = load(write(tmp_path, GOOD), environ={})
+    sub = config.subscriptions[0]
+    assert sub.slot == "sub1" and sub.create_slot and sub.copy_data and sub.enabled
+    assert sub.batch.max_delay == 0.25 and sub.batch.max_changes == 5000
+    assert sub.conflicts.insert_exists is Resolution.ERROR
+    assert sub.conflicts.update_missing is Resolution.SKIP
+    assert config.metrics.port == 9187 and config.log.format == "json"
+    assert config.spark.conf == {"spark.sql.shuffle.partitions": "8", "some.flag": "true"}
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, GOOD.replace("max_delay", "max_dealy")), environ={})
+    assert "subscriptions.0.batch.max_dealy: unknown key" in str(err.value)
+
+
+def test_bad_value_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, GOOD.replace("250ms", "soon")), environ={})
+    assert "subscriptions.0.batch.max_delay" in str(err.value) and "duration" in str(err.value)
+
+
+def test_environment_overrides_by_path_position_and_name(tmp_path: Path) -> None:
+    env = {
+        "PGSUB_WAREHOUSE": "s3a://bucket/wh",
+        "PGSUB_METRICS_PORT": "9999",
+        "PGSUB_SUBSCRIPTIONS_0_CONNECTION": "host=other",
+        "PGSUB_SUBSCRIPTIONS_SUB1_MAX_SYNC_WORKERS": "4",
+        "PGSUB_SUBSCRIPTIONS_SUB1_BATCH_MAX_CHANGES": "10",
+    }
+    config = load(write(tmp_path, GOOD), environ=env)
+    sub = config.subscriptions[0]
+    assert config.warehouse == "s3a://bucket/wh" and config.metrics.port == 9999
+    assert sub.connection == "host=other" and sub.max_sync_workers == 4
+    assert sub.batch.max_changes == 10
+
+
+def test_environment_naming_no_key_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="PGSUB_NOPE names no config key"):
+        load(write(tmp_path, GOOD), environ={"PGSUB_NOPE": "1"})
+
+
+def test_password_file_goes_into_the_connection_only(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    config = load(
+        write(tmp_path, GOOD), environ={"PGSUB_SUBSCRIPTIONS_0_PASSWORD_FILE": str(secret)}
+    )
+    sub = config.subscriptions[0]
+    assert "s3cret" in sub.conninfo() and "s3cret" not in sub.connection
+
+
+def test_duplicate_names_and_bad_slot_names_are_refused(tmp_path: Path) -> None:
+    text = GOOD + "  - {name: sub1, connection: x, publications: [p]}\n"
+    with pytest.raises(ConfigError, match="subscription names must be unique"):
+        load(write(tmp_path, text), environ={})
+    with pytest.raises(ConfigError, match="invalid replication slot name"):
+        load(write(tmp_path, GOOD + "    slot_name: Bad-Name\n"), environ={})
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load(tmp_path / "nope.yaml", environ={})
