@@ -33,6 +33,8 @@ from pydantic import (
 from subscriber.commands import Streaming, check_slot_name
 
 ENV_PREFIX = "PGSUB_"
+# pgsub's environment variables that are not config keys.
+_NOT_CONFIG = re.compile(r"^PGSUB_(DSN|JARS_DIR|CONFIG|FAILPOINTS|TEST_.*|PG\d+_BIN)$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -234,7 +236,7 @@ def _apply_to_item(items: list[Any], tokens: list[str], value: Any, env: str) ->
 
 def apply_environment(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     for key in sorted(environ):
-        if not key.startswith(ENV_PREFIX) or key in ("PGSUB_DSN", "PGSUB_JARS_DIR", "PGSUB_CONFIG"):
+        if not key.startswith(ENV_PREFIX) or _NOT_CONFIG.match(key):
             continue
         tokens = key[len(ENV_PREFIX) :].lower().split("_")
         _apply_override(data, tokens, yaml.safe_load(environ[key]), Config, key)

@@ -1,25 +1,12 @@
 """``pgsub`` as a process: help, and ``peek`` against a real publisher."""
 
-import subprocess
-import sys
-
 import pytest
 
+from tests.support.daemon import pgsub
 from tests.support.pgdatabase import PgDatabase
 from tests.support.streaming import create_slot
 
 pytestmark = pytest.mark.e2e
-
-
-def pgsub(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "subscriber.cli", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
 
 
 def test_help_lists_the_commands() -> None:

@@ -23,6 +23,12 @@ COMMIT;
 """
 
 
+AFTER_CRASH = """
+INSERT INTO bag VALUES (42, 'after');
+UPDATE keyed SET v = 'after' WHERE id = 1;
+"""
+
+
 @pytest.mark.parametrize(
     "failpoint",
     ["apply.after_table_write", "apply.before_checkpoint", "apply.before_flush_report"],
@@ -46,6 +52,9 @@ def test_kill_at_a_failpoint_then_restart(
     publisher.execute(WORKLOAD)
     doomed = DaemonProcess(config, port, failpoints=failpoint)
     assert doomed.wait_exit() == -9, doomed.logs()  # SIGKILL at the failpoint
+    # More transactions before the restart: the replayed batch ends at a new LSN, so
+    # Delta's idempotent-write id alone cannot refuse it; the per-table LSN must.
+    publisher.execute(AFTER_CRASH)
 
     survivor = DaemonProcess(config, port)
     survivor.wait_ready()
@@ -53,5 +62,7 @@ def test_kill_at_a_failpoint_then_restart(
     assert survivor.terminate() == 0, survivor.logs()
 
     with publisher.connect() as conn:
-        assert_delta_equals_publisher(conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",))
+        assert_delta_equals_publisher(
+            conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",)
+        )
         assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))

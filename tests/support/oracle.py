@@ -185,6 +185,11 @@ def read_publisher(
 
 
 def read_delta(spark: Any, path: str, columns: Sequence[Column]) -> list[Row]:
+    """The Delta table's rows; a table never written holds none."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return []
     frame = spark.read.format("delta").load(path).select(*[f"`{c.name}`" for c in columns])
     table = frame.toArrow()
     return [tuple(row[c.name] for c in columns) for row in table.to_pylist()]

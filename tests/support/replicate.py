@@ -68,7 +68,11 @@ class Replication:
         self._thread = threading.Thread(target=self.runner.run, args=(self._stopping,), daemon=True)
         self._thread.start()
         runner = self.runner
-        wait_until(lambda: runner.ready, timeout=120, what="the subscription to stream")
+        try:
+            wait_until(lambda: runner.ready, timeout=120, what="the subscription to stream")
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

@@ -1,11 +1,11 @@
-"""Property on the real pipeline: random DML with random batch bounds gives the publisher's tables."""
+"""Property on the real pipeline: random DML, random batch bounds, the publisher's tables."""
 
 import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.support.pgdatabase import PgDatabase
@@ -44,6 +44,9 @@ TRANSACTION = st.lists(
 @settings(
     max_examples=4,
     deadline=None,
+    # Each example runs a real subscription: shrinking would take longer than the suite.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    print_blob=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(

@@ -17,7 +17,7 @@ from apply.batch import Batch
 from apply.collapse import KeyedNet, MultisetNet, collapse
 from apply.transactions import Change, RemoteTransaction
 from subscriber.lsn import ZERO, Lsn
-from subscriber.messages import ReplicaIdentity, TupleData, UNCHANGED
+from subscriber.messages import UNCHANGED, ReplicaIdentity, TupleData
 from tests.unit.apply.builders import dele, ins, relation, row, trunc, upd
 
 KEYED = relation("id", "v", "big")
@@ -108,7 +108,9 @@ def apply_keyed(table: Table, net: KeyedNet) -> None:
 
 
 def _resolve(
-    image: TupleData, own: tuple[bytes | None, bytes | None] | None, moved: tuple[bytes | None, bytes | None] | None
+    image: TupleData,
+    own: tuple[bytes | None, bytes | None] | None,
+    moved: tuple[bytes | None, bytes | None] | None,
 ) -> tuple[bytes | None, bytes | None]:
     source = moved if moved is not None else own
     values = []

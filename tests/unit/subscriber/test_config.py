@@ -88,3 +88,8 @@ def test_duplicate_names_and_bad_slot_names_are_refused(tmp_path: Path) -> None:
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the config file"):
         load(tmp_path / "nope.yaml", environ={})
+
+
+def test_other_pgsub_variables_are_not_config(tmp_path: Path) -> None:
+    env = {"PGSUB_FAILPOINTS": "x", "PGSUB_JARS_DIR": "/j", "PGSUB_TEST_PG_MAJORS": "15"}
+    assert load(write(tmp_path, GOOD), environ=env).warehouse == "/data/wh"

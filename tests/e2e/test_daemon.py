@@ -1,0 +1,80 @@
+"""``pgsub run`` as operators run it: config errors, probes, metrics, SIGTERM."""
+
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed, write_config
+from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgdatabase import PgDatabase
+
+pytestmark = pytest.mark.e2e
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "subscriptions:\n  - {name: s, connection: x, publications: [p], bacth: {}}\n"
+    )
+    result = pgsub("run", "-c", str(config))
+    assert result.returncode == 2
+    assert "subscriptions.0.bacth: unknown key" in result.stderr
+
+
+def test_missing_config_exits_2(tmp_path: Path) -> None:
+    result = pgsub("run", "-c", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2 and "cannot read the config file" in result.stderr
+
+
+def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
+    publisher: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    password = "not-a-real-secret-but-must-not-leak"
+    port = write_config(config, publisher, warehouse)
+    config.write_text(
+        config.read_text().replace("user=postgres", f"user=postgres password={password}")
+    )
+
+    daemon = DaemonProcess(config, port)
+    daemon.wait_ready()
+    publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g")
+    publisher.execute("UPDATE t SET v = 'w' WHERE id < 10; DELETE FROM t WHERE id > 90")
+    wait_confirmed(publisher)
+
+    assert daemon.get("/healthz")[0] == 200
+    status, body = daemon.get("/status")
+    assert status == 200 and body["subscriptions"][0]["state"] == "streaming"
+    metrics = daemon.get("/metrics")[1]
+    for name in (
+        "pgsub_received_lsn",
+        "pgsub_flushed_lsn",
+        "pgsub_transactions_applied_total",
+        "pgsub_changes_applied_total",
+        "pgsub_batch_duration_seconds_bucket",
+        "pgsub_merge_duration_seconds_bucket",
+        "pgsub_apply_lag_seconds",
+        "pgsub_subscription_enabled",
+    ):
+        assert f"\n{name}{{" in metrics, name
+    assert 'pgsub_changes_applied_total{op="INSERT",subscription="sub1"} 100.0' in metrics
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/status", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 405
+
+    assert daemon.terminate() == 0
+    logs = daemon.logs()
+    assert password not in logs
+    events = [e["event"] for e in daemon.events()]
+    assert "batch applied" in events and "pgsub stopped" in events
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(
+            conn, "public.t", spark, str(warehouse / "public" / "t"), ("id",)
+        )
