@@ -16,10 +16,11 @@ POSTGRES := .setup-postgres
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres test test-unit check lint typecheck fmt clean help bench-stream
+.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench-stream
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
+	@echo "make demo    the daemon on embedded defaults: demo publisher, local Spark, ./warehouse"
 	@echo "make test    the full suite (unit, integration against real PostgreSQL and Delta)"
 	@echo "make check   ruff, mypy --strict, unit tests (what a quick pre-commit runs)"
 	@echo "make fmt     format and fix lint"
@@ -48,6 +49,10 @@ $(JARS): jars/pom.xml
 $(POSTGRES): setup/postgres.sh Makefile
 	bash setup/postgres.sh $(PG_EMBEDDED)
 	touch $@
+
+# DEMO_SECONDS=60 make demo stops by itself after a minute; otherwise Ctrl-C.
+demo: setup
+	$(BIN)/pgsub demo $(if $(DEMO_SECONDS),--seconds $(DEMO_SECONDS))
 
 test: setup lint typecheck
 	$(BIN)/pytest tests

@@ -1,6 +1,8 @@
 """The ``pgsub`` command line.
 
 - ``pgsub run -c pgsub.yaml``: the daemon (DESIGN section 10).
+- ``pgsub demo``: the daemon on embedded defaults (a throwaway publisher,
+  local Spark, a local Delta warehouse).
 - ``pgsub peek``: streams a slot and prints the decoded pgoutput messages -
   a pg_recvlogical that speaks pgoutput - for checking a publisher's setup
   and for debugging the protocol.
@@ -54,6 +56,17 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("PGSUB_CONFIG"),
         help="the YAML config file (default: PGSUB_CONFIG)",
     )
+    demo = commands.add_parser(
+        "demo",
+        help="run the daemon against a throwaway demo publisher into ./warehouse",
+        description="Start a throwaway PostgreSQL publisher with demo tables and traffic, and "
+        "replicate it with local Spark into a local Delta warehouse until Ctrl-C (or --seconds); "
+        "then compare the tables with the publisher. Needs `make setup` (PostgreSQL binaries, "
+        "Delta jars).",
+    )
+    demo.add_argument("--warehouse", type=Path, default=Path("warehouse"), help="Delta root")
+    demo.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    demo.add_argument("--port", type=int, default=9187, help="HTTP port for /metrics, /status")
     peek = commands.add_parser(
         "peek",
         help="stream a replication slot and print the decoded pgoutput messages",
@@ -142,6 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "demo":
+            from subscriber.demo import run_demo
+
+            logs.configure("auto")
+            return run_demo(args.warehouse.resolve(), seconds=args.seconds, port=args.port)
         if args.command == "peek":
             return _peek(args)
     except SubscriberError as exc:

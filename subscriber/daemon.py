@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -54,13 +54,17 @@ class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.stopping = threading.Event()
+        self.stop_requested = threading.Event()  # by a signal, or by whoever embeds the daemon
+        self.stopping = threading.Event()  # what the subscription threads watch
+        # Called between the stop request and stopping, e.g. to let replication catch up.
+        self.before_stop: Callable[[], None] | None = None
         self.runners: list[SubscriptionRunner] = []
         self.server: StatusServer | None = None
+        self.spark: Any = None
         self.started_at = time.time()
 
     def run(self) -> int:
-        with captured_signals(self.stopping):
+        with captured_signals(self.stop_requested):
             self._startup()
             try:
                 threads = [
@@ -71,7 +75,10 @@ class Daemon:
                 ]
                 for thread in threads:
                     thread.start()
-                self.stopping.wait()
+                self.stop_requested.wait()
+                if self.before_stop is not None:
+                    self.before_stop()
+                self.stopping.set()
                 for thread in threads:
                     thread.join()
             finally:
@@ -98,7 +105,7 @@ class Daemon:
         )
         self.server.start()
         log.info("http endpoint listening", host=config.metrics.host, port=self.server.port)
-        spark = build_session(
+        spark = self.spark = build_session(
             SparkSettings(
                 master=config.spark.master, remote=config.spark.remote, conf=config.spark.conf
             )

@@ -1,5 +1,7 @@
 """``pgsub run`` as operators run it: config errors, probes, metrics, SIGTERM."""
 
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -78,3 +80,28 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
         assert_delta_equals_publisher(
             conn, "public.t", spark, str(warehouse / "public" / "t"), ("id",)
         )
+
+
+def test_demo_replicates_its_publisher_and_checks_itself(tmp_path: Path) -> None:
+    """The README's first command: ``make demo`` runs ``pgsub demo``."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "subscriber.cli",
+            "demo",
+            "--seconds",
+            "20",
+            "--port",
+            "0",
+            "--warehouse",
+            str(tmp_path / "wh"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "accounts: 1000 rows on the publisher, 1000 in Delta" in result.stdout
+    assert "Delta tables match the publisher." in result.stdout

@@ -1,0 +1,156 @@
+"""``pgsub demo``: the daemon on embedded defaults, to see it work in one command.
+
+Starts a throwaway PostgreSQL publisher (``subscriber.embedded``) with two
+demo tables and a publication, creates the slot, writes a little traffic
+(a transaction every half second: a balance change and an event, now and
+then a delete), and runs the daemon with local Spark into a local Delta
+warehouse, serving /metrics and /status. On Ctrl-C (or after ``--seconds``)
+it stops the traffic, lets the daemon catch up, compares every table with
+the publisher, says where the Delta tables are, and removes the publisher.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg.types.json import Jsonb
+
+from subscriber.config import Config, LogConfig, MetricsConfig, SparkConfig, SubscriptionConfig
+from subscriber.daemon import Daemon
+from subscriber.embedded import DEFAULT_MAJOR, PgCluster
+from subscriber.lsn import Lsn
+from subscriber.stream import ReplicationConnection
+
+log = structlog.get_logger(__name__)
+
+TABLES = ("accounts", "events")
+SCHEMA = """
+CREATE TABLE accounts (
+    id bigint PRIMARY KEY, owner text NOT NULL, balance numeric(12, 2) NOT NULL,
+    tags text[], updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE events (
+    id bigserial PRIMARY KEY, account_id bigint NOT NULL, kind text NOT NULL,
+    payload jsonb, at timestamptz NOT NULL DEFAULT now()
+);
+CREATE PUBLICATION demo_pub FOR TABLE accounts, events;
+"""
+SEED = """
+INSERT INTO accounts (id, owner, balance, tags)
+SELECT g, 'owner ' || g, 100, ARRAY['demo', 'seed'] FROM generate_series(1, 1000) g;
+"""
+
+
+def _traffic(dsn: str, stopping: threading.Event) -> None:
+    rng = random.Random(7)  # noqa: S311 - demo data, not security
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not stopping.wait(0.5):
+            account, amount = rng.randint(1, 1000), rng.randint(-50, 50)
+            with conn.transaction():
+                conn.execute(
+                    "UPDATE accounts SET balance = balance + %s, updated_at = now() WHERE id = %s",
+                    [amount, account],
+                )
+                conn.execute(
+                    "INSERT INTO events (account_id, kind, payload) VALUES (%s, 'transfer', %s)",
+                    [account, Jsonb({"amount": amount})],
+                )
+            if rng.random() < 0.1:
+                conn.execute("DELETE FROM events WHERE id = (SELECT min(id) FROM events)")
+
+
+def _publisher(cluster: PgCluster) -> str:
+    with cluster.connect() as conn:
+        conn.execute("CREATE DATABASE demo")
+    dsn = cluster.dsn("demo")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    with ReplicationConnection(dsn) as replication:
+        replication.create_slot("demo")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SEED)  # after the slot: the seed rows replicate too
+    return dsn
+
+
+def _insert_lsn(dsn: str) -> Lsn:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(str(row[0]))
+
+
+def _catch_up(daemon: Daemon, dsn: str, timeout: float = 300) -> None:
+    target = _insert_lsn(dsn)
+    deadline = time.monotonic() + timeout
+    log.info("demo catching up before stopping", target_lsn=str(target))
+    while time.monotonic() < deadline:
+        progress = daemon.runners[0].progress if daemon.runners else None
+        if progress is not None and progress.idle and progress.received >= target:
+            return
+        time.sleep(0.5)
+
+
+def _report(spark: Any, dsn: str, warehouse: Path) -> bool:
+    from apply.delta_writer import DeltaTables
+
+    tables = DeltaTables(spark, str(warehouse), "demo")
+    same = True
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in TABLES:
+            row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+            published = int(row[0]) if row else 0
+            path = tables.path(f"public.{table}")
+            replicated = int(spark.read.format("delta").load(path).count())
+            same = same and published == replicated
+            print(f"{table}: {published} rows on the publisher, {replicated} in Delta at {path}")
+    print("Delta tables match the publisher." if same else "Delta differs from the publisher!")
+    return same
+
+
+def run_demo(warehouse: Path, *, seconds: float | None = None, port: int = 9187) -> int:
+    cluster = PgCluster(major=DEFAULT_MAJOR).start()
+    traffic_stop = threading.Event()
+    try:
+        dsn = _publisher(cluster)
+        log.info("demo publisher ready", host="127.0.0.1", port=cluster.port, dbname="demo")
+        daemon = Daemon(
+            Config(
+                warehouse=str(warehouse),
+                spark=SparkConfig(master="local[2]"),
+                metrics=MetricsConfig(host="127.0.0.1", port=port),
+                log=LogConfig(format="auto"),
+                subscriptions=[
+                    SubscriptionConfig(
+                        name="demo",
+                        connection=dsn,
+                        publications=["demo_pub"],
+                        copy_data=False,
+                        status_interval=1.0,
+                    )
+                ],
+            )
+        )
+
+        def drain() -> None:
+            traffic_stop.set()
+            _catch_up(daemon, dsn)
+
+        daemon.before_stop = drain
+        threading.Thread(target=_traffic, args=(dsn, traffic_stop), daemon=True).start()
+        if seconds is not None:
+            timer = threading.Timer(seconds, daemon.stop_requested.set)
+            timer.daemon = True
+            timer.start()
+        code = daemon.run()
+        if code != 0 or daemon.spark is None:
+            return code
+        return 0 if _report(daemon.spark, dsn, warehouse) else 1
+    finally:
+        traffic_stop.set()
+        cluster.destroy()
