@@ -16,7 +16,7 @@ POSTGRES := .setup-postgres
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench-stream
+.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench-stream bench-apply
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
@@ -25,6 +25,7 @@ help:
 	@echo "make check   ruff, mypy --strict, unit tests (what a quick pre-commit runs)"
 	@echo "make fmt     format and fix lint"
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction (ROWS=...)"
+	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
 
 setup: venv jars postgres
 
@@ -76,6 +77,11 @@ fmt: venv
 ROWS ?= 1000000
 bench-stream: setup
 	$(BIN)/python -m benchmarks.stream_decode --rows $(ROWS)
+
+RATE ?= 3000
+LOAD_SECONDS ?= 60
+bench-apply: setup
+	$(BIN)/python -m benchmarks.apply_bench --rows $(ROWS) --rate $(RATE) --seconds $(LOAD_SECONDS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache

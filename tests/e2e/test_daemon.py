@@ -18,7 +18,8 @@ pytestmark = pytest.mark.e2e
 def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text(
-        "subscriptions:\n  - {name: s, connection: x, publications: [p], bacth: {}}\n"
+        "subscriptions:\n  - {name: s, connection: x, publications: [p], copy_data: false,"
+        " bacth: {}}\n"
     )
     result = pgsub("run", "-c", str(config))
     assert result.returncode == 2

@@ -13,6 +13,7 @@ subscriptions:
   - name: sub1
     connection: "host=db dbname=app user=replicator"
     publications: [pub1]
+    copy_data: false
     streaming: off
     batch: {max_changes: 5000, max_delay: 250ms}
 """
@@ -27,7 +28,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_follow_design_section_10(tmp_path: Path) -> None:
     config = load(write(tmp_path, GOOD), environ={})
     sub = config.subscriptions[0]
-    assert sub.slot == "sub1" and sub.create_slot and sub.copy_data and sub.enabled
+    assert sub.slot == "sub1" and sub.create_slot and sub.enabled
     assert sub.batch.max_delay == 0.25 and sub.batch.max_changes == 5000
     assert sub.conflicts.insert_exists is Resolution.ERROR
     assert sub.conflicts.update_missing is Resolution.SKIP
@@ -78,7 +79,7 @@ def test_password_file_goes_into_the_connection_only(tmp_path: Path) -> None:
 
 
 def test_duplicate_names_and_bad_slot_names_are_refused(tmp_path: Path) -> None:
-    text = GOOD + "  - {name: sub1, connection: x, publications: [p]}\n"
+    text = GOOD + "  - {name: sub1, connection: x, publications: [p], copy_data: false}\n"
     with pytest.raises(ConfigError, match="subscription names must be unique"):
         load(write(tmp_path, text), environ={})
     with pytest.raises(ConfigError, match="invalid replication slot name"):
@@ -93,3 +94,8 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_other_pgsub_variables_are_not_config(tmp_path: Path) -> None:
     env = {"PGSUB_FAILPOINTS": "x", "PGSUB_JARS_DIR": "/j", "PGSUB_TEST_PG_MAJORS": "15"}
     assert load(write(tmp_path, GOOD), environ=env).warehouse == "/data/wh"
+
+
+def test_initial_copy_is_refused_until_table_sync_exists(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"copy_data: true .* is not available yet"):
+        load(write(tmp_path, GOOD.replace("copy_data: false", "copy_data: true")), environ={})
