@@ -17,7 +17,7 @@ import binascii
 import re
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import psycopg
 import pyarrow as pa
@@ -29,7 +29,8 @@ from apply import typemap
 from apply.errors import ApplyError
 from apply.typemap import ColumnType
 
-Values = Sequence[bytes | None]
+# Text-form bytes (None for NULL), or an Arrow binary column of them.
+Values: TypeAlias = "Sequence[bytes | None] | pa.Array"
 
 _INTEGERS: Final = {typemap.INT2: pa.int16(), typemap.INT4: pa.int32(), typemap.INT8: pa.int64()}
 _FLOATS: Final = {typemap.FLOAT4: pa.float32(), typemap.FLOAT8: pa.float64()}
@@ -77,17 +78,22 @@ def _scalar_arrow_type(oid: int, typmod: int) -> pa.DataType:
     return pa.string()
 
 
+def _listed(values: Values) -> Sequence[bytes | None]:
+    return values.to_pylist() if isinstance(values, pa.Array) else values
+
+
 def to_arrow(values: Values, column_type: ColumnType, column: str) -> pa.Array:
     """The Arrow column of ``values`` (text-format bytes or None for NULL)."""
     target = arrow_type(column_type)
     if column_type.is_array:
-        return _arrays(values, column_type, target, column)
+        return _arrays(_listed(values), column_type, target, column)
     try:
-        if pa.types.is_string(target):
-            return pa.array(values, type=pa.string())
         if pa.types.is_binary(target):
-            return pa.array([_unhex(v) for v in values], type=pa.binary())
-        raw = pa.array(values, type=pa.binary())
+            return pa.array([_unhex(v) for v in _listed(values)], type=pa.binary())
+        raw = values if isinstance(values, pa.Array) else pa.array(values, type=pa.binary())
+        if pa.types.is_string(target):
+            text: pa.Array = raw.cast(pa.string())
+            return text
         if pa.types.is_boolean(target):
             result: pa.Array = pc.equal(raw, pa.scalar(b"t", pa.binary()))
             return result
@@ -98,7 +104,9 @@ def to_arrow(values: Values, column_type: ColumnType, column: str) -> pa.Array:
         parsed: pa.Array = pc.cast(text, target)
         return parsed
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise ValueConversionError(column, column_type, _why_not(values, column_type)) from exc
+        raise ValueConversionError(
+            column, column_type, _why_not(_listed(values), column_type)
+        ) from exc
 
 
 def _unhex(value: bytes | None) -> bytes | None:
@@ -106,7 +114,7 @@ def _unhex(value: bytes | None) -> bytes | None:
     return None if value is None else binascii.a2b_hex(value[2:])
 
 
-def _why_not(values: Values, column_type: ColumnType) -> str:
+def _why_not(values: Sequence[bytes | None], column_type: ColumnType) -> str:
     """Names the first value the target type cannot hold, without printing it."""
     for value in values:
         if value is None:
@@ -132,7 +140,9 @@ def _array_loader(column_type: ColumnType) -> Callable[[bytes], Any]:
     return Transformer().get_loader(array_oid, pq.Format.TEXT).load
 
 
-def _arrays(values: Values, column_type: ColumnType, target: pa.DataType, column: str) -> pa.Array:
+def _arrays(
+    values: Sequence[bytes | None], column_type: ColumnType, target: pa.DataType, column: str
+) -> pa.Array:
     load = _array_loader(column_type)
     lists: list[Any] = []
     try:
@@ -159,7 +169,7 @@ def _arrays(values: Values, column_type: ColumnType, target: pa.DataType, column
         raise ValueConversionError(column, column_type, problem) from exc
 
 
-def _why_not_elements(values: Values) -> str:
+def _why_not_elements(values: Sequence[bytes | None]) -> str:
     for value in values:
         if value is not None and b"infinity" in value.lower():
             return "an infinite element is outside the element type's range"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import reduce
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -53,6 +53,9 @@ from apply.source import (
     keep_flag,
     keyed_source,
     multiset_source,
+)
+from apply.source import (
+    empty as source_empty,
 )
 from subscriber.lsn import ZERO, Lsn
 
@@ -409,6 +412,38 @@ class DeltaTables:
             return WriteResult(
                 schema.table, self._committed_version(session), inserted=rows.num_rows
             )
+
+    def copy_into(
+        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark
+    ) -> tuple[int, int | None]:
+        """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
+
+        The first block overwrites whatever an earlier, failed copy left;
+        the others append. Only the last commit carries ``mark``, so the
+        table's applied LSN is the copy's only once the copy is complete.
+        """
+        path = self.path(schema.table)
+        rows = 0
+        mode = "overwrite"
+        version: int | None = None
+        try:
+            ahead = next(blocks, None)
+            while True:
+                block = ahead if ahead is not None else source_empty(schema)
+                ahead = next(blocks, None)
+                last = ahead is None
+                session = self._session()
+                with self._marked(mark) if last else nullcontext(session) as session:
+                    frame = self._frame(session, block, schema)
+                    frame.write.format("delta").mode(mode).save(path)
+                    if last:
+                        version = self._committed_version(session)
+                rows += block.num_rows
+                mode = "append"
+                if last:
+                    return rows, version
+        except SparkErrors as exc:
+            raise TargetTableError(f"copying {schema.table} into {path} failed: {exc}") from exc
 
     def _write_multiset(
         self, schema: TargetSchema, net: MultisetNet, mark: CommitMark, path: str

@@ -4,12 +4,20 @@
 time of its last transaction, and the Delta version each table reached.
 Its latest LSN is the subscription's origin (where streaming resumes), and
 the versions let readers time-travel every table to one transaction
-boundary (DESIGN section 4). It lives where the warehouse is, so a pod can
-be replaced with nothing lost.
+boundary (DESIGN section 4).
+
+``table_states``: an append-only log of table state changes (PostgreSQL's
+pg_subscription_rel); the latest row per table is its state. Appends never
+conflict with each other, so sync workers and the leader can record
+concurrently.
+
+Both live where the warehouse is, so a pod can be replaced with nothing lost.
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
@@ -93,3 +101,81 @@ class CheckpointStore:
             )
         except (PySparkException, Py4JError) as exc:
             raise TargetTableError(f"cannot record a checkpoint at {self.path}: {exc}") from exc
+
+
+_STATE_DDL: Final = (
+    "subscription string, relid long, schema_name string, table_name string, state string, "
+    "lsn long, recorded_at timestamp"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTableState:
+    relid: int
+    schema: str
+    name: str
+    state: str  # pg_subscription_rel.srsubstate letter; "" when the table left the subscription
+    lsn: Lsn | None
+
+
+class TableStateStore:
+    def __init__(self, spark: SparkSession, warehouse: str) -> None:
+        self._spark = spark
+        self.path = f"{warehouse.rstrip('/')}/{STATE_DIR}/table_states"
+        self._lock = threading.Lock()
+
+    def load(self, subscription: str) -> dict[int, StoredTableState]:
+        """The latest state of each table of ``subscription`` (tables that left excluded)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        try:
+            if not DeltaTable.isDeltaTable(self._spark, self.path):
+                return {}
+            rows = (
+                self._spark.read.format("delta")
+                .load(self.path)
+                .where(fn.col("subscription") == subscription)
+                .orderBy("recorded_at")
+                .collect()
+            )
+        except (PySparkException, Py4JError) as exc:
+            raise TargetTableError(f"cannot read table states at {self.path}: {exc}") from exc
+        latest: dict[int, StoredTableState] = {}
+        for row in rows:
+            lsn = None if row["lsn"] is None else Lsn(int(row["lsn"]))
+            latest[int(row["relid"])] = StoredTableState(
+                int(row["relid"]), row["schema_name"], row["table_name"], row["state"], lsn
+            )
+        return {relid: s for relid, s in latest.items() if s.state}
+
+    def record(self, subscription: str, states: list[StoredTableState]) -> None:
+        now = datetime.now(UTC)
+        rows = pa.table(
+            {
+                "subscription": [subscription] * len(states),
+                "relid": [s.relid for s in states],
+                "schema_name": [s.schema for s in states],
+                "table_name": [s.name for s in states],
+                "state": [s.state for s in states],
+                "lsn": [None if s.lsn is None else int(s.lsn) for s in states],
+                "recorded_at": [now] * len(states),
+            },
+            schema=pa.schema(
+                [
+                    ("subscription", pa.string()),
+                    ("relid", pa.int64()),
+                    ("schema_name", pa.string()),
+                    ("table_name", pa.string()),
+                    ("state", pa.string()),
+                    ("lsn", pa.int64()),
+                    ("recorded_at", pa.timestamp("us", tz="UTC")),
+                ]
+            ),
+        )
+        with self._lock:  # one writer at a time keeps recorded_at in order
+            try:
+                frame = self._spark.createDataFrame(rows, schema=_STATE_DDL)
+                frame.write.format("delta").mode("append").save(self.path)
+            except (PySparkException, Py4JError) as exc:
+                raise TargetTableError(f"cannot record table states at {self.path}: {exc}") from exc

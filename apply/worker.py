@@ -82,11 +82,13 @@ class ApplyWorker:
         queue: TransactionQueue,
         *,
         applier: BatchApplier,
-        checkpoints: CheckpointStore,
+        checkpoints: CheckpointStore | None,
         progress: Progress,
         batcher: Batcher,
         metrics: Metrics,
         isolate_through: Lsn | None = None,
+        sync_tables: Callable[[Lsn], None] | None = None,
+        observe: bool = True,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.subscription = subscription
@@ -97,6 +99,8 @@ class ApplyWorker:
         self._batcher = batcher
         self._metrics = metrics
         self._isolate_through = isolate_through
+        self._sync_tables = sync_tables
+        self._report = observe
         self._wall_clock = wall_clock
         self.last_commit_time: int | None = None
         self.in_flight: Batch | None = None
@@ -110,6 +114,10 @@ class ApplyWorker:
                 batcher.add(tx)
             if len(batcher) and (batcher.due() or self._isolating(tx)):
                 self._apply(batcher.take())
+            elif tx is None and not len(batcher) and self._sync_tables is not None:
+                progress = self._progress
+                # Idle: the leader's position is everything received (PostgreSQL's last_received).
+                self._sync_tables(progress.received if progress.idle else progress.flushed)
 
     def _isolating(self, tx: RemoteTransaction | None) -> bool:
         return (
@@ -123,7 +131,7 @@ class ApplyWorker:
         started = time.monotonic()
         result = self._applier.apply(batch)
         failpoint("apply.before_checkpoint")
-        if result.tables:
+        if result.tables and self._checkpoints is not None:
             self._checkpoints.record(
                 self.subscription, batch.end_lsn, batch.commit_time, result.versions
             )
@@ -134,7 +142,10 @@ class ApplyWorker:
             self._isolate_through = None
         seconds = time.monotonic() - started
         self.last_commit_time = batch.commit_time
-        self._observe(batch, result.tables, seconds)
+        if self._report:
+            self._observe(batch, result.tables, seconds)
+        if self._sync_tables is not None:
+            self._sync_tables(batch.end_lsn)
 
     def _observe(self, batch: Batch, tables: tuple[object, ...], seconds: float) -> None:
         name = self.subscription

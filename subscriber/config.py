@@ -114,11 +114,6 @@ class SubscriptionConfig(_Strict):
     @model_validator(mode="after")
     def _supported(self) -> SubscriptionConfig:
         check_slot_name(self.slot)
-        if self.copy_data:
-            raise ValueError(
-                "copy_data: true (the initial copy of existing rows) is not available yet; "
-                "set copy_data: false - only changes after the slot was created replicate"
-            )
         if self.binary:
             raise ValueError("binary: true is not applied yet; use binary: false")
         if self.streaming is not Streaming.OFF:

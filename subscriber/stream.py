@@ -15,7 +15,7 @@ from __future__ import annotations
 import selectors
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -161,6 +161,37 @@ class ReplicationConnection:
         if last is None:
             raise ConnectionLostError(f"{verb}: no result from the server")
         return last
+
+    def copy_out(self, command: str) -> Iterator[bytes]:
+        """Run ``COPY ... TO STDOUT`` and yield its rows as they arrive (one row each).
+
+        Waits on the socket, never inside libpq, so other threads keep running.
+        """
+        result = self._run(command)
+        if result.status != pq.ExecStatus.COPY_OUT:
+            message = result.error_message.decode(errors="replace").strip()
+            raise ReplicationError(f"COPY failed: {message}")
+        pgconn = self.pgconn
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(pgconn.socket, selectors.EVENT_READ)
+                while True:
+                    nbytes, data = pgconn.get_copy_data(1)
+                    if nbytes > 0:
+                        yield bytes(data)
+                    elif nbytes == 0:
+                        selector.select()
+                        pgconn.consume_input()
+                    else:
+                        break
+            final = pgconn.get_result()
+            while pgconn.get_result() is not None:
+                pass
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"connection lost during COPY: {exc}") from exc
+        if final is not None and final.status != pq.ExecStatus.COMMAND_OK:
+            message = final.error_message.decode(errors="replace").strip()
+            raise ReplicationError(f"COPY failed: {message}")
 
     def identify_system(self) -> SystemIdentity:
         row = self.execute("IDENTIFY_SYSTEM")[0]

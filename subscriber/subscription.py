@@ -16,13 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import psycopg
 import structlog
 
 from apply.applier import BatchApplier, TransactionError
 from apply.batch import Batcher
 from apply.delta_writer import DeltaTables
 from apply.errors import ApplyError
-from apply.state_store import CheckpointStore
+from apply.state_store import CheckpointStore, TableStateStore
 from apply.transactions import TransactionAssembler, UnsupportedStreamError
 from apply.worker import ApplyWorker, TransactionQueue
 from subscriber.catalog import PublisherCatalog
@@ -36,13 +37,22 @@ from subscriber.progress import Progress
 from subscriber.receiver import Receiver
 from subscriber.stream import ReplicationConnection
 from subscriber.wire import XLogData
+from tablesync.coordinator import SyncCoordinator
+from tablesync.publication import PublicationError, PublishedTable, published_tables
+from tablesync.worker import SyncWorker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
 
-_FAILURES = (ApplyError, SubscriberError, UnsupportedStreamError)
+_FAILURES = (
+    ApplyError,
+    SubscriberError,
+    UnsupportedStreamError,
+    PublicationError,
+    psycopg.OperationalError,
+)
 
 
 class _StopRequestedError(Exception):
@@ -115,6 +125,11 @@ class SubscriptionRunner:
         self._metrics = metrics
         self.tables = DeltaTables(spark, warehouse, config.name, create_tables=config.create_tables)
         self.catalog = PublisherCatalog(self._conninfo)
+        self.system_id = ""
+        self.coordinator = SyncCoordinator(
+            config, TableStateStore(spark, warehouse), metrics, self._sync_worker
+        )
+        self._loaded = False
         self.status = SubscriptionStatus(config.name)
         self.progress: Progress | None = None
         self.receiver: Receiver | None = None
@@ -139,6 +154,7 @@ class SubscriptionRunner:
                     flushed = self._checkpoints.origin_lsn(name)
                     log.info("subscription starting", subscription=name, origin_lsn=str(flushed))
                 self._ensure_slot()
+                self._tables_to_sync(flushed)
                 flushed = self._attempt(flushed, isolate, stopping)
                 isolate = None
             except TransactionError as exc:
@@ -151,6 +167,7 @@ class SubscriptionRunner:
             if stopping.is_set():
                 break
             stopping.wait(self.config.wal_retrieve_retry_interval)
+        self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
 
@@ -169,9 +186,31 @@ class SubscriptionRunner:
             retry_in=self.config.wal_retrieve_retry_interval,
         )
 
+    def _sync_worker(self, table: PublishedTable) -> Callable[[threading.Event], None]:
+        return SyncWorker(
+            self.config,
+            table,
+            tables=self.tables,
+            catalog=self.catalog,
+            handoff=self.coordinator,
+            metrics=self._metrics,
+            system_id=self.system_id,
+        ).run
+
+    def _tables_to_sync(self, position: Lsn) -> None:
+        """The publications' tables; the first time, the stored table states too."""
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            published = published_tables(conn, list(self.config.publications))
+        if self._loaded:
+            self.coordinator.publish(published)
+        else:
+            self.coordinator.load(published, position)
+            self._loaded = True
+
     def _ensure_slot(self) -> None:
         slot = self.config.slot
         with ReplicationConnection(self._conninfo) as connection:
+            self.system_id = connection.identify_system().system_id
             rows = connection.execute(
                 "SELECT plugin FROM pg_catalog.pg_replication_slots WHERE slot_name = "
                 + quote_literal(slot)
@@ -199,7 +238,12 @@ class SubscriptionRunner:
         progress = Progress(flushed)
         queue = TransactionQueue(max(2 * config.batch.max_changes, 10_000))
         assembler = TransactionAssembler()
-        applier = BatchApplier(self.name, self.tables, self.catalog.type_row)
+        applier = BatchApplier(
+            self.name,
+            self.tables,
+            self.catalog.type_row,
+            should_apply=self.coordinator.should_apply,
+        )
         worker = ApplyWorker(
             self.name,
             queue,
@@ -209,6 +253,7 @@ class SubscriptionRunner:
             batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
             metrics=self._metrics,
             isolate_through=isolate,
+            sync_tables=self.coordinator.process,
         )
         local_stop = threading.Event()
         last_queued = flushed

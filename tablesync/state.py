@@ -42,7 +42,8 @@ ALLOWED: Final[dict[TableState, frozenset[TableState]]] = {
     TableState.INIT: frozenset({TableState.DATASYNC, TableState.READY}),
     # A failed copy starts over from DATASYNC.
     TableState.DATASYNC: frozenset({TableState.DATASYNC, TableState.FINISHEDCOPY}),
-    TableState.FINISHEDCOPY: frozenset({TableState.SYNCWAIT}),
+    # DATASYNC again when the sync slot is gone (dropped by hand): copy again.
+    TableState.FINISHEDCOPY: frozenset({TableState.SYNCWAIT, TableState.DATASYNC}),
     TableState.SYNCWAIT: frozenset({TableState.CATCHUP}),
     TableState.CATCHUP: frozenset({TableState.SYNCDONE}),
     TableState.SYNCDONE: frozenset({TableState.READY}),

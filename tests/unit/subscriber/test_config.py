@@ -94,8 +94,3 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_other_pgsub_variables_are_not_config(tmp_path: Path) -> None:
     env = {"PGSUB_FAILPOINTS": "x", "PGSUB_JARS_DIR": "/j", "PGSUB_TEST_PG_MAJORS": "15"}
     assert load(write(tmp_path, GOOD), environ=env).warehouse == "/data/wh"
-
-
-def test_initial_copy_is_refused_until_table_sync_exists(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"copy_data: true .* is not available yet"):
-        load(write(tmp_path, GOOD.replace("copy_data: false", "copy_data: true")), environ={})

@@ -1,0 +1,272 @@
+"""The leader's side of table synchronization (PostgreSQL's process_syncing_tables_for_apply).
+
+Holds the subscription's table states (stored ones in the state store,
+SYNCWAIT and CATCHUP in memory) and, each time the leader calls
+``process(position)`` - after each batch and when idle:
+
+- a SYNCDONE table whose LSN the leader has reached becomes READY;
+- a sync worker waiting in SYNCWAIT gets CATCHUP with an LSN at or past the
+  leader's position, and the leader waits until that worker reports
+  SYNCDONE (so it cannot run past the handoff point);
+- tables not yet synchronized get a worker, at most ``max_sync_workers``
+  at once, and not sooner than ``wal_retrieve_retry_interval`` after the
+  last failed attempt for the same table. A failed worker is counted in
+  ``pgsub_sync_errors_total`` and does not stop the leader or the others.
+
+``should_apply`` is PostgreSQL's ``should_apply_changes_for_rel``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from apply.state_store import StoredTableState, TableStateStore
+from apply.transactions import RemoteTransaction
+from subscriber.config import SubscriptionConfig
+from subscriber.lsn import Lsn
+from subscriber.messages import Relation
+from subscriber.metrics import Metrics
+from tablesync.publication import PublishedTable
+from tablesync.state import TableState, TableStatus
+
+log = structlog.get_logger(__name__)
+
+WorkerFactory = Callable[[PublishedTable], Callable[[threading.Event], None]]
+
+
+@dataclass
+class _Running:
+    thread: threading.Thread
+    stop: threading.Event
+
+
+class SyncCoordinator:
+    def __init__(
+        self,
+        config: SubscriptionConfig,
+        store: TableStateStore,
+        metrics: Metrics,
+        worker_factory: WorkerFactory,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._store = store
+        self._metrics = metrics
+        self._factory = worker_factory
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._statuses: dict[int, TableStatus] = {}
+        self._published: dict[int, PublishedTable] = {}
+        self._running: dict[int, _Running] = {}
+        self._failed_at: dict[int, float] = {}
+        self._copied_at: dict[int, Lsn] = {}  # FINISHEDCOPY's LSN while SYNCWAIT/CATCHUP
+        self.stopping = threading.Event()
+
+    # -- table list ----------------------------------------------------------
+
+    def publish(self, published: list[PublishedTable]) -> None:
+        """What the publications publish now (sync workers copy these definitions)."""
+        with self._cond:
+            self._published = {t.relid: t for t in published}
+
+    def load(self, published: list[PublishedTable], position: Lsn) -> None:
+        """Start from the stored states; on a subscription's first start, add its tables."""
+        stored = self._store.load(self.config.name)
+        self.publish(published)
+        if not stored:
+            self.add_tables(published, position)
+            return
+        with self._cond:
+            for relid, row in stored.items():
+                self._statuses[relid] = TableStatus(
+                    relid, row.schema, row.name, TableState(row.state), row.lsn
+                )
+        self._export()
+
+    def add_tables(self, tables: list[PublishedTable], position: Lsn) -> None:
+        """New tables: INIT, or READY at ``position`` without the initial copy (copy_data off)."""
+        state = TableState.INIT if self.config.copy_data else TableState.READY
+        lsn = None if self.config.copy_data else position
+        fresh = [
+            TableStatus(t.relid, t.schema, t.name, state, lsn)
+            for t in tables
+            if t.relid not in self._statuses
+        ]
+        if not fresh:
+            return
+        for table in tables:
+            self._published[table.relid] = table
+        self._persist(fresh)
+        with self._cond:
+            for status in fresh:
+                self._statuses[status.relid] = status
+            self._cond.notify_all()
+        log.info(
+            "tables added to the subscription",
+            subscription=self.config.name,
+            tables=[s.qualified_name for s in fresh],
+            state=state.label,
+        )
+        self._export()
+
+    # -- the leader's questions ----------------------------------------------
+
+    def should_apply(self, relation: Relation, tx: RemoteTransaction) -> bool:
+        status = self._statuses.get(relation.oid)
+        return status is not None and status.applies(tx.final_lsn)
+
+    def status(self, relid: int) -> TableStatus:
+        with self._cond:
+            return self._statuses[relid]
+
+    @property
+    def statuses(self) -> list[TableStatus]:
+        with self._cond:
+            return list(self._statuses.values())
+
+    # -- state changes -------------------------------------------------------
+
+    def store(self, relid: int, state: TableState, lsn: Lsn | None = None) -> TableStatus:
+        with self._cond:
+            moved = self._statuses[relid].moved_to(state, lsn)
+        if state.stored:
+            self._persist([moved])
+        with self._cond:
+            self._statuses[relid] = moved
+            self._cond.notify_all()
+        log.info(
+            "table state changed",
+            subscription=self.config.name,
+            table=moved.qualified_name,
+            state=state.label,
+            lsn=None if lsn is None else str(lsn),
+        )
+        self._export()
+        return moved
+
+    def _persist(self, statuses: list[TableStatus]) -> None:
+        self._store.record(
+            self.config.name,
+            [StoredTableState(s.relid, s.schema, s.name, s.state.value, s.lsn) for s in statuses],
+        )
+
+    def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None:
+        """The sync worker's SYNCWAIT: wait until the leader sets CATCHUP; its LSN."""
+        self._copied_at[relid] = start
+        self.store(relid, TableState.SYNCWAIT, start)
+        with self._cond:
+            while not (stopping.is_set() or self.stopping.is_set()):
+                status = self._statuses[relid]
+                if status.state is TableState.CATCHUP:
+                    return status.lsn
+                self._cond.wait(0.5)
+        return None
+
+    # -- the leader's bookkeeping --------------------------------------------
+
+    def process(self, position: Lsn) -> None:
+        for status in self.statuses:
+            if status.state is TableState.SYNCDONE and status.lsn is not None:
+                if position >= status.lsn:
+                    self.store(status.relid, TableState.READY, position)
+            elif status.state is TableState.SYNCWAIT and status.lsn is not None:
+                self.store(status.relid, TableState.CATCHUP, max(status.lsn, position))
+                self._wait_sync_done(status.relid)
+        self._start_workers()
+
+    def _wait_sync_done(self, relid: int) -> None:
+        """Hold the leader until the worker is SYNCDONE (or gone: it will be retried)."""
+        with self._cond:
+            while not self.stopping.is_set():
+                if self._statuses[relid].state is TableState.SYNCDONE:
+                    return
+                running = self._running.get(relid)
+                if running is None or not running.thread.is_alive():
+                    return
+                self._cond.wait(0.5)
+
+    def _start_workers(self) -> None:
+        now = self._clock()
+        with self._cond:
+            for relid, running in list(self._running.items()):
+                if not running.thread.is_alive():
+                    del self._running[relid]
+            waiting = [
+                s
+                for s in self._statuses.values()
+                if s.state in (TableState.INIT, TableState.DATASYNC, TableState.FINISHEDCOPY)
+                and s.relid not in self._running
+                and s.relid in self._published
+                and now - self._failed_at.get(s.relid, -1e9)
+                >= self.config.wal_retrieve_retry_interval
+            ]
+            room = self.config.max_sync_workers - len(self._running)
+            for status in waiting[: max(0, room)]:
+                self._spawn(self._published[status.relid])
+        self._metrics.workers.labels(self.config.name, "table synchronization").set(
+            len(self._running)
+        )
+
+    def _spawn(self, table: PublishedTable) -> None:
+        stop = threading.Event()
+        work = self._factory(table)
+
+        def run() -> None:
+            try:
+                work(stop)
+            except Exception as exc:  # noqa: BLE001 - a sync failure must not stop the leader
+                self._failed(table, exc)
+            finally:
+                with self._cond:
+                    self._cond.notify_all()
+
+        thread = threading.Thread(target=run, name=f"sync-{table.relid}", daemon=True)
+        self._running[table.relid] = _Running(thread, stop)
+        thread.start()
+
+    def _failed(self, table: PublishedTable, exc: Exception) -> None:
+        self._metrics.sync_errors.labels(self.config.name).inc()
+        with self._cond:
+            self._failed_at[table.relid] = self._clock()
+            status = self._statuses.get(table.relid)
+            if status is not None and not status.state.stored:
+                # SYNCWAIT / CATCHUP live in memory: back to the stored FINISHEDCOPY.
+                self._statuses[table.relid] = TableStatus(
+                    status.relid,
+                    status.schema,
+                    status.name,
+                    TableState.FINISHEDCOPY,
+                    self._copied_at.get(table.relid),
+                )
+        log.error(
+            "logical replication table synchronization worker failed",
+            subscription=self.config.name,
+            table=table.qualified_name,
+            error=str(exc),
+            error_type=type(exc).__name__,
+            retry_in=self.config.wal_retrieve_retry_interval,
+        )
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self._cond:
+            running = list(self._running.values())
+            for entry in running:
+                entry.stop.set()
+            self._cond.notify_all()
+        for entry in running:
+            entry.thread.join()
+
+    def _export(self) -> None:
+        gauge = self._metrics.table_state
+        for status in self.statuses:
+            for state in TableState:
+                gauge.labels(self.config.name, status.qualified_name, state.label).set(
+                    1 if state is status.state else 0
+                )

@@ -1,0 +1,262 @@
+"""A table-sync worker: copy one table under its slot's snapshot, catch up, hand over.
+
+PostgreSQL's ``LogicalRepSyncTableStart`` and ``process_syncing_tables_for_sync``:
+
+1. SYNCDONE or READY: nothing to do.
+2. Otherwise, unless the copy already finished (FINISHEDCOPY): store
+   DATASYNC; drop a sync slot a failed attempt left; on the publisher
+   ``BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ`` and
+   ``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'use')`` - the slot's consistent
+   point is the table's start LSN; COPY the published columns and rows into
+   the Delta table (replacing what a failed attempt left); COMMIT; store
+   FINISHEDCOPY with that LSN.
+3. SYNCWAIT: the leader answers with CATCHUP and an LSN at or past its own
+   position.
+4. Stream from the sync slot, applying this table's changes only, until
+   the CATCHUP LSN is reached; store SYNCDONE with the LSN reached, drop the
+   sync slot.
+
+The catch-up runs the leader's own machinery (receiver, batches, MERGE) on
+the sync slot, filtered to one table.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+import psycopg
+import structlog
+
+from apply.applier import BatchApplier
+from apply.batch import Batcher
+from apply.collapse import is_keyed
+from apply.delta_writer import CommitMark, DeltaTables
+from apply.schema import target_schema
+from apply.transactions import RemoteTransaction, TransactionAssembler
+from apply.worker import ApplyWorker, TransactionQueue
+from subscriber.catalog import PublisherCatalog
+from subscriber.commands import SnapshotAction, StreamOptions, quote_literal
+from subscriber.config import SubscriptionConfig
+from subscriber.lsn import Lsn
+from subscriber.messages import Message, Relation
+from subscriber.metrics import Metrics
+from subscriber.progress import Progress
+from subscriber.receiver import Receiver
+from subscriber.stream import ReplicationConnection
+from subscriber.wire import XLogData
+from tablesync.copy import arrow_blocks
+from tablesync.publication import PublishedTable, describe
+from tablesync.state import TableState, TableStatus
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = structlog.get_logger(__name__)
+
+
+class Handoff(Protocol):
+    """The leader's side of the handoff (``tablesync.coordinator.SyncCoordinator``)."""
+
+    def status(self, relid: int) -> TableStatus: ...
+
+    def store(self, relid: int, state: TableState, lsn: Lsn | None = None) -> TableStatus: ...
+
+    def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None: ...
+
+
+def sync_slot_name(subscription: str, relid: int, system_id: str) -> str:
+    """PostgreSQL's ``pg_<subid>_sync_<relid>_<sysid>``, with the subscription's name."""
+    tail = f"_sync_{relid}_{system_id}"
+    return f"pgsub_{subscription.lower()[: 63 - len('pgsub_') - len(tail)]}{tail}"
+
+
+class SyncWorker:
+    def __init__(
+        self,
+        config: SubscriptionConfig,
+        table: PublishedTable,
+        *,
+        tables: DeltaTables,
+        catalog: PublisherCatalog,
+        handoff: Handoff,
+        metrics: Metrics,
+        system_id: str,
+    ) -> None:
+        self.config = config
+        self.table = table
+        self._tables = tables
+        self._catalog = catalog
+        self._handoff = handoff
+        self._metrics = metrics
+        self.slot = sync_slot_name(config.name, table.relid, system_id)
+        self._conninfo = config.conninfo()
+
+    def run(self, stopping: threading.Event) -> None:
+        relid = self.table.relid
+        status = self._handoff.status(relid)
+        if status.state in (TableState.SYNCDONE, TableState.READY):
+            return
+        if (
+            status.state is TableState.FINISHEDCOPY
+            and status.lsn is not None
+            and self._slot_exists()
+        ):
+            start = status.lsn
+            log.info(
+                "table sync resumes its catch-up", table=self.table.qualified_name, lsn=str(start)
+            )
+        else:
+            start = self._copy()
+        target = self._handoff.wait_for_catchup(relid, start, stopping)
+        if target is None:
+            return
+        reached = self._catch_up(start, target, stopping)
+        if reached is None:
+            return
+        self._handoff.store(relid, TableState.SYNCDONE, reached)
+        self._drop_slot()
+        log.info("table synchronized", table=self.table.qualified_name, lsn=str(reached))
+
+    # -- copy ----------------------------------------------------------------
+
+    def _copy(self) -> Lsn:
+        table = self.table
+        self._handoff.store(table.relid, TableState.DATASYNC)
+        self._drop_slot()
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            relation = describe(conn, table)
+        schema = target_schema(relation, self._catalog.type_row, is_keyed(relation))
+        self._tables.prepare(schema)
+        labels = (self.config.name, table.qualified_name)
+        self._metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
+        started = time.monotonic()
+        with ReplicationConnection(self._conninfo) as connection:
+            connection.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
+            slot = connection.create_slot(self.slot, snapshot=SnapshotAction.USE)
+            log.info(
+                "table copy started",
+                table=table.qualified_name,
+                lsn=str(slot.consistent_point),
+                estimated_rows=table.estimated_rows,
+            )
+            rows = connection.copy_out(table.copy_query().as_string(None))
+            blocks = self._progress(arrow_blocks(rows, schema))
+            mark = CommitMark(self.config.name, slot.consistent_point, 0)
+            copied, _ = self._tables.copy_into(schema, blocks, mark)
+            connection.execute("COMMIT")
+        self._handoff.store(table.relid, TableState.FINISHEDCOPY, slot.consistent_point)
+        log.info(
+            "table copy finished",
+            table=table.qualified_name,
+            rows=copied,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return slot.consistent_point
+
+    def _progress(self, blocks: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        counter = self._metrics.tablesync_rows_copied.labels(
+            self.config.name, self.table.qualified_name
+        )
+        copied = 0
+        for block in blocks:
+            copied += block.num_rows
+            counter.inc(block.num_rows)
+            log.info(
+                "table copy progress",
+                table=self.table.qualified_name,
+                rows=copied,
+                estimated_rows=self.table.estimated_rows,
+            )
+            yield block
+
+    def _slot_exists(self) -> bool:
+        with ReplicationConnection(self._conninfo) as connection:
+            return bool(
+                connection.execute(
+                    "SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = "
+                    + quote_literal(self.slot)
+                )
+            )
+
+    def _drop_slot(self) -> None:
+        if self._slot_exists():
+            with ReplicationConnection(self._conninfo) as connection:
+                connection.drop_slot(self.slot)
+
+    # -- catch-up ------------------------------------------------------------
+
+    def _catch_up(self, start: Lsn, target: Lsn, stopping: threading.Event) -> Lsn | None:
+        """Apply this table's changes from the sync slot up to ``target``; the LSN reached."""
+        relid = self.table.relid
+        config = self.config
+        progress = Progress(start)
+        queue = TransactionQueue(max(2 * config.batch.max_changes, 10_000))
+        assembler = TransactionAssembler()
+
+        def only_this_table(relation: Relation, tx: RemoteTransaction) -> bool:
+            return relation.oid == relid
+
+        applier = BatchApplier(
+            config.name, self._tables, self._catalog.type_row, should_apply=only_this_table
+        )
+        worker = ApplyWorker(
+            config.name,
+            queue,
+            applier=applier,
+            checkpoints=None,
+            progress=progress,
+            batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
+            metrics=self._metrics,
+            observe=False,  # the subscription's gauges are the leader's
+        )
+        errors: list[BaseException] = []
+        local_stop = threading.Event()
+
+        def deliver(message: Message, data: XLogData) -> None:
+            tx = assembler.feed(message)
+            while tx is not None and not queue.put(tx, timeout=1.0):
+                if local_stop.is_set():
+                    return
+                receiver.hold()
+
+        receiver = Receiver(
+            self._conninfo,
+            self.slot,
+            StreamOptions(tuple(config.publications), origin=config.origin),
+            progress,
+            deliver,
+            status_interval=1.0,
+            wal_receiver_timeout=config.wal_receiver_timeout,
+            on_reconnect=assembler.reset,
+        )
+
+        def guarded(target_fn: object) -> threading.Thread:
+            def run() -> None:
+                try:
+                    target_fn()  # type: ignore[operator]
+                except BaseException as exc:  # noqa: BLE001 - re-raised below
+                    errors.append(exc)
+                    local_stop.set()
+
+            thread = threading.Thread(target=run, daemon=True, name=f"sync-{relid}")
+            thread.start()
+            return thread
+
+        threads = [guarded(receiver.run), guarded(lambda: worker.run(local_stop))]
+        try:
+            while not (stopping.is_set() or local_stop.is_set()):
+                if progress.flushed >= target or (progress.idle and progress.received >= target):
+                    return max(target, progress.flushed)
+                local_stop.wait(0.1)
+        finally:
+            local_stop.set()
+            receiver.stop()
+            for thread in threads:
+                thread.join()
+            applier.close()
+        if errors:
+            raise errors[0]
+        return None
