@@ -40,6 +40,7 @@ from apply.worker import ApplyWorker, TransactionQueue
 from subscriber.catalog import PublisherCatalog
 from subscriber.commands import SnapshotAction, StreamOptions, quote_literal
 from subscriber.config import SubscriptionConfig
+from subscriber.failpoints import failpoint
 from subscriber.lsn import Lsn
 from subscriber.messages import Message, Relation
 from subscriber.metrics import Metrics
@@ -116,6 +117,7 @@ class SyncWorker:
         reached = self._catch_up(start, target, stopping)
         if reached is None:
             return
+        failpoint("tablesync.before_syncdone")
         self._handoff.store(relid, TableState.SYNCDONE, reached)
         self._drop_slot()
         log.info("table synchronized", table=self.table.qualified_name, lsn=str(reached))
@@ -171,6 +173,7 @@ class SyncWorker:
                 estimated_rows=self.table.estimated_rows,
             )
             yield block
+            failpoint("tablesync.after_copy_block")
 
     def _slot_exists(self) -> bool:
         with ReplicationConnection(self._conninfo) as connection:

@@ -1,0 +1,106 @@
+"""Table sync under kill -9 (during the copy, during the catch-up) and a copy that keeps failing."""
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
+from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgcluster import wait_until
+from tests.support.pgdatabase import PgDatabase
+from tests.support.replicate import Replication
+
+pytestmark = pytest.mark.e2e
+
+SCHEMA = """
+CREATE TABLE a (id int PRIMARY KEY, v text);
+CREATE TABLE bag (x int, y text);
+INSERT INTO a SELECT g, 'v' || g FROM generate_series(1, 5000) g;
+INSERT INTO bag SELECT g % 5, 'b' FROM generate_series(1, 2000) g;
+CREATE PUBLICATION pub FOR TABLE a, bag;
+"""
+
+
+def ready_states(daemon: DaemonProcess) -> bool:
+    events = [e for e in daemon.events() if e.get("event") == "table state changed"]
+    ready = {e["table"] for e in events if e.get("state") == "ready"}
+    return ready == {"public.a", "public.bag"}
+
+
+@pytest.mark.parametrize("failpoint", ["tablesync.after_copy_block", "tablesync.before_syncdone"])
+def test_kill_during_sync_then_restart(
+    failpoint: str, publisher: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    publisher.execute(SCHEMA)
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, warehouse, copy_data=True)
+    stop = threading.Event()
+
+    def workload() -> None:
+        n = 0
+        with publisher.connect() as conn:
+            while not stop.is_set():
+                n += 1
+                conn.execute("UPDATE a SET v = v || '+' WHERE id = %s", [n % 5000 + 1])
+                conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n])
+                time.sleep(0.02)
+
+    writer = threading.Thread(target=workload, daemon=True)
+    writer.start()
+    try:
+        doomed = DaemonProcess(config, port, failpoints=failpoint)
+        assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
+        survivor = DaemonProcess(config, port)
+        wait_until(lambda: ready_states(survivor), timeout=300, what="both tables READY")
+        stop.set()
+        writer.join()
+        wait_confirmed(publisher)
+        assert survivor.terminate() == 0, survivor.logs()
+    finally:
+        stop.set()
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(
+            conn, "public.a", spark, str(warehouse / "public" / "a"), ("id",)
+        )
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+    assert publisher.slots() == ["sub1"]  # no sync slot left behind
+
+
+def test_failing_copy_is_retried_while_other_tables_replicate(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """A least-privilege role: REPLICATION and SELECT on the published tables - but one revoked."""
+    publisher.execute(
+        SCHEMA + "CREATE ROLE replicator LOGIN REPLICATION;"
+        "GRANT SELECT ON a TO replicator;"  # not on bag: its copy fails
+    )
+    rep = Replication(publisher, spark, warehouse, copy_data=True, wal_retrieve_retry_interval=0.5)
+    least_privilege = publisher.dsn.replace("user=postgres", "user=replicator")
+    rep.config = rep.config.model_copy(update={"connection": least_privilege})
+    with rep:
+        runner = rep.runner
+        assert runner is not None
+
+        def a_ready_bag_failing() -> bool:
+            states = {s.qualified_name: s.state.label for s in runner.coordinator.statuses}
+            errors = rep.metrics.registry.get_sample_value(
+                "pgsub_sync_errors_total", {"subscription": "sub1"}
+            )
+            return states.get("public.a") == "ready" and (errors or 0) >= 2
+
+        wait_until(a_ready_bag_failing, timeout=300, what="a READY while bag's copy fails")
+        publisher.execute("INSERT INTO a VALUES (9999, 'during the failures')")
+        rep.caught_up()
+        rep.assert_equal("public.a", key=("id",))
+        publisher.execute("GRANT SELECT ON bag TO replicator")  # the cause is removed
+
+        def all_ready() -> bool:
+            return all(s.state.label == "ready" for s in runner.coordinator.statuses)
+
+        wait_until(all_ready, timeout=300, what="bag READY once it can be read")
+        rep.caught_up()
+        rep.assert_equal("public.bag")
