@@ -1,6 +1,8 @@
 """The ``pgsub`` command line.
 
 - ``pgsub run -c pgsub.yaml``: the daemon (DESIGN section 10).
+- ``pgsub refresh -c pgsub.yaml SUB``: REFRESH PUBLICATION, through the
+  state store (a running daemon picks it up).
 - ``pgsub demo``: the daemon on embedded defaults (a throwaway publisher,
   local Spark, a local Delta warehouse).
 - ``pgsub peek``: streams a slot and prints the decoded pgoutput messages -
@@ -35,6 +37,16 @@ from subscriber.stream import ReplicationConnection
 EXIT_USAGE = 2
 
 
+def _config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        default=os.environ.get("PGSUB_CONFIG"),
+        help="the YAML config file (default: PGSUB_CONFIG)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgsub",
@@ -49,13 +61,17 @@ def _parser() -> argparse.ArgumentParser:
         "until SIGTERM or SIGINT. Every config key can be overridden from the environment "
         "as PGSUB_<PATH> (e.g. PGSUB_WAREHOUSE, PGSUB_SUBSCRIPTIONS_0_CONNECTION).",
     )
-    run.add_argument(
-        "-c",
-        "--config",
-        type=Path,
-        default=os.environ.get("PGSUB_CONFIG"),
-        help="the YAML config file (default: PGSUB_CONFIG)",
+    _config_argument(run)
+    refresh = commands.add_parser(
+        "refresh",
+        help="REFRESH PUBLICATION: add newly published tables, stop applying removed ones",
+        description="Compare what the subscription's publications publish now with its tables: "
+        "new tables start at INIT (READY with copy_data: false), tables no longer published "
+        "stop being applied (their Delta tables are kept, their sync slots dropped). A running "
+        "daemon picks the change up within a few seconds.",
     )
+    refresh.add_argument("subscription", help="the subscription's name in the config")
+    _config_argument(refresh)
     demo = commands.add_parser(
         "demo",
         help="run the daemon against a throwaway demo publisher into ./warehouse",
@@ -134,6 +150,25 @@ def _peek(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refresh(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        subscription = config.subscription(args.subscription)
+    except ConfigError as exc:
+        print(f"pgsub refresh: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(config.log.format, config.log.level)
+    from subscriber.admin import refresh_publication
+
+    added, removed = refresh_publication(config, subscription)
+    print(f"{subscription.name}: {len(added)} table(s) added, {len(removed)} removed")
+    for name in added:
+        print(f"  + {name}")
+    for name in removed:
+        print(f"  - {name}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
@@ -155,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "refresh":
+            return _refresh(args)
         if args.command == "demo":
             from subscriber.demo import run_demo
 

@@ -1,7 +1,8 @@
 """``pgsub demo``: the daemon on embedded defaults, to see it work in one command.
 
 Starts a throwaway PostgreSQL publisher (``subscriber.embedded``) with two
-demo tables and a publication, creates the slot, writes a little traffic
+demo tables (1,000 accounts already there) and a publication; the daemon
+copies the existing rows (table sync), and a little traffic follows
 (a transaction every half second: a balance change and an event, now and
 then a delete), and runs the daemon with local Spark into a local Delta
 warehouse, serving /metrics and /status. On Ctrl-C (or after ``--seconds``)
@@ -25,7 +26,7 @@ from subscriber.config import Config, LogConfig, MetricsConfig, SparkConfig, Sub
 from subscriber.daemon import Daemon
 from subscriber.embedded import DEFAULT_MAJOR, PgCluster
 from subscriber.lsn import Lsn
-from subscriber.stream import ReplicationConnection
+from tablesync.state import TableState
 
 log = structlog.get_logger(__name__)
 
@@ -71,10 +72,7 @@ def _publisher(cluster: PgCluster) -> str:
     dsn = cluster.dsn("demo")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)
-    with ReplicationConnection(dsn) as replication:
-        replication.create_slot("demo")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SEED)  # after the slot: the seed rows replicate too
+        conn.execute(SEED)  # copied by the table-sync workers
     return dsn
 
 
@@ -90,8 +88,12 @@ def _catch_up(daemon: Daemon, dsn: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     log.info("demo catching up before stopping", target_lsn=str(target))
     while time.monotonic() < deadline:
-        progress = daemon.runners[0].progress if daemon.runners else None
-        if progress is not None and progress.idle and progress.received >= target:
+        runner = daemon.runners[0] if daemon.runners else None
+        progress = runner.progress if runner is not None else None
+        synced = runner is not None and all(
+            s.state is TableState.READY for s in runner.coordinator.statuses
+        )
+        if progress is not None and synced and progress.idle and progress.received >= target:
             return
         time.sleep(0.5)
 
@@ -130,7 +132,7 @@ def run_demo(warehouse: Path, *, seconds: float | None = None, port: int = 9187)
                         name="demo",
                         connection=dsn,
                         publications=["demo_pub"],
-                        copy_data=False,
+                        copy_data=True,
                         status_interval=1.0,
                     )
                 ],

@@ -39,7 +39,7 @@ from subscriber.stream import ReplicationConnection
 from subscriber.wire import XLogData
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
-from tablesync.worker import SyncWorker
+from tablesync.worker import SyncWorker, sync_slot_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -127,7 +127,12 @@ class SubscriptionRunner:
         self.catalog = PublisherCatalog(self._conninfo)
         self.system_id = ""
         self.coordinator = SyncCoordinator(
-            config, TableStateStore(spark, warehouse), metrics, self._sync_worker
+            config,
+            TableStateStore(spark, warehouse),
+            metrics,
+            self._sync_worker,
+            drop_sync_slot=self._drop_sync_slot,
+            list_published=self._published_tables,
         )
         self._loaded = False
         self.status = SubscriptionStatus(config.name)
@@ -197,10 +202,22 @@ class SubscriptionRunner:
             system_id=self.system_id,
         ).run
 
+    def _drop_sync_slot(self, relid: int) -> None:
+        slot = sync_slot_name(self.name, relid, self.system_id)
+        with ReplicationConnection(self._conninfo) as connection:
+            if connection.execute(
+                "SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = "
+                + quote_literal(slot)
+            ):
+                connection.drop_slot(slot)
+
+    def _published_tables(self) -> list[PublishedTable]:
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            return published_tables(conn, list(self.config.publications))
+
     def _tables_to_sync(self, position: Lsn) -> None:
         """The publications' tables; the first time, the stored table states too."""
-        with psycopg.connect(self._conninfo, autocommit=True) as conn:
-            published = published_tables(conn, list(self.config.publications))
+        published = self._published_tables()
         if self._loaded:
             self.coordinator.publish(published)
         else:
@@ -311,6 +328,7 @@ class SubscriptionRunner:
         """Copy positions into the status and the metrics (once every half second)."""
         name, metrics, status = self.name, self._metrics, self.status
         status.state = "streaming" if receiver.streaming.is_set() else status.state
+        status.extra["tables"] = self.coordinator.describe()
         status.received_lsn = progress.received
         status.flushed_lsn = progress.flushed
         metrics.received_lsn.labels(name).set(int(progress.received))

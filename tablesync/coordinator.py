@@ -37,6 +37,33 @@ from tablesync.state import TableState, TableStatus
 log = structlog.get_logger(__name__)
 
 WorkerFactory = Callable[[PublishedTable], Callable[[threading.Event], None]]
+# How often a running leader looks for tables added or removed by ``pgsub refresh``.
+RELOAD_INTERVAL = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """What REFRESH PUBLICATION changes: tables to add and tables to stop applying."""
+
+    added: tuple[PublishedTable, ...]
+    removed: tuple[StoredTableState, ...]
+
+
+def plan_refresh(stored: dict[int, StoredTableState], published: list[PublishedTable]) -> Refresh:
+    now = {t.relid for t in published}
+    return Refresh(
+        tuple(t for t in published if t.relid not in stored),
+        tuple(s for relid, s in stored.items() if relid not in now),
+    )
+
+
+def record_refresh(store: TableStateStore, config: SubscriptionConfig, refresh: Refresh) -> None:
+    """Store a refresh: new tables INIT (READY without copy_data), removed ones gone."""
+    state = TableState.INIT if config.copy_data else TableState.READY
+    rows = [StoredTableState(t.relid, t.schema, t.name, state.value, None) for t in refresh.added]
+    rows += [StoredTableState(s.relid, s.schema, s.name, "", None) for s in refresh.removed]
+    if rows:
+        store.record(config.name, rows)
 
 
 @dataclass
@@ -53,19 +80,25 @@ class SyncCoordinator:
         metrics: Metrics,
         worker_factory: WorkerFactory,
         *,
+        drop_sync_slot: Callable[[int], None] | None = None,
+        list_published: Callable[[], list[PublishedTable]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self._store = store
         self._metrics = metrics
         self._factory = worker_factory
+        self._drop_sync_slot = drop_sync_slot
+        self._list_published = list_published
         self._clock = clock
+        self._reloaded_at = clock()
         self._cond = threading.Condition()
         self._statuses: dict[int, TableStatus] = {}
         self._published: dict[int, PublishedTable] = {}
         self._running: dict[int, _Running] = {}
         self._failed_at: dict[int, float] = {}
         self._copied_at: dict[int, Lsn] = {}  # FINISHEDCOPY's LSN while SYNCWAIT/CATCHUP
+        self._copy_rows: dict[int, tuple[int, int]] = {}  # rows copied, estimated
         self.stopping = threading.Event()
 
     # -- table list ----------------------------------------------------------
@@ -156,6 +189,26 @@ class SyncCoordinator:
             [StoredTableState(s.relid, s.schema, s.name, s.state.value, s.lsn) for s in statuses],
         )
 
+    def copy_progress(self, relid: int, copied: int, estimated: int) -> None:
+        self._copy_rows[relid] = (copied, estimated)
+
+    def describe(self) -> list[dict[str, object]]:
+        """Each table's state, LSN and copy progress, for ``/status``."""
+        rows: list[dict[str, object]] = []
+        for status in self.statuses:
+            copied, estimated = self._copy_rows.get(status.relid, (None, None))
+            rows.append(
+                {
+                    "table": status.qualified_name,
+                    "state": status.state.label,
+                    "lsn": None if status.lsn is None else str(status.lsn),
+                    "rows_copied": copied,
+                    "rows_estimated": estimated,
+                    "sync_worker": status.relid in self._running,
+                }
+            )
+        return rows
+
     def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None:
         """The sync worker's SYNCWAIT: wait until the leader sets CATCHUP; its LSN."""
         self._copied_at[relid] = start
@@ -171,6 +224,8 @@ class SyncCoordinator:
     # -- the leader's bookkeeping --------------------------------------------
 
     def process(self, position: Lsn) -> None:
+        if self._clock() - self._reloaded_at >= RELOAD_INTERVAL:
+            self.reload()
         for status in self.statuses:
             if status.state is TableState.SYNCDONE and status.lsn is not None:
                 if position >= status.lsn:
@@ -179,6 +234,49 @@ class SyncCoordinator:
                 self.store(status.relid, TableState.CATCHUP, max(status.lsn, position))
                 self._wait_sync_done(status.relid)
         self._start_workers()
+
+    def reload(self) -> None:
+        """Pick up tables added or removed by ``pgsub refresh`` since the last look."""
+        self._reloaded_at = self._clock()
+        stored = self._store.load(self.config.name)
+        with self._cond:
+            added = [
+                TableStatus(relid, s.schema, s.name, TableState(s.state), s.lsn)
+                for relid, s in stored.items()
+                if relid not in self._statuses
+            ]
+            removed = [s for relid, s in self._statuses.items() if relid not in stored]
+            for status in added:
+                self._statuses[status.relid] = status
+            for status in removed:
+                del self._statuses[status.relid]
+                running = self._running.get(status.relid)
+                if running is not None:
+                    running.stop.set()
+            self._cond.notify_all()
+        for status in removed:
+            for state in TableState:
+                self._metrics.table_state.remove(
+                    self.config.name, status.qualified_name, state.label
+                )
+            log.info(
+                "table removed from the subscription",
+                subscription=self.config.name,
+                table=status.qualified_name,
+                note="its Delta table is kept; its changes are no longer applied",
+            )
+            if self._drop_sync_slot is not None:
+                self._drop_sync_slot(status.relid)
+        if added:
+            log.info(
+                "tables added to the subscription",
+                subscription=self.config.name,
+                tables=[s.qualified_name for s in added],
+            )
+            if self._list_published is not None:
+                self.publish(self._list_published())  # the new tables' columns and filters
+        if added or removed:
+            self._export()
 
     def _wait_sync_done(self, relid: int) -> None:
         """Hold the leader until the worker is SYNCDONE (or gone: it will be retried)."""
@@ -231,6 +329,13 @@ class SyncCoordinator:
         thread.start()
 
     def _failed(self, table: PublishedTable, exc: Exception) -> None:
+        with self._cond:
+            if table.relid not in self._statuses:
+                log.info(
+                    "table sync stopped: the table left the subscription",
+                    table=table.qualified_name,
+                )
+                return
         self._metrics.sync_errors.labels(self.config.name).inc()
         with self._cond:
             self._failed_at[table.relid] = self._clock()

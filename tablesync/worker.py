@@ -67,6 +67,8 @@ class Handoff(Protocol):
 
     def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None: ...
 
+    def copy_progress(self, relid: int, copied: int, estimated: int) -> None: ...
+
 
 def sync_slot_name(subscription: str, relid: int, system_id: str) -> str:
     """PostgreSQL's ``pg_<subid>_sync_<relid>_<sysid>``, with the subscription's name."""
@@ -166,6 +168,7 @@ class SyncWorker:
         for block in blocks:
             copied += block.num_rows
             counter.inc(block.num_rows)
+            self._handoff.copy_progress(self.table.relid, copied, self.table.estimated_rows)
             log.info(
                 "table copy progress",
                 table=self.table.qualified_name,

@@ -71,5 +71,50 @@ def test_initial_sync_under_a_write_workload(
                 {"subscription": "sub1", "relation": "public.b", "state": "ready"},
             )
             assert ready == 1
+            assert rep.runner is not None
+            tables = {t["table"]: t for t in rep.runner.status.as_dict()["tables"]}  # /status
+            assert tables["public.a"]["state"] == "ready"
+            assert tables["public.a"]["rows_copied"] == 20000
     finally:
         stop.set()
+
+
+def test_refresh_adds_new_tables_and_removes_dropped_ones(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    from subscriber.admin import refresh_publication
+    from subscriber.config import Config
+
+    publisher.execute(
+        "CREATE TABLE old (id int PRIMARY KEY); INSERT INTO old VALUES (1);"
+        "CREATE TABLE later (id int PRIMARY KEY, v text);"
+        "INSERT INTO later SELECT g, 'before' FROM generate_series(1, 100) g;"
+        "CREATE PUBLICATION pub FOR TABLE old"
+    )
+    with Replication(publisher, spark, warehouse, copy_data=True) as rep:
+        wait_until(lambda: all_ready(rep), timeout=300, what="old READY")
+        config = Config(warehouse=str(warehouse), subscriptions=[rep.config])
+        publisher.execute("ALTER PUBLICATION pub ADD TABLE later")
+        publisher.execute("INSERT INTO later VALUES (101, 'after the add')")
+        assert refresh_publication(config, rep.config) == (["public.later"], [])
+
+        def later_ready() -> bool:
+            assert rep.runner is not None
+            states = {s.qualified_name: s.state for s in rep.runner.coordinator.statuses}
+            return states.get("public.later") is TableState.READY
+
+        wait_until(later_ready, timeout=300, what="the new table READY")
+        publisher.execute("UPDATE later SET v = 'streamed' WHERE id <= 10")
+        rep.caught_up()
+        rep.assert_equal("public.later", key=("id",))
+
+        publisher.execute("DROP TABLE old")
+        assert refresh_publication(config, rep.config) == ([], ["public.old"])
+
+        def old_gone() -> bool:
+            assert rep.runner is not None
+            return {s.qualified_name for s in rep.runner.coordinator.statuses} == {"public.later"}
+
+        wait_until(old_gone, timeout=60, what="the dropped table to leave the subscription")
+        assert rep.rows("public.old") == [{"id": 1}]  # its Delta table is kept
+        assert refresh_publication(config, rep.config) == ([], [])
