@@ -16,7 +16,7 @@ POSTGRES := .setup-postgres
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench-stream bench-apply
+.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench-stream bench-apply bench-sync
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
@@ -26,6 +26,7 @@ help:
 	@echo "make fmt     format and fix lint"
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
+	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber"
 
 setup: venv jars postgres
 
@@ -82,6 +83,10 @@ RATE ?= 3000
 LOAD_SECONDS ?= 60
 bench-apply: setup
 	$(BIN)/python -m benchmarks.apply_bench --rows $(ROWS) --rate $(RATE) --seconds $(LOAD_SECONDS)
+
+SYNC_ROWS ?= 2000000
+bench-sync: setup
+	$(BIN)/python -m benchmarks.sync_bench --rows $(SYNC_ROWS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache

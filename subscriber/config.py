@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from conflicts.kinds import Resolution
 from subscriber.commands import Streaming, check_slot_name
 
 ENV_PREFIX = "PGSUB_"
@@ -53,13 +53,6 @@ def _seconds(value: Any) -> Any:
 
 
 Duration = Annotated[float, BeforeValidator(_seconds), Field(ge=0)]
-
-
-class Resolution(Enum):
-    ERROR = "error"
-    SKIP = "skip"
-    APPLY_REMOTE = "apply_remote"
-    KEEP_LOCAL = "keep_local"
 
 
 class _Strict(BaseModel):
