@@ -18,11 +18,14 @@ configuration and must not leak between tables.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import reduce
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import pyarrow as pa
@@ -418,32 +421,66 @@ class DeltaTables:
     ) -> tuple[int, int | None]:
         """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
 
-        The first block overwrites whatever an earlier, failed copy left;
-        the others append. Only the last commit carries ``mark``, so the
-        table's applied LSN is the copy's only once the copy is complete.
+        With a local Spark the blocks are staged as Parquet files (written by
+        pyarrow, one block in memory at a time) and land in one Delta commit
+        carrying ``mark``: the copy is atomic, and no block travels inside a
+        Spark task. Elsewhere (a cluster cannot read our local disk) each
+        block is its own commit: the first overwrites whatever a failed
+        attempt left, and only the last carries ``mark``.
         """
         path = self.path(schema.table)
-        rows = 0
-        mode = "overwrite"
-        version: int | None = None
         try:
-            ahead = next(blocks, None)
-            while True:
-                block = ahead if ahead is not None else source_empty(schema)
-                ahead = next(blocks, None)
-                last = ahead is None
-                session = self._session()
-                with self._marked(mark) if last else nullcontext(session) as session:
-                    frame = self._frame(session, block, schema)
-                    frame.write.format("delta").mode(mode).save(path)
-                    if last:
-                        version = self._committed_version(session)
-                rows += block.num_rows
-                mode = "append"
-                if last:
-                    return rows, version
+            if self._local_master():
+                return self._copy_staged(schema, blocks, mark, path)
+            return self._copy_by_block(schema, blocks, mark, path)
         except SparkErrors as exc:
             raise TargetTableError(f"copying {schema.table} into {path} failed: {exc}") from exc
+
+    def _local_master(self) -> bool:
+        try:
+            return str(self._spark.conf.get("spark.master", "")).startswith("local")
+        except SparkErrors:
+            return False
+
+    def _copy_staged(
+        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, path: str
+    ) -> tuple[int, int | None]:
+        import pyarrow.parquet as pq
+
+        staging = Path(tempfile.mkdtemp(prefix="pgsub-copy-"))
+        try:
+            rows = 0
+            for number, block in enumerate(blocks):
+                pq.write_table(block, staging / f"part-{number:06d}.parquet")
+                rows += block.num_rows
+            with self._marked(mark) as session:
+                if rows:
+                    frame = session.read.schema(_struct(schema.ddl())).parquet(str(staging))
+                else:
+                    frame = self._frame(session, source_empty(schema), schema)
+                frame.write.format("delta").mode("overwrite").save(path)
+                return rows, self._committed_version(session)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _copy_by_block(
+        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, path: str
+    ) -> tuple[int, int | None]:
+        rows = 0
+        mode = "overwrite"
+        ahead = next(blocks, None)
+        while True:
+            block = ahead if ahead is not None else source_empty(schema)
+            ahead = next(blocks, None)
+            last = ahead is None
+            session = self._session()
+            with self._marked(mark) if last else nullcontext(session) as session:
+                self._frame(session, block, schema).write.format("delta").mode(mode).save(path)
+                version = self._committed_version(session) if last else None
+            rows += block.num_rows
+            mode = "append"
+            if last:
+                return rows, version
 
     def _write_multiset(
         self, schema: TargetSchema, net: MultisetNet, mark: CommitMark, path: str
