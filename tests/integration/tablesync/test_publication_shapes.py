@@ -136,3 +136,22 @@ def test_partitioned_table_example(
             assert rows(rep, "public.child", "a") == [(5,), (6,), (7,)]
     finally:
         rep.stop()
+
+
+def test_different_column_lists_are_an_error_naming_them(publisher: PgDatabase) -> None:
+    from tablesync.publication import PublicationError, published_tables
+
+    publisher.execute(
+        "CREATE TABLE t(id int PRIMARY KEY, a text, b text);"
+        "CREATE PUBLICATION pa FOR TABLE t (id, a); CREATE PUBLICATION pb FOR TABLE t (id, b);"
+        "CREATE PUBLICATION pc FOR TABLE t (id, a)"
+    )
+    with publisher.connect() as conn:
+        with pytest.raises(
+            PublicationError, match=r'"public.t" in different publications \(pa, pb\)'
+        ):
+            published_tables(conn, ["pa", "pb"])
+        (table,) = published_tables(conn, ["pa", "pc"])  # the same list twice is fine
+        assert table.columns == ("id", "a")
+        with pytest.raises(PublicationError, match="publication nope does not exist"):
+            published_tables(conn, ["pa", "nope"])
