@@ -15,7 +15,7 @@ conflict), as PostgreSQL's CONTEXT line does; its finish LSN is what
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,15 +24,20 @@ import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
+from apply.delta_conflicts import Finding
 from apply.delta_writer import CommitMark, ConflictError, WriteResult
 from apply.errors import ApplyError
-from apply.merge_plan import OnExists
+from apply.merge_plan import OnExists, on_exists
 from apply.schema import Evolution, TargetSchema, target_schema
 from apply.transactions import RemoteTransaction
 from apply.typemap import TypeLookup
+from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
+from conflicts.report import Conflict
+from conflicts.reporter import ConflictReporter
 from subscriber.failpoints import failpoint
 from subscriber.lsn import Lsn
-from subscriber.messages import Relation
+from subscriber.messages import UNCHANGED, Relation
+from subscriber.wire import pg_timestamp
 
 log = structlog.get_logger(__name__)
 
@@ -119,7 +124,8 @@ class BatchApplier:
         types: TypeLookup,
         *,
         should_apply: ShouldApply | None = None,
-        on_exists: OnExists = OnExists.ERROR,
+        resolutions: Mapping[ConflictKind, Resolution] = DEFAULTS,
+        reporter: ConflictReporter | None = None,
         max_parallel: int = 4,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -127,7 +133,12 @@ class BatchApplier:
         self._tables = tables
         self._types = types
         self._should_apply = should_apply
-        self._on_exists = on_exists
+        self._resolutions = dict(resolutions)
+        self._on_exists = on_exists(
+            resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
+            resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
+        )
+        self._reporter = reporter
         self._clock = clock
         self._applied: dict[str, Lsn] = {}
         self._schemas: dict[str, tuple[Relation, TargetSchema]] = {}
@@ -166,14 +177,20 @@ class BatchApplier:
             if _nothing_to_do(net):
                 continue
             jobs.append(
-                (name, len(table_work.changes), self._pool.submit(self._write, schema, net, mark))
+                (
+                    name,
+                    schema,
+                    len(table_work.changes),
+                    self._pool.submit(self._write, schema, net, mark),
+                )
             )
         results = []
         failure: TransactionError | None = None
-        for name, changes, future in jobs:
+        for name, schema, changes, future in jobs:
             try:
                 write, seconds = future.result()
             except ConflictError as exc:
+                self._report(exc.findings, schema, batch, stopping=exc.kind)
                 tx = batch.transactions[exc.tx_index]
                 failure = failure or TransactionError(exc, self.subscription, name, tx, batch)
                 continue
@@ -181,16 +198,78 @@ class BatchApplier:
                 failure = failure or TransactionError(exc, self.subscription, name, None, batch)
                 continue
             self._applied[name] = batch.end_lsn
+            self._report(write.conflicts, schema, batch)
             results.append(TableResult(name, write, seconds, changes))
         if failure is not None:
             raise failure
         return BatchResult(batch.end_lsn, tuple(results))
+
+    def _report(
+        self,
+        findings: Sequence[Finding],
+        schema: TargetSchema,
+        batch: Batch,
+        stopping: str | None = None,
+    ) -> None:
+        if self._reporter is None or not findings:
+            return
+        conflicts = []
+        for finding in findings:
+            kind = ConflictKind(finding.kind)
+            resolution = Resolution.ERROR if finding.kind == stopping else self._resolutions[kind]
+            conflicts.append(conflict_of(finding, kind, resolution, schema, batch))
+        self._reporter.report(conflicts)
 
     def _write(self, schema: TargetSchema, net: Net, mark: CommitMark) -> tuple[WriteResult, float]:
         started = self._clock()
         result = self._tables.write(schema, net, mark, self._on_exists)
         failpoint("apply.after_table_write")
         return result, self._clock() - started
+
+
+def _text(value: bytes | None, kind: int) -> str | None:
+    if kind == UNCHANGED:
+        return "(unchanged)"
+    return None if value is None else value.decode(errors="replace")
+
+
+def conflict_of(
+    finding: Finding,
+    kind: ConflictKind,
+    resolution: Resolution,
+    schema: TargetSchema,
+    batch: Batch,
+) -> Conflict:
+    """A finding of the writer with the remote transaction it came from."""
+    tx = batch.transactions[finding.tx_index]
+    names = [c.name for c in schema.columns]
+    image = finding.image
+    remote = (
+        None
+        if image is None
+        else {n: _text(v, k) for n, v, k in zip(names, image.values, image.kinds, strict=True)}
+    )
+    if schema.key:
+        key = {
+            n: (None if v is None else v.decode())
+            for n, v in zip(schema.key, finding.key, strict=True)
+        }
+    else:
+        key = dict(remote or {})
+    identity = key if kind not in (ConflictKind.INSERT_EXISTS,) else None
+    return Conflict(
+        kind=kind,
+        relation=schema.table,
+        resolution=resolution,
+        key=key,
+        existing=finding.existing,
+        remote=None if kind is ConflictKind.DELETE_MISSING else remote,
+        replica_identity=identity,
+        xid=tx.xid,
+        finish_lsn=tx.final_lsn,
+        commit_time=pg_timestamp(tx.commit_time),
+        origin=tx.origin,
+    )
 
 
 def _nothing_to_do(net: Net) -> bool:

@@ -23,7 +23,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -35,6 +35,7 @@ from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
 from apply.collapse import First, KeyedNet, MultisetNet, Net
+from apply.delta_conflicts import Finding, expected_counts, find_keyed
 from apply.errors import ApplyError, TargetTableError
 from apply.merge_plan import (
     REMOVE,
@@ -51,6 +52,7 @@ from apply.source import (
     FIRST,
     PRESENT,
     REINSERTED,
+    ROW,
     TX,
     from_key,
     keep_flag,
@@ -60,6 +62,7 @@ from apply.source import (
 from apply.source import (
     empty as source_empty,
 )
+from conflicts.kinds import judge
 from subscriber.lsn import ZERO, Lsn
 
 if TYPE_CHECKING:
@@ -81,11 +84,13 @@ SparkErrors = (PySparkException, Py4JError)
 class ConflictError(ApplyError):
     """A remote change conflicts with the target and the configured action is to stop."""
 
-    def __init__(self, kind: str, table: str, tx_index: int, message: str) -> None:
+    def __init__(self, kind: str, table: str, findings: list[Finding]) -> None:
         self.kind = kind
         self.table = table
-        self.tx_index = tx_index
-        super().__init__(message)
+        self.findings = findings
+        stopping = [f for f in findings if f.kind == kind]
+        self.tx_index = stopping[0].tx_index if stopping else 0
+        super().__init__(f'conflict detected on relation "{table}": conflict={kind}')
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,7 @@ class WriteResult:
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
+    conflicts: tuple[Finding, ...] = ()
 
 
 def _lsn_from_metadata(text: str | None, subscription: str) -> Lsn | None:
@@ -329,14 +335,32 @@ class DeltaTables:
             )
             keep = pc.and_(table[PRESENT], pc.or_(expects_absent, table[REINSERTED]))
             rows = table.filter(keep).select([c.name for c in schema.columns])
-            return self._overwrite(schema, rows, mark)
+            result = self._overwrite(schema, rows, mark)
+            # Judged against an empty table: chains that expected a row miss it.
+            missing = [
+                Finding(kind.value, r.first_tx, r.key, r.image, None)
+                for r in net.rows.values()
+                if (kind := judge(r.first, False)) is not None and not r.reinserted
+            ]
+            return replace(result, conflicts=tuple(missing))
         with self._marked(mark) as session:
             frame = self._frame(session, source.table, schema)
             if source.moved:
                 frame = self._fill_moved(session, frame, schema, source.keep_columns, path)
-            return self._merge(
+            result = self._merge(
                 session, schema, frame, keyed_merge(schema, source.keep_columns, on_exists), path
             )
+        if (result.inserted, result.updated, result.deleted) == expected_counts(source.table):
+            return result  # the conflict-free path: nothing more to look at
+        before = self._table_frame(path, None if result.version is None else result.version - 1)
+        findings = find_keyed(self._session(), schema, net, before)
+        return replace(result, conflicts=tuple(findings))
+
+    def _table_frame(self, path: str, version: int | None) -> DataFrame:
+        reader = self._session().read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(path)
 
     def _fill_moved(
         self,
@@ -497,7 +521,12 @@ class DeltaTables:
                 )
         names = [c.name for c in schema.columns]
         values = source.inserts.select(names).schema
-        remaining = self._remaining_copies(schema, source.removals, path)
+        remaining, short = self._remaining_copies(schema, source.removals, path)
+        missing = tuple(
+            Finding("delete_missing", row.first_tx, (), row.image, None)
+            for index, row in enumerate(source.removed)
+            if index in short
+        )
         copies = [i for i, n in enumerate(remaining[COUNT].to_pylist()) for _ in range(n)]
         reinserts = remaining.take(pa.array(copies, type=pa.int64())).select(names).cast(values)
         markers = source.removals.select(names)
@@ -512,9 +541,12 @@ class DeltaTables:
             result.version,
             inserted=result.inserted - reinserts.num_rows,
             deleted=result.deleted - reinserts.num_rows,
+            conflicts=missing,
         )
 
-    def _remaining_copies(self, schema: TargetSchema, removals: pa.Table, path: str) -> pa.Table:
+    def _remaining_copies(
+        self, schema: TargetSchema, removals: pa.Table, path: str
+    ) -> tuple[pa.Table, set[int]]:
         """Each row to remove from, with how many copies stay (the target's count minus COUNT).
 
         Fewer copies in the target than the batch removes is delete_missing.
@@ -532,40 +564,23 @@ class DeltaTables:
         )
         counted = (
             wanted.join(target, same, "left")
-            .groupBy(*[wanted[quote(n)] for n in names], wanted[quote(COUNT)])
+            .groupBy(*[wanted[quote(n)] for n in names], wanted[quote(COUNT)], wanted[ROW])
             .agg(fn.sum(fn.coalesce(target["__pgsub_hit"], fn.lit(0))).alias("__pgsub_existing"))
             .toArrow()
         )
         stay = pc.subtract(counted["__pgsub_existing"], counted[COUNT])
-        missing = pc.sum(pc.max_element_wise(pc.negate(stay), 0)).as_py() or 0
-        if missing:
-            log.info(
-                "rows to delete not found",
-                table=schema.table,
-                conflict="delete_missing",
-                rows=missing,
-            )
-        table = counted.drop_columns(["__pgsub_existing", COUNT])
-        return table.append_column(COUNT, pc.max_element_wise(stay, 0))
+        short = {
+            int(row)
+            for row, left in zip(counted[ROW].to_pylist(), stay.to_pylist(), strict=True)
+            if left < 0
+        }
+        table: pa.Table = counted.drop_columns(["__pgsub_existing", COUNT, ROW])
+        return table.append_column(COUNT, pc.max_element_wise(stay, 0)), short
 
     def _conflict(self, schema: TargetSchema, net: KeyedNet, kind: str, path: str) -> ConflictError:
-        """Find the first row of the failed MERGE that conflicts, to name its transaction."""
-        from delta.tables import DeltaTable
-
-        session = self._session()
-        source = keyed_source(net, schema)
-        frame = self._frame(session, source.table, schema)
-        expects_absent = frame[quote(FIRST)].isin(First.INSERT.value, First.KEY_UPDATE_NEW.value)
-        target = DeltaTable.forPath(session, path).toDF()
-        same = reduce(lambda a, b: a & b, [frame[quote(k)] == target[quote(k)] for k in schema.key])
-        hit = frame.where(expects_absent).join(target, same, "left_semi").orderBy(TX).first()
-        tx_index = int(hit[TX]) if hit is not None else 0
-        return ConflictError(
-            kind,
-            schema.table,
-            tx_index,
-            f'conflict detected on relation "{schema.table}": conflict={kind}',
-        )
+        """The MERGE raised: find every conflicting chain, against the unchanged table."""
+        findings = find_keyed(self._session(), schema, net, self._table_frame(path, None))
+        return ConflictError(kind, schema.table, findings)
 
 
 def _struct(ddl: str) -> StructType:
@@ -579,6 +594,8 @@ def _helper_type(name: str) -> str:
         return "boolean"
     if name == COUNT:
         return "long"
+    if name == ROW:
+        return "int"
     raise KeyError(name)
 
 

@@ -40,10 +40,12 @@ class ClauseKind(Enum):
 
 
 class OnExists(Enum):
-    """What to do when a row the publisher inserted already exists."""
+    """What to do when a row the publisher inserted (or moved to a key) already exists."""
 
-    ERROR = "error"
-    APPLY_REMOTE = "apply_remote"
+    ERROR = "error"  # both insert_exists and update_exists stop the apply
+    APPLY_REMOTE = "apply_remote"  # both overwrite the local row
+    ERROR_ON_INSERT = "error_on_insert"  # insert_exists stops, update_exists overwrites
+    ERROR_ON_UPDATE = "error_on_update"  # update_exists stops, insert_exists overwrites
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,12 @@ def keyed_merge(
         raise ValueError(f"{schema.table} has no key; use multiset_merge")
     condition = " AND ".join(f"{_target(k)} = {_source(k)}" for k in schema.key)
     clauses: list[Clause] = []
-    if on_exists is OnExists.ERROR:
+    stopping = {
+        OnExists.ERROR: EXPECTS_ABSENT,
+        OnExists.ERROR_ON_INSERT: f"s.{FIRST} = 'INSERT'",
+        OnExists.ERROR_ON_UPDATE: f"s.{FIRST} = 'KEY_UPDATE_NEW'",
+    }.get(on_exists)
+    if stopping is not None:
         kind = (
             f"CASE WHEN s.{FIRST} = 'INSERT' THEN '{CONFLICT_MARK}insert_exists' "
             f"ELSE '{CONFLICT_MARK}update_exists' END"
@@ -82,7 +89,7 @@ def keyed_merge(
         clauses.append(
             Clause(
                 ClauseKind.MATCHED_UPDATE,
-                EXPECTS_ABSENT,
+                stopping,
                 {quote(schema.key[0]): f"raise_error({kind})"},
             )
         )
@@ -131,3 +138,13 @@ def conflict_in(message: str) -> str | None:
         if rest.startswith(kind):
             return kind
     return None
+
+
+def on_exists(insert_exists_stops: bool, update_exists_stops: bool) -> OnExists:
+    if insert_exists_stops and update_exists_stops:
+        return OnExists.ERROR
+    if insert_exists_stops:
+        return OnExists.ERROR_ON_INSERT
+    if update_exists_stops:
+        return OnExists.ERROR_ON_UPDATE
+    return OnExists.APPLY_REMOTE

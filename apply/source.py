@@ -24,7 +24,7 @@ from typing import Final
 
 import pyarrow as pa
 
-from apply.collapse import KeyedNet, KeyedRow, MultisetNet
+from apply.collapse import KeyedNet, KeyedRow, MultisetNet, MultisetRow
 from apply.columnar import arrow_type, to_arrow
 from apply.errors import ApplyError
 from apply.schema import TargetSchema
@@ -36,6 +36,7 @@ PRESENT: Final = PREFIX + "present"
 REINSERTED: Final = PREFIX + "reinserted"
 TX: Final = PREFIX + "tx"
 COUNT: Final = PREFIX + "count"
+ROW: Final = PREFIX + "row"
 
 
 def keep_flag(index: int) -> str:
@@ -56,7 +57,8 @@ class KeyedSource:
 @dataclass(frozen=True, slots=True)
 class MultisetSource:
     inserts: pa.Table  # one row per copy to add
-    removals: pa.Table  # one row per distinct row to remove, with COUNT copies
+    removals: pa.Table  # one row per distinct row to remove, with COUNT copies and its ROW
+    removed: tuple[MultisetRow, ...]  # removals' rows, by ROW
 
 
 def _check_names(schema: TargetSchema) -> None:
@@ -121,18 +123,17 @@ def keyed_source(net: KeyedNet, schema: TargetSchema) -> KeyedSource:
 def multiset_source(net: MultisetNet, schema: TargetSchema) -> MultisetSource:
     _check_names(schema)
     copies: list[TupleData] = []
-    removals: list[TupleData] = []
-    counts: list[int] = []
+    removed: list[MultisetRow] = []
     for row in net.rows.values():
         if row.delta > 0:
             copies.extend([row.image] * row.delta)
         else:
-            removals.append(row.image)
-            counts.append(-row.delta)
+            removed.append(row)
     inserts = pa.table(_value_arrays(schema, copies)) if copies else empty(schema)
-    removal_arrays = _value_arrays(schema, removals)
-    removal_arrays[COUNT] = pa.array(counts, type=pa.int64())
-    return MultisetSource(inserts, pa.table(removal_arrays))
+    removal_arrays = _value_arrays(schema, [r.image for r in removed])
+    removal_arrays[COUNT] = pa.array([-r.delta for r in removed], type=pa.int64())
+    removal_arrays[ROW] = pa.array(range(len(removed)), type=pa.int32())
+    return MultisetSource(inserts, pa.table(removal_arrays), tuple(removed))
 
 
 def empty(schema: TargetSchema, extra: Iterable[tuple[str, pa.DataType]] = ()) -> pa.Table:

@@ -16,7 +16,9 @@ Both live where the warehouse is, so a pod can be replaced with nothing lost.
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
@@ -26,6 +28,7 @@ from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
 from apply.errors import TargetTableError
+from conflicts.report import Conflict
 from subscriber.lsn import ZERO, Lsn
 from subscriber.wire import pg_timestamp
 
@@ -179,3 +182,47 @@ class TableStateStore:
                 frame.write.format("delta").mode("append").save(self.path)
             except (PySparkException, Py4JError) as exc:
                 raise TargetTableError(f"cannot record table states at {self.path}: {exc}") from exc
+
+
+_CONFLICT_DDL: Final = (
+    "subscription string, relation string, type string, resolution string, key string, "
+    "existing_local_row string, remote_row string, replica_identity string, remote_xid long, "
+    "finish_lsn string, commit_time timestamp, origin string, detected_at timestamp"
+)
+
+
+class ConflictStore:
+    """``_pgsub/conflicts``: every conflict with its full values (JSON), for repair."""
+
+    def __init__(self, spark: SparkSession, warehouse: str) -> None:
+        self._spark = spark
+        self.path = f"{warehouse.rstrip('/')}/{STATE_DIR}/conflicts"
+
+    def record(self, subscription: str, conflicts: Sequence[Conflict]) -> None:
+        def text(row: object) -> str | None:
+            return None if row is None else json.dumps(row, ensure_ascii=False)
+
+        now = datetime.now(UTC)
+        rows = [
+            (
+                subscription,
+                c.relation,
+                c.kind.value,
+                c.resolution.value,
+                text(dict(c.key)),
+                text(None if c.existing is None else dict(c.existing)),
+                text(None if c.remote is None else dict(c.remote)),
+                text(None if c.replica_identity is None else dict(c.replica_identity)),
+                c.xid,
+                str(c.finish_lsn),
+                c.commit_time,
+                c.origin,
+                now,
+            )
+            for c in conflicts
+        ]
+        try:
+            frame = self._spark.createDataFrame(rows, schema=_CONFLICT_DDL)
+            frame.write.format("delta").mode("append").save(self.path)
+        except (PySparkException, Py4JError) as exc:
+            raise TargetTableError(f"cannot record conflicts at {self.path}: {exc}") from exc

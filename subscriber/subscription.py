@@ -23,9 +23,10 @@ from apply.applier import BatchApplier, TransactionError
 from apply.batch import Batcher
 from apply.delta_writer import DeltaTables
 from apply.errors import ApplyError
-from apply.state_store import CheckpointStore, TableStateStore
+from apply.state_store import CheckpointStore, ConflictStore, TableStateStore
 from apply.transactions import TransactionAssembler, UnsupportedStreamError
 from apply.worker import ApplyWorker, TransactionQueue
+from conflicts.reporter import ConflictReporter
 from subscriber.catalog import PublisherCatalog
 from subscriber.commands import StreamOptions, quote_literal
 from subscriber.config import SubscriptionConfig
@@ -126,6 +127,7 @@ class SubscriptionRunner:
         self.tables = DeltaTables(spark, warehouse, config.name, create_tables=config.create_tables)
         self.catalog = PublisherCatalog(self._conninfo)
         self.system_id = ""
+        self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))
         self.coordinator = SyncCoordinator(
             config,
             TableStateStore(spark, warehouse),
@@ -200,6 +202,7 @@ class SubscriptionRunner:
             handoff=self.coordinator,
             metrics=self._metrics,
             system_id=self.system_id,
+            reporter=self.reporter,
         ).run
 
     def _drop_sync_slot(self, relid: int) -> None:
@@ -260,6 +263,8 @@ class SubscriptionRunner:
             self.tables,
             self.catalog.type_row,
             should_apply=self.coordinator.should_apply,
+            resolutions=config.conflicts.resolutions(),
+            reporter=self.reporter,
         )
         worker = ApplyWorker(
             self.name,

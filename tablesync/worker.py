@@ -37,6 +37,7 @@ from apply.delta_writer import CommitMark, DeltaTables
 from apply.schema import target_schema
 from apply.transactions import RemoteTransaction, TransactionAssembler
 from apply.worker import ApplyWorker, TransactionQueue
+from conflicts.reporter import ConflictReporter
 from subscriber.catalog import PublisherCatalog
 from subscriber.commands import SnapshotAction, StreamOptions, quote_literal
 from subscriber.config import SubscriptionConfig
@@ -87,6 +88,7 @@ class SyncWorker:
         handoff: Handoff,
         metrics: Metrics,
         system_id: str,
+        reporter: ConflictReporter | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -94,6 +96,7 @@ class SyncWorker:
         self._catalog = catalog
         self._handoff = handoff
         self._metrics = metrics
+        self._reporter = reporter
         self.slot = sync_slot_name(config.name, table.relid, system_id)
         self._conninfo = config.conninfo()
 
@@ -206,7 +209,12 @@ class SyncWorker:
             return relation.oid == relid
 
         applier = BatchApplier(
-            config.name, self._tables, self._catalog.type_row, should_apply=only_this_table
+            config.name,
+            self._tables,
+            self._catalog.type_row,
+            should_apply=only_this_table,
+            resolutions=config.conflicts.resolutions(),
+            reporter=self._reporter,
         )
         worker = ApplyWorker(
             config.name,

@@ -1,0 +1,112 @@
+"""Which rows of a batch conflicted - looked up only when the MERGE says something did.
+
+On the conflict-free path the MERGE's own metrics equal what the source
+predicts (``expected_counts``): every chain that expected no row inserted,
+every chain that expected one updated or deleted it. When they differ, or
+when the MERGE raised (insert_exists / update_exists with the ``error``
+action), ``find_keyed`` joins the source with the table as it was before the
+MERGE and judges each chain on its first change (``conflicts.kinds.judge``).
+The result is a ``Finding`` per conflicting chain: the remote row, the
+existing local row (as text) and the transaction, for the conflict report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from apply.collapse import First, KeyedNet
+from apply.schema import TargetSchema, quote
+from apply.source import FIRST, PRESENT
+from conflicts.kinds import judge
+from subscriber.messages import TupleData
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+ROW = "__pgsub_row"
+_EXPECTS_ABSENT = pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: str  # a conflicts.kinds.ConflictKind value
+    tx_index: int  # the first change's transaction in the batch
+    key: tuple[bytes | None, ...]  # the key's text (every column for a multiset row)
+    image: TupleData | None  # the remote row: the chain's last image, None when deleted
+    existing: dict[str, str | None] | None  # the local row, as text
+
+
+def expected_counts(source: pa.Table) -> tuple[int, int, int]:
+    """(inserted, updated, deleted) a conflict-free MERGE of ``source`` reports."""
+    absent = pc.is_in(source[FIRST], _EXPECTS_ABSENT)
+    present = source[PRESENT]
+
+    def count(mask: Any) -> int:
+        return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+    return (
+        count(pc.and_(present, absent)),
+        count(pc.and_(present, pc.invert(absent))),
+        count(pc.and_(pc.invert(present), pc.invert(absent))),
+    )
+
+
+def find_keyed(
+    session: SparkSession, schema: TargetSchema, net: KeyedNet, target: DataFrame
+) -> list[Finding]:
+    """Judge every chain of ``net`` against ``target`` (the table before the MERGE)."""
+    from pyspark.sql import functions as fn
+
+    rows = list(net.rows.values())
+    if not rows:
+        return []
+    keys = list(schema.key)
+    key_types = {name: schema.column(name).spark_type for name in keys}
+    data: dict[str, Any] = {
+        name: [row.key[i].decode() if row.key[i] is not None else None for row in rows]  # type: ignore[union-attr]
+        for i, name in enumerate(keys)
+    }
+    data[FIRST] = [row.first.value for row in rows]
+    data[ROW] = list(range(len(rows)))
+    ddl = ", ".join([f"{quote(k)} string" for k in keys] + [f"{FIRST} string", f"{ROW} int"])
+    source = session.createDataFrame(pa.table(data), schema=ddl)
+    source = source.select(
+        *[fn.col(quote(k)).cast(key_types[k]).alias(f"__pgsub_s{i}") for i, k in enumerate(keys)],
+        FIRST,
+        ROW,
+    )
+    local = target.select(
+        *[fn.col(quote(k)).alias(f"__pgsub_k{i}") for i, k in enumerate(keys)],
+        *[
+            fn.col(quote(c.name)).cast("string").alias(f"__pgsub_v{i}")
+            for i, c in enumerate(schema.columns)
+        ],
+    )
+    on = [source[f"__pgsub_s{i}"] == local[f"__pgsub_k{i}"] for i in range(len(keys))]
+    condition = on[0]
+    for extra in on[1:]:
+        condition = condition & extra
+    joined = source.join(local, condition, "left").select(
+        ROW,
+        FIRST,
+        local["__pgsub_k0"].isNotNull().alias("found"),
+        *[f"__pgsub_v{i}" for i in range(len(schema.columns))],
+    )
+    findings = []
+    for hit in joined.collect():
+        chain = rows[int(hit[ROW])]
+        kind = judge(First(hit[FIRST]), bool(hit["found"]))
+        if kind is None:
+            continue
+        existing = (
+            {c.name: hit[f"__pgsub_v{i}"] for i, c in enumerate(schema.columns)}
+            if hit["found"]
+            else None
+        )
+        findings.append(Finding(kind.value, chain.first_tx, chain.key, chain.image, existing))
+    findings.sort(key=lambda f: f.tx_index)
+    return findings

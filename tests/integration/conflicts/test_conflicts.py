@@ -1,0 +1,127 @@
+"""Conflicts from real scenarios: another writer of the Delta table, then the publisher's change."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from tests.support.pgcluster import wait_until
+from tests.support.pgdatabase import PgDatabase
+from tests.support.replicate import Replication
+
+pytestmark = pytest.mark.integration
+
+
+def counter(rep: Replication, kind: str, relation: str = "public.t") -> float:
+    value = rep.metrics.registry.get_sample_value(
+        "pgsub_conflicts_total", {"subscription": "sub1", "relation": relation, "type": kind}
+    )
+    return value or 0.0
+
+
+def conflict_rows(spark: Any, warehouse: Path) -> list[dict[str, Any]]:
+    path = str(warehouse / "_pgsub" / "conflicts")
+    return [
+        r.asDict() for r in spark.read.format("delta").load(path).orderBy("detected_at").collect()
+    ]
+
+
+def test_missing_rows_are_logged_counted_recorded_and_skipped(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    with Replication(publisher, spark, warehouse) as rep, capture_logs() as events:
+        publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 5) g")
+        rep.caught_up()
+        # Another writer removes two rows from the Delta table...
+        from delta.tables import DeltaTable
+
+        DeltaTable.forPath(spark, rep.path("public.t")).delete("id IN (1, 2)")
+        # ...then the publisher changes them: PostgreSQL logs and skips both.
+        publisher.execute("UPDATE t SET v = 'new' WHERE id = 1; DELETE FROM t WHERE id = 2")
+        publisher.execute("UPDATE t SET v = 'fine' WHERE id = 3")
+        rep.caught_up()
+        assert counter(rep, "update_missing") == 1 and counter(rep, "delete_missing") == 1
+        assert sorted((r["id"], r["v"]) for r in rep.rows("public.t")) == [
+            (3, "fine"),
+            (4, "v4"),
+            (5, "v5"),
+        ]
+    messages = [e for e in events if str(e["event"]).startswith("conflict detected")]
+    kinds = sorted(e["conflict"] for e in messages)
+    assert kinds == ["delete_missing", "update_missing"]
+    update = next(e for e in messages if e["conflict"] == "update_missing")
+    assert update["event"] == 'conflict detected on relation "public.t": conflict=update_missing'
+    assert update["remote_row"] == {"id": "1", "v": "new"}
+    assert update["replica_identity"] == {"id": "1"}
+    assert update["detail"].startswith("Could not find the row to be updated.")
+    assert update["log_level"] == "warning" and update["remote_xid"] > 0
+    rows = conflict_rows(spark, warehouse)
+    assert sorted(r["type"] for r in rows) == ["delete_missing", "update_missing"]
+    assert json.loads(next(r for r in rows if r["type"] == "update_missing")["remote_row"]) == {
+        "id": "1",
+        "v": "new",
+    }
+
+
+def test_insert_exists_stops_the_apply_at_its_transaction(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    with Replication(publisher, spark, warehouse) as rep:
+        publisher.execute("INSERT INTO t VALUES (1, 'one')")
+        rep.caught_up()
+        spark.createDataFrame([(7, "local " + "x" * 100)], "id int, v string").write.format(
+            "delta"
+        ).mode("append").save(rep.path("public.t"))
+        xid = publisher.fetchval("INSERT INTO t VALUES (7, 'remote') RETURNING txid_current()")
+        publisher.execute("INSERT INTO t VALUES (8, 'after')")
+        runner = rep.runner
+        assert runner is not None
+        wait_until(lambda: counter(rep, "insert_exists") >= 2, timeout=120, what="retries")
+        error = runner.status.last_error or ""
+        assert 'conflict detected on relation "public.t": conflict=insert_exists' in error
+        assert f"in transaction {xid} finished at" in error
+        # Nothing at or after the conflicting transaction is applied or confirmed.
+        assert sorted(r["id"] for r in rep.rows("public.t")) == [1, 7]
+        confirmed = publisher.fetchval(
+            "SELECT confirmed_flush_lsn < pg_current_wal_insert_lsn()"
+            " FROM pg_replication_slots WHERE slot_name = 'sub1'"
+        )
+        assert confirmed
+        rows = conflict_rows(spark, warehouse)
+        first = rows[0]
+        assert first["type"] == "insert_exists" and first["resolution"] == "error"
+        assert json.loads(first["existing_local_row"])["v"] == "local " + "x" * 100  # full value
+        assert first["remote_xid"] == xid
+
+
+def test_a_chain_is_judged_on_its_first_change_and_apply_remote_upserts(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    resolutions = {"insert_exists": "apply_remote"}
+    with Replication(
+        publisher, spark, warehouse, conflicts=resolutions, batch={"max_delay": "3s"}
+    ) as rep:
+        publisher.execute("INSERT INTO t VALUES (1, 'one')")
+        rep.caught_up()
+        spark.createDataFrame([(5, "local")], "id int, v string").write.format("delta").mode(
+            "append"
+        ).save(rep.path("public.t"))
+        # Insert then update of a key that already exists: one chain, judged on the insert.
+        publisher.execute(
+            "BEGIN; INSERT INTO t VALUES (5, 'remote');"
+            " UPDATE t SET v = 'remote2' WHERE id = 5; COMMIT"
+        )
+        rep.caught_up()
+        assert counter(rep, "insert_exists") == 1 and counter(rep, "update_missing") == 0
+        rep.assert_equal("public.t", key=("id",))
