@@ -226,3 +226,45 @@ class ConflictStore:
             frame.write.format("delta").mode("append").save(self.path)
         except (PySparkException, Py4JError) as exc:
             raise TargetTableError(f"cannot record conflicts at {self.path}: {exc}") from exc
+
+
+_SETTING_DDL: Final = "subscription string, key string, value string, recorded_at timestamp"
+
+
+class SettingsStore:
+    """``_pgsub/subscription_settings``: what ``pgsub skip/enable/disable`` set (append-only).
+
+    The latest value of each (subscription, key) counts; an empty value clears it.
+    """
+
+    def __init__(self, spark: SparkSession, warehouse: str) -> None:
+        self._spark = spark
+        self.path = f"{warehouse.rstrip('/')}/{STATE_DIR}/subscription_settings"
+
+    def load(self, subscription: str) -> dict[str, str]:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        try:
+            if not DeltaTable.isDeltaTable(self._spark, self.path):
+                return {}
+            rows = (
+                self._spark.read.format("delta")
+                .load(self.path)
+                .where(fn.col("subscription") == subscription)
+                .orderBy("recorded_at")
+                .collect()
+            )
+        except (PySparkException, Py4JError) as exc:
+            raise TargetTableError(f"cannot read settings at {self.path}: {exc}") from exc
+        latest = {row["key"]: row["value"] for row in rows}
+        return {key: value for key, value in latest.items() if value}
+
+    def record(self, subscription: str, key: str, value: str) -> None:
+        try:
+            frame = self._spark.createDataFrame(
+                [(subscription, key, value, datetime.now(UTC))], schema=_SETTING_DDL
+            )
+            frame.write.format("delta").mode("append").save(self.path)
+        except (PySparkException, Py4JError) as exc:
+            raise TargetTableError(f"cannot record a setting at {self.path}: {exc}") from exc

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import structlog
 
@@ -30,6 +31,7 @@ from subscriber.failpoints import failpoint
 from subscriber.lsn import Lsn
 from subscriber.metrics import Metrics
 from subscriber.progress import Progress
+from subscriber.settings import SubscriptionSettings
 from subscriber.wire import PG_EPOCH_OFFSET
 
 log = structlog.get_logger(__name__)
@@ -88,6 +90,7 @@ class ApplyWorker:
         metrics: Metrics,
         isolate_through: Lsn | None = None,
         sync_tables: Callable[[Lsn], None] | None = None,
+        settings: SubscriptionSettings | None = None,
         observe: bool = True,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -100,6 +103,8 @@ class ApplyWorker:
         self._metrics = metrics
         self._isolate_through = isolate_through
         self._sync_tables = sync_tables
+        self._settings = settings
+        self._clear_skip_at: Lsn | None = None
         self._report = observe
         self._wall_clock = wall_clock
         self.last_commit_time: int | None = None
@@ -111,13 +116,36 @@ class ApplyWorker:
             wait = batcher.time_left() if len(batcher) else 0.5
             tx = self._queue.get(timeout=max(0.0, min(wait, 0.5)))
             if tx is not None:
-                batcher.add(tx)
+                batcher.add(self._maybe_skip(tx))
+            elif self._settings is not None:
+                self._settings.refresh()
             if len(batcher) and (batcher.due() or self._isolating(tx)):
                 self._apply(batcher.take())
             elif tx is None and not len(batcher) and self._sync_tables is not None:
                 progress = self._progress
                 # Idle: the leader's position is everything received (PostgreSQL's last_received).
                 self._sync_tables(progress.received if progress.idle else progress.flushed)
+
+    def _maybe_skip(self, tx: RemoteTransaction) -> RemoteTransaction:
+        """``pgsub skip``: the transaction finishing at the skip LSN is applied as empty."""
+        skip = self._settings.skip_lsn if self._settings is not None else None
+        if skip is None or self._clear_skip_at is not None or tx.final_lsn < skip:
+            return tx
+        self._clear_skip_at = tx.end_lsn
+        if tx.final_lsn == skip:
+            log.info(
+                f"logical replication starts skipping transaction at LSN {skip}",
+                subscription=self.subscription,
+                xid=tx.xid,
+                changes=len(tx.changes),
+            )
+            return replace(tx, changes=())
+        log.warning(
+            f'skip-LSN of subscription "{self.subscription}" cleared',
+            detail=f"Remote transaction's finish WAL location (LSN) {tx.final_lsn} did not "
+            f"match skip-LSN {skip}.",
+        )
+        return tx
 
     def _isolating(self, tx: RemoteTransaction | None) -> bool:
         return (
@@ -137,6 +165,15 @@ class ApplyWorker:
             )
         failpoint("apply.before_flush_report")
         self._progress.confirm_flushed(batch.end_lsn)
+        if self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at:
+            assert self._settings is not None
+            self._settings.clear_skip()  # only once the skip is durable, as PostgreSQL does
+            self._clear_skip_at = None
+            log.info(
+                "logical replication completed skipping transaction",
+                subscription=self.subscription,
+                end_lsn=str(batch.end_lsn),
+            )
         self.in_flight = None
         if self._isolate_through is not None and batch.end_lsn >= self._isolate_through:
             self._isolate_through = None

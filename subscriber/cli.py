@@ -1,8 +1,9 @@
 """The ``pgsub`` command line.
 
 - ``pgsub run -c pgsub.yaml``: the daemon (DESIGN section 10).
-- ``pgsub refresh -c pgsub.yaml SUB``: REFRESH PUBLICATION, through the
-  state store (a running daemon picks it up).
+- ``pgsub refresh -c pgsub.yaml SUB``: REFRESH PUBLICATION; ``pgsub skip
+  ... SUB --lsn X/Y``, ``pgsub enable|disable ... SUB``: ALTER SUBSCRIPTION.
+  They write to the state store; a running daemon picks them up.
 - ``pgsub demo``: the daemon on embedded defaults (a throwaway publisher,
   local Spark, a local Delta warehouse).
 - ``pgsub peek``: streams a slot and prints the decoded pgoutput messages -
@@ -72,6 +73,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     refresh.add_argument("subscription", help="the subscription's name in the config")
     _config_argument(refresh)
+    skip = commands.add_parser(
+        "skip",
+        help="skip the remote transaction that finishes at an LSN (ALTER SUBSCRIPTION SKIP)",
+        description="The next time the transaction whose finish LSN is LSN arrives, it is "
+        "applied as empty, logged, and the setting cleared. The LSN is the one an apply error "
+        "names ('... in transaction 725 finished at 0/14C0378'). A running daemon picks it up "
+        "within a few seconds.",
+    )
+    skip.add_argument("subscription", help="the subscription's name in the config")
+    skip.add_argument("--lsn", required=True, help="the transaction's finish LSN, X/Y")
+    _config_argument(skip)
+    for verb, text in (("enable", "resume"), ("disable", "stop")):
+        toggle = commands.add_parser(
+            verb,
+            help=f"{text} applying a subscription (ALTER SUBSCRIPTION {verb.upper()})",
+            description=f"{text.capitalize()} applying the subscription; a running daemon "
+            "picks it up within a few seconds.",
+        )
+        toggle.add_argument("subscription", help="the subscription's name in the config")
+        _config_argument(toggle)
     demo = commands.add_parser(
         "demo",
         help="run the daemon against a throwaway demo publisher into ./warehouse",
@@ -150,6 +171,26 @@ def _peek(args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        subscription = config.subscription(args.subscription)
+        lsn = Lsn.parse(args.lsn) if args.command == "skip" else None
+    except (ConfigError, ValueError) as exc:
+        print(f"pgsub {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(config.log.format, config.log.level)
+    from subscriber import admin
+
+    if lsn is not None:
+        admin.skip(config, subscription, lsn)
+        print(f"{subscription.name}: the transaction finishing at {lsn} will be skipped")
+    else:
+        admin.set_enabled(config, subscription, args.command == "enable")
+        print(f"{subscription.name}: {args.command}d")
+    return 0
+
+
 def _refresh(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
@@ -192,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "refresh":
             return _refresh(args)
+        if args.command in ("skip", "enable", "disable"):
+            return _admin(args)
         if args.command == "demo":
             from subscriber.demo import run_demo
 

@@ -23,7 +23,7 @@ from apply.applier import BatchApplier, TransactionError
 from apply.batch import Batcher
 from apply.delta_writer import DeltaTables
 from apply.errors import ApplyError
-from apply.state_store import CheckpointStore, ConflictStore, TableStateStore
+from apply.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
 from apply.transactions import TransactionAssembler, UnsupportedStreamError
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
@@ -36,6 +36,7 @@ from subscriber.messages import Message
 from subscriber.metrics import Metrics
 from subscriber.progress import Progress
 from subscriber.receiver import Receiver
+from subscriber.settings import REFRESH_INTERVAL, SubscriptionSettings
 from subscriber.stream import ReplicationConnection
 from subscriber.wire import XLogData
 from tablesync.coordinator import SyncCoordinator
@@ -128,6 +129,7 @@ class SubscriptionRunner:
         self.catalog = PublisherCatalog(self._conninfo)
         self.system_id = ""
         self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))
+        self.settings = SubscriptionSettings(config.name, SettingsStore(spark, warehouse))
         self.coordinator = SyncCoordinator(
             config,
             TableStateStore(spark, warehouse),
@@ -156,7 +158,10 @@ class SubscriptionRunner:
         flushed: Lsn | None = None
         isolate: Lsn | None = None
         while not stopping.is_set():
+            failed = False
             try:
+                if not self._wait_enabled(stopping):
+                    break
                 if flushed is None:
                     flushed = self._checkpoints.origin_lsn(name)
                     log.info("subscription starting", subscription=name, origin_lsn=str(flushed))
@@ -167,8 +172,18 @@ class SubscriptionRunner:
             except TransactionError as exc:
                 isolate = exc.batch.end_lsn
                 self._failed(exc, finish_lsn=exc.finish_lsn)
+                failed = True
             except _FAILURES as exc:
                 self._failed(exc)
+                failed = True
+            if failed and self.config.disable_on_error:
+                self.settings.set_enabled(False)
+                log.error(
+                    f'subscription "{name}" has been disabled because of an error',
+                    subscription=name,
+                    hint=f"fix the cause, then `pgsub enable -c ... {name}`",
+                )
+                continue
             if self.progress is not None:
                 flushed = self.progress.flushed
             if stopping.is_set():
@@ -177,6 +192,21 @@ class SubscriptionRunner:
         self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
+
+    def _wait_enabled(self, stopping: threading.Event) -> bool:
+        """Wait while the subscription is disabled (``pgsub disable``); False when stopping."""
+        self.settings.refresh(force=True)
+        if not self.settings.enabled:
+            self.status.state = "disabled"
+            self._metrics.subscription_enabled.labels(self.name).set(0)
+            log.info("subscription disabled", subscription=self.name)
+            while not self.settings.enabled:
+                if stopping.wait(REFRESH_INTERVAL):
+                    return False
+                self.settings.refresh(force=True)
+            log.info("subscription enabled", subscription=self.name)
+        self._metrics.subscription_enabled.labels(self.name).set(1)
+        return True
 
     def _failed(self, exc: BaseException, finish_lsn: Lsn | None = None) -> None:
         self._metrics.apply_errors.labels(self.name).inc()
@@ -276,6 +306,7 @@ class SubscriptionRunner:
             metrics=self._metrics,
             isolate_through=isolate,
             sync_tables=self.coordinator.process,
+            settings=self.settings,
         )
         local_stop = threading.Event()
         last_queued = flushed
@@ -314,6 +345,9 @@ class SubscriptionRunner:
                 self._sample(receiver, progress, worker)
                 if stopping.is_set():
                     break
+                self.settings.refresh()
+                if not self.settings.enabled:
+                    return progress.flushed  # pgsub disable: stop, then wait to be enabled
         finally:
             local_stop.set()
             receiver.stop()
@@ -325,7 +359,7 @@ class SubscriptionRunner:
         failures = [e for e in errors if not isinstance(e, _StopRequestedError)]
         if failures:
             raise failures[0]
-        if not stopping.is_set():
+        if not stopping.is_set() and self.settings.enabled:
             raise ReplicationError("the apply worker stopped unexpectedly")
         return progress.flushed
 

@@ -125,3 +125,83 @@ def test_a_chain_is_judged_on_its_first_change_and_apply_remote_upserts(
         rep.caught_up()
         assert counter(rep, "insert_exists") == 1 and counter(rep, "update_missing") == 0
         rep.assert_equal("public.t", key=("id",))
+
+
+def test_skip_by_the_logged_lsn_resumes_without_exactly_that_transaction(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    import re
+
+    from subscriber import admin
+    from subscriber.config import Config
+    from subscriber.lsn import Lsn
+
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    with Replication(publisher, spark, warehouse) as rep:
+        publisher.execute("INSERT INTO t VALUES (1, 'one')")
+        rep.caught_up()
+        spark.createDataFrame([(7, "local")], "id int, v string").write.format("delta").mode(
+            "append"
+        ).save(rep.path("public.t"))
+        publisher.execute(
+            "BEGIN; INSERT INTO t VALUES (6, 'same tx'); INSERT INTO t VALUES (7, 'remote'); COMMIT"
+        )
+        publisher.execute("INSERT INTO t VALUES (8, 'after')")
+        runner = rep.runner
+        assert runner is not None
+
+        def logged() -> re.Match[str] | None:
+            return re.search(r"finished at ([0-9A-F]+/[0-9A-F]+)", runner.status.last_error or "")
+
+        wait_until(logged, timeout=120, what="the error naming the transaction")
+        found = logged()
+        assert found is not None
+        admin.skip(
+            Config(warehouse=str(warehouse), subscriptions=[rep.config]),
+            rep.config,
+            Lsn.parse(found.group(1)),
+        )
+        rep.caught_up()
+        # The publisher minus exactly the skipped transaction (rows 6 and 7), plus the local 7.
+        assert sorted((r["id"], r["v"]) for r in rep.rows("public.t")) == [
+            (1, "one"),
+            (7, "local"),
+            (8, "after"),
+        ]
+        assert runner.settings.skip_lsn is None  # cleared once the skip was durable
+
+
+def test_disable_on_error_stops_and_enable_resumes(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    from delta.tables import DeltaTable
+
+    from subscriber import admin
+    from subscriber.config import Config
+
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    with Replication(publisher, spark, warehouse, disable_on_error=True) as rep:
+        publisher.execute("INSERT INTO t VALUES (1, 'one')")
+        rep.caught_up()
+        spark.createDataFrame([(2, "local")], "id int, v string").write.format("delta").mode(
+            "append"
+        ).save(rep.path("public.t"))
+        publisher.execute("INSERT INTO t VALUES (2, 'remote')")
+        runner = rep.runner
+        assert runner is not None
+        wait_until(lambda: runner.status.state == "disabled", timeout=120, what="disabled")
+        assert counter(rep, "insert_exists") == 1  # no retries while disabled
+        disabled = rep.metrics.registry.get_sample_value(
+            "pgsub_subscription_enabled", {"subscription": "sub1"}
+        )
+        assert disabled == 0
+        DeltaTable.forPath(spark, rep.path("public.t")).delete("id = 2")  # the operator repairs
+        admin.set_enabled(
+            Config(warehouse=str(warehouse), subscriptions=[rep.config]), rep.config, True
+        )
+        rep.caught_up()
+        rep.assert_equal("public.t", key=("id",))

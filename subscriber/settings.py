@@ -1,0 +1,78 @@
+"""What ``ALTER SUBSCRIPTION`` changes at run time: enabled, and the LSN to skip.
+
+``pgsub skip``, ``pgsub enable`` and ``pgsub disable`` write to the state
+store; ``SubscriptionSettings`` is the running daemon's view of it, re-read
+every few seconds (``refresh``), as PostgreSQL's worker re-reads its
+subscription. Thread-safe: the apply thread asks ``skip_lsn`` per
+transaction, the supervisor asks ``enabled``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from subscriber.lsn import Lsn
+
+log = structlog.get_logger(__name__)
+
+SKIP_LSN = "skip_lsn"
+ENABLED = "enabled"
+REFRESH_INTERVAL = 3.0
+
+
+class SettingsLog(Protocol):
+    """``apply.state_store.SettingsStore``."""
+
+    def load(self, subscription: str) -> dict[str, str]: ...
+
+    def record(self, subscription: str, key: str, value: str) -> None: ...
+
+
+class SubscriptionSettings:
+    def __init__(
+        self,
+        subscription: str,
+        store: SettingsLog,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.subscription = subscription
+        self._store = store
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._values: dict[str, str] = {}
+        self._read_at = float("-inf")
+
+    def refresh(self, *, force: bool = False) -> None:
+        if not force and self._clock() - self._read_at < REFRESH_INTERVAL:
+            return
+        values = self._store.load(self.subscription)
+        with self._lock:
+            self._values = values
+            self._read_at = self._clock()
+
+    @property
+    def enabled(self) -> bool:
+        with self._lock:
+            return self._values.get(ENABLED, "true") == "true"
+
+    @property
+    def skip_lsn(self) -> Lsn | None:
+        with self._lock:
+            text = self._values.get(SKIP_LSN)
+        return Lsn.parse(text) if text else None
+
+    def set_enabled(self, enabled: bool) -> None:
+        self._store.record(self.subscription, ENABLED, "true" if enabled else "false")
+        with self._lock:
+            self._values[ENABLED] = "true" if enabled else "false"
+
+    def clear_skip(self) -> None:
+        self._store.record(self.subscription, SKIP_LSN, "")
+        with self._lock:
+            self._values.pop(SKIP_LSN, None)
