@@ -108,7 +108,7 @@ def test_a_chain_is_judged_on_its_first_change_and_apply_remote_upserts(
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )
-    resolutions = {"insert_exists": "apply_remote"}
+    resolutions = {"insert_exists": "apply_remote", "update_exists": "apply_remote"}
     with Replication(
         publisher, spark, warehouse, conflicts=resolutions, batch={"max_delay": "3s"}
     ) as rep:
@@ -124,6 +124,14 @@ def test_a_chain_is_judged_on_its_first_change_and_apply_remote_upserts(
         )
         rep.caught_up()
         assert counter(rep, "insert_exists") == 1 and counter(rep, "update_missing") == 0
+        rep.assert_equal("public.t", key=("id",))
+        # An update that moves a row onto a key another writer used: update_exists.
+        spark.createDataFrame([(9, "local")], "id int, v string").write.format("delta").mode(
+            "append"
+        ).save(rep.path("public.t"))
+        publisher.execute("UPDATE t SET id = 9 WHERE id = 1")
+        rep.caught_up()
+        assert counter(rep, "update_exists") == 1
         rep.assert_equal("public.t", key=("id",))
 
 
