@@ -24,7 +24,7 @@ from apply.batch import Batcher
 from apply.delta_writer import DeltaTables
 from apply.errors import ApplyError
 from apply.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
-from apply.transactions import TransactionAssembler, UnsupportedStreamError
+from apply.transactions import UnsupportedStreamError
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
 from subscriber.catalog import PublisherCatalog
@@ -32,13 +32,12 @@ from subscriber.commands import StreamOptions, quote_literal
 from subscriber.config import SubscriptionConfig
 from subscriber.errors import ReplicationError, SubscriberError
 from subscriber.lsn import Lsn
-from subscriber.messages import Message
 from subscriber.metrics import Metrics
+from subscriber.pipeline import ApplyPipeline
 from subscriber.progress import Progress
 from subscriber.receiver import Receiver
 from subscriber.settings import REFRESH_INTERVAL, SubscriptionSettings
 from subscriber.stream import ReplicationConnection
-from subscriber.wire import XLogData
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
 from tablesync.worker import SyncWorker, sync_slot_name
@@ -55,10 +54,6 @@ _FAILURES = (
     PublicationError,
     psycopg.OperationalError,
 )
-
-
-class _StopRequestedError(Exception):
-    """Raised inside the receiver's deliver callback when shutting down under backpressure."""
 
 
 @dataclass
@@ -91,22 +86,6 @@ class SubscriptionStatus:
 
 def _text(lsn: Lsn | None) -> str | None:
     return None if lsn is None else str(lsn)
-
-
-def _thread(
-    name: str, target: Callable[[], None], errors: list[BaseException], done: threading.Event
-) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        except BaseException as exc:  # noqa: BLE001 - handed to the supervisor, never dropped
-            errors.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 class SubscriptionRunner:
@@ -285,9 +264,6 @@ class SubscriptionRunner:
 
     def _attempt(self, flushed: Lsn, isolate: Lsn | None, stopping: threading.Event) -> Lsn:
         config = self.config
-        progress = Progress(flushed)
-        queue = TransactionQueue(max(2 * config.batch.max_changes, 10_000))
-        assembler = TransactionAssembler()
         applier = BatchApplier(
             self.name,
             self.tables,
@@ -296,67 +272,49 @@ class SubscriptionRunner:
             resolutions=config.conflicts.resolutions(),
             reporter=self.reporter,
         )
-        worker = ApplyWorker(
+        progress = Progress(flushed)
+
+        def make_worker(queue: TransactionQueue) -> ApplyWorker:
+            return ApplyWorker(
+                self.name,
+                queue,
+                applier=applier,
+                checkpoints=self._checkpoints,
+                progress=progress,
+                batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
+                metrics=self._metrics,
+                isolate_through=isolate,
+                sync_tables=self.coordinator.process,
+                settings=self.settings,
+            )
+
+        pipeline = ApplyPipeline(
             self.name,
-            queue,
-            applier=applier,
-            checkpoints=self._checkpoints,
+            conninfo=self._conninfo,
+            slot=config.slot,
+            options=self.options,
             progress=progress,
-            batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
-            metrics=self._metrics,
-            isolate_through=isolate,
-            sync_tables=self.coordinator.process,
-            settings=self.settings,
-        )
-        local_stop = threading.Event()
-        last_queued = flushed
-
-        def deliver(message: Message, data: XLogData) -> None:
-            nonlocal last_queued
-            tx = assembler.feed(message)
-            if tx is None or tx.end_lsn <= last_queued:
-                return  # not complete yet, or sent again after a reconnect
-            while not queue.put(tx, timeout=1.0):
-                if local_stop.is_set() or receiver.stopping:
-                    raise _StopRequestedError
-                receiver.hold()
-            last_queued = tx.end_lsn
-
-        receiver = Receiver(
-            self._conninfo,
-            config.slot,
-            self.options,
-            progress,
-            deliver,
+            applier=applier,
+            make_worker=make_worker,
+            queue_changes=max(2 * config.batch.max_changes, 10_000),
             status_interval=config.status_interval,
             wal_receiver_timeout=config.wal_receiver_timeout,
-            on_reconnect=assembler.reset,
         )
-        self.progress, self.receiver = progress, receiver
-        errors: list[BaseException] = []
-        done = threading.Event()
-        threads = [
-            _thread(f"{self.name}-receiver", receiver.run, errors, done),
-            _thread(f"{self.name}-apply", lambda: worker.run(local_stop), errors, done),
-        ]
+        self.progress, self.receiver = progress, pipeline.receiver
+        pipeline.start()
         self._metrics.workers.labels(self.name, "apply").set(1)
         try:
-            while not done.wait(0.5):
-                self._sample(receiver, progress, worker)
+            while not pipeline.done.wait(0.5):
+                self._sample(pipeline.receiver, progress, pipeline.worker)
                 if stopping.is_set():
                     break
                 self.settings.refresh()
                 if not self.settings.enabled:
-                    return progress.flushed  # pgsub disable: stop, then wait to be enabled
+                    break  # pgsub disable: stop, then wait to be enabled
         finally:
-            local_stop.set()
-            receiver.stop()
-            for thread in threads:
-                thread.join()
-            applier.close()
+            failures = pipeline.stop()
             self._metrics.workers.labels(self.name, "apply").set(0)
-        self._sample(receiver, progress, worker)
-        failures = [e for e in errors if not isinstance(e, _StopRequestedError)]
+        self._sample(pipeline.receiver, progress, pipeline.worker)
         if failures:
             raise failures[0]
         if not stopping.is_set() and self.settings.enabled:

@@ -35,7 +35,7 @@ from apply.batch import Batcher
 from apply.collapse import is_keyed
 from apply.delta_writer import CommitMark, DeltaTables
 from apply.schema import target_schema
-from apply.transactions import RemoteTransaction, TransactionAssembler
+from apply.transactions import RemoteTransaction
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
 from subscriber.catalog import PublisherCatalog
@@ -43,12 +43,11 @@ from subscriber.commands import SnapshotAction, StreamOptions, quote_literal
 from subscriber.config import SubscriptionConfig
 from subscriber.failpoints import failpoint
 from subscriber.lsn import Lsn
-from subscriber.messages import Message, Relation
+from subscriber.messages import Relation
 from subscriber.metrics import Metrics
+from subscriber.pipeline import ApplyPipeline
 from subscriber.progress import Progress
-from subscriber.receiver import Receiver
 from subscriber.stream import ReplicationConnection
-from subscriber.wire import XLogData
 from tablesync.copy import arrow_blocks
 from tablesync.publication import PublishedTable, describe
 from tablesync.state import TableState, TableStatus
@@ -201,9 +200,6 @@ class SyncWorker:
         """Apply this table's changes from the sync slot up to ``target``; the LSN reached."""
         relid = self.table.relid
         config = self.config
-        progress = Progress(start)
-        queue = TransactionQueue(max(2 * config.batch.max_changes, 10_000))
-        assembler = TransactionAssembler()
 
         def only_this_table(relation: Relation, tx: RemoteTransaction) -> bool:
             return relation.oid == relid
@@ -216,61 +212,40 @@ class SyncWorker:
             resolutions=config.conflicts.resolutions(),
             reporter=self._reporter,
         )
-        worker = ApplyWorker(
-            config.name,
-            queue,
-            applier=applier,
-            checkpoints=None,
+        progress = Progress(start)
+
+        def make_worker(queue: TransactionQueue) -> ApplyWorker:
+            return ApplyWorker(
+                config.name,
+                queue,
+                applier=applier,
+                checkpoints=None,
+                progress=progress,
+                batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
+                metrics=self._metrics,
+                observe=False,  # the subscription's gauges are the leader's
+            )
+
+        pipeline = ApplyPipeline(
+            f"sync-{relid}",
+            conninfo=self._conninfo,
+            slot=self.slot,
+            options=StreamOptions(tuple(config.publications), origin=config.origin),
             progress=progress,
-            batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
-            metrics=self._metrics,
-            observe=False,  # the subscription's gauges are the leader's
-        )
-        errors: list[BaseException] = []
-        local_stop = threading.Event()
-
-        def deliver(message: Message, data: XLogData) -> None:
-            tx = assembler.feed(message)
-            while tx is not None and not queue.put(tx, timeout=1.0):
-                if local_stop.is_set():
-                    return
-                receiver.hold()
-
-        receiver = Receiver(
-            self._conninfo,
-            self.slot,
-            StreamOptions(tuple(config.publications), origin=config.origin),
-            progress,
-            deliver,
+            applier=applier,
+            make_worker=make_worker,
+            queue_changes=max(2 * config.batch.max_changes, 10_000),
             status_interval=1.0,
             wal_receiver_timeout=config.wal_receiver_timeout,
-            on_reconnect=assembler.reset,
         )
-
-        def guarded(target_fn: object) -> threading.Thread:
-            def run() -> None:
-                try:
-                    target_fn()  # type: ignore[operator]
-                except BaseException as exc:  # noqa: BLE001 - re-raised below
-                    errors.append(exc)
-                    local_stop.set()
-
-            thread = threading.Thread(target=run, daemon=True, name=f"sync-{relid}")
-            thread.start()
-            return thread
-
-        threads = [guarded(receiver.run), guarded(lambda: worker.run(local_stop))]
+        pipeline.start()
         try:
-            while not (stopping.is_set() or local_stop.is_set()):
+            while not (stopping.is_set() or pipeline.done.is_set()):
                 if progress.flushed >= target or (progress.idle and progress.received >= target):
                     return max(target, progress.flushed)
-                local_stop.wait(0.1)
+                pipeline.done.wait(0.1)
         finally:
-            local_stop.set()
-            receiver.stop()
-            for thread in threads:
-                thread.join()
-            applier.close()
-        if errors:
-            raise errors[0]
+            failures = pipeline.stop()
+        if failures:
+            raise failures[0]
         return None

@@ -24,7 +24,7 @@ def counter(rep: Replication, kind: str, relation: str = "public.t") -> float:
 def conflict_rows(spark: Any, warehouse: Path) -> list[dict[str, Any]]:
     path = str(warehouse / "_pgsub" / "conflicts")
     return [
-        r.asDict() for r in spark.read.format("delta").load(path).orderBy("detected_at").collect()
+        r.asDict() for r in spark.read.format("delta").load(path).orderBy("recorded_at").collect()
     ]
 
 
