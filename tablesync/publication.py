@@ -54,8 +54,9 @@ class PublishedTable:
         return sql.SQL("COPY ({}) TO STDOUT WITH (FORMAT csv)").format(query)
 
 
-_TABLES_15 = """
-SELECT c.oid, p.schemaname, p.tablename, p.pubname, p.attnames::text[], p.rowfilter,
+# Column lists (attnames) and row filters exist from PostgreSQL 15.
+_TABLES = """
+SELECT c.oid, p.schemaname, p.tablename, p.pubname, {columns}, {row_filter},
        c.relkind = 'p', greatest(c.reltuples, 0)::bigint
   FROM pg_catalog.pg_publication_tables p
   JOIN pg_catalog.pg_namespace n ON n.nspname = p.schemaname
@@ -63,15 +64,8 @@ SELECT c.oid, p.schemaname, p.tablename, p.pubname, p.attnames::text[], p.rowfil
  WHERE p.pubname = ANY(%s)
  ORDER BY 2, 3, 4
 """
-_TABLES_14 = """
-SELECT c.oid, p.schemaname, p.tablename, p.pubname, NULL::text[], NULL::text,
-       c.relkind = 'p', greatest(c.reltuples, 0)::bigint
-  FROM pg_catalog.pg_publication_tables p
-  JOIN pg_catalog.pg_namespace n ON n.nspname = p.schemaname
-  JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename
- WHERE p.pubname = ANY(%s)
- ORDER BY 2, 3, 4
-"""
+_TABLES_15 = _TABLES.format(columns="p.attnames::text[]", row_filter="p.rowfilter")
+_TABLES_14 = _TABLES.format(columns="NULL::text[]", row_filter="NULL::text")
 _ALL_COLUMNS = """
 SELECT a.attname FROM pg_catalog.pg_attribute a
  WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
