@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import structlog
 
-from apply.applier import BatchApplier
+from apply.applier import BatchApplier, TableResult
 from apply.batch import Batch, Batcher
 from apply.state_store import CheckpointStore
 from apply.transactions import RemoteTransaction, RowChange
@@ -184,7 +184,7 @@ class ApplyWorker:
         if self._sync_tables is not None:
             self._sync_tables(batch.end_lsn)
 
-    def _observe(self, batch: Batch, tables: tuple[object, ...], seconds: float) -> None:
+    def _observe(self, batch: Batch, tables: tuple[TableResult, ...], seconds: float) -> None:
         name = self.subscription
         metrics = self._metrics
         ops: Counter[str] = Counter()
@@ -198,10 +198,7 @@ class ApplyWorker:
         metrics.flushed_lsn.labels(name).set(int(batch.end_lsn))
         commit_unix = batch.commit_time / 1e6 + PG_EPOCH_OFFSET
         metrics.apply_lag.labels(name).set(max(0.0, self._wall_clock() - commit_unix))
-        from apply.applier import TableResult
-
         for table in tables:
-            assert isinstance(table, TableResult)
             metrics.merge_duration.labels(name, table.table).observe(table.seconds)
         if tables:
             log.info(
