@@ -20,7 +20,9 @@ STATEMENT = st.sampled_from(
         "INSERT INTO k SELECT g, md5(g::text), 0 FROM generate_series({a}, {a} + {n}) g"
         " ON CONFLICT (id) DO UPDATE SET n = k.n + 1",
         "UPDATE k SET v = v || 'x', n = n + 1 WHERE id % {m} = 0",
-        "UPDATE k SET id = id + 1000 WHERE id BETWEEN {a} AND {a} + 2 AND id < 1000",
+        # Moves rows to new keys; only onto keys that are free (the workload must be valid SQL).
+        "UPDATE k SET id = id + 1000 WHERE id BETWEEN {a} AND {a} + 2 AND id < 1000"
+        " AND id + 1000 NOT IN (SELECT id FROM k)",
         "DELETE FROM k WHERE id % {m} = 1",
         "INSERT INTO f SELECT g % 3, 'r' FROM generate_series(1, {n}) g",
         "DELETE FROM f WHERE ctid IN (SELECT ctid FROM f WHERE a = {m} % 3 LIMIT 2)",
