@@ -530,9 +530,10 @@ class DeltaTables:
         copies = [i for i, n in enumerate(remaining[COUNT].to_pylist()) for _ in range(n)]
         reinserts = remaining.take(pa.array(copies, type=pa.int64())).select(names).cast(values)
         markers = source.removals.select(names)
-        markers = markers.append_column(REMOVE, pa.array([True] * markers.num_rows))
+        # Typed flags: an untyped empty list is Arrow's null type, which concat refuses.
+        markers = markers.append_column(REMOVE, _flags(True, markers.num_rows))
         adds = pa.concat_tables([reinserts, source.inserts.select(names)])
-        adds = adds.append_column(REMOVE, pa.array([False] * adds.num_rows))
+        adds = adds.append_column(REMOVE, _flags(False, adds.num_rows))
         with self._marked(mark) as session:
             frame = self._frame(session, pa.concat_tables([markers, adds]), schema)
             result = self._merge(session, schema, frame, multiset_merge(schema), path)
@@ -601,3 +602,7 @@ def _helper_type(name: str) -> str:
 
 def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _flags(value: bool, count: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, type=pa.bool_()), count)

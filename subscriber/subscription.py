@@ -155,6 +155,10 @@ class SubscriptionRunner:
             except _FAILURES as exc:
                 self._failed(exc)
                 failed = True
+            except Exception as exc:  # a bug must not stop the subscription for good
+                log.exception("unexpected error in the subscription; retrying", subscription=name)
+                self._failed(exc)
+                failed = True
             if failed and self.config.disable_on_error:
                 self.settings.set_enabled(False)
                 log.error(

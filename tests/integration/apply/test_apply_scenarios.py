@@ -153,6 +153,11 @@ def test_replica_identity_full_keeps_duplicates_exact(
             (1, "y"),
             (3, None),
         ]
+        # A batch that only removes the last copy of a row and inserts nothing.
+        publisher.execute("DELETE FROM bag WHERE a = 3")
+        rep.caught_up()
+        rep.assert_equal("public.bag", "public.log")
+        assert sorted((r["a"], r["b"]) for r in rep.rows("public.bag")) == [(1, "x"), (1, "y")]
 
 
 def test_truncate_is_a_barrier_inside_a_batch(
