@@ -27,7 +27,6 @@ from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.delta_conflicts import Finding
 from apply.delta_writer import CommitMark, ConflictError, WriteResult
 from apply.errors import ApplyError
-from apply.merge_plan import OnExists, on_exists
 from apply.schema import Evolution, TargetSchema, target_schema
 from apply.transactions import RemoteTransaction
 from apply.typemap import TypeLookup
@@ -50,7 +49,11 @@ class Tables(Protocol):
     def prepare(self, schema: TargetSchema) -> Evolution | None: ...
 
     def write(
-        self, schema: TargetSchema, net: Net, mark: CommitMark, on_exists: OnExists = ...
+        self,
+        schema: TargetSchema,
+        net: Net,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution] = ...,
     ) -> WriteResult: ...
 
 
@@ -134,10 +137,6 @@ class BatchApplier:
         self._types = types
         self._should_apply = should_apply
         self._resolutions = dict(resolutions)
-        self._on_exists = on_exists(
-            resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
-            resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
-        )
         self._reporter = reporter
         self._clock = clock
         self._applied: dict[str, Lsn] = {}
@@ -216,13 +215,18 @@ class BatchApplier:
         conflicts = []
         for finding in findings:
             kind = ConflictKind(finding.kind)
-            resolution = Resolution.ERROR if finding.kind == stopping else self._resolutions[kind]
+            if finding.kind == stopping:
+                resolution = Resolution.ERROR
+            elif finding.resolution is not None:
+                resolution = Resolution(finding.resolution)
+            else:
+                resolution = self._resolutions[kind]
             conflicts.append(conflict_of(finding, kind, resolution, schema, batch))
         self._reporter.report(conflicts)
 
     def _write(self, schema: TargetSchema, net: Net, mark: CommitMark) -> tuple[WriteResult, float]:
         started = self._clock()
-        result = self._tables.write(schema, net, mark, self._on_exists)
+        result = self._tables.write(schema, net, mark, self._resolutions)
         failpoint("apply.after_table_write")
         return result, self._clock() - started
 
@@ -269,6 +273,7 @@ def conflict_of(
         finish_lsn=tx.final_lsn,
         commit_time=pg_timestamp(tx.commit_time),
         origin=tx.origin,
+        local_version=finding.local_version,
     )
 
 

@@ -65,6 +65,8 @@ class KeyedRow:
     image: TupleData | None  # the last image when present (may hold 'u' columns)
     reinserted: bool = False  # an insert follows the first change
     toast_key: Key | None = None  # 'u' values come from the target row at this key
+    changes: int = 1  # how many changes of the batch the chain holds
+    partner: Key | None = None  # the other key of the key-changing update that began the chain
 
     @property
     def keeps_target_values(self) -> bool:
@@ -192,6 +194,7 @@ def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: _Layo
                 rows[key] = KeyedRow(key, First.DELETE, tx, False, None)
             else:
                 row.present, row.image, row.toast_key = False, None, None
+                row.changes += 1
             continue
         assert change.new is not None
         new = layout.normalize(change.new, relation)
@@ -202,6 +205,7 @@ def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: _Layo
                 rows[key] = KeyedRow(key, First.INSERT, tx, True, new)
             else:
                 row.present, row.image, row.toast_key, row.reinserted = True, new, None, True
+                row.changes += 1
             continue
         old_key = key if change.old is None else key_of(layout.normalize(change.old, relation))
         if old_key == key:
@@ -211,6 +215,7 @@ def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: _Layo
             else:
                 row.image = _overlay(new, row.image if row.present else None)
                 row.present = True
+                row.changes += 1
             continue
         _key_change(rows, old_key, key, new, tx)
 
@@ -220,19 +225,23 @@ def _key_change(rows: dict[Key, KeyedRow], old_key: Key, key: Key, new: TupleDat
     old_row = rows.get(old_key)
     if old_row is None:
         base, toast_key = None, old_key
-        rows[old_key] = KeyedRow(old_key, First.KEY_UPDATE_OLD, tx, False, None)
+        rows[old_key] = KeyedRow(old_key, First.KEY_UPDATE_OLD, tx, False, None, partner=key)
     else:
         base = old_row.image if old_row.present else None
         toast_key = old_row.toast_key or old_key
         old_row.present, old_row.image, old_row.toast_key = False, None, None
+        old_row.changes += 1
     image = _overlay(new, base)
     moved_toast = toast_key if UNCHANGED in image.kinds else None
     row = rows.get(key)
     if row is None:
-        rows[key] = KeyedRow(key, First.KEY_UPDATE_NEW, tx, True, image, toast_key=moved_toast)
+        rows[key] = KeyedRow(
+            key, First.KEY_UPDATE_NEW, tx, True, image, toast_key=moved_toast, partner=old_key
+        )
     else:
         row.present, row.image, row.reinserted = True, image, True
         row.toast_key = moved_toast
+        row.changes += 1
 
 
 def _collapse_multiset(net: MultisetNet, changes: Sequence[TableChange], layout: _Layout) -> None:

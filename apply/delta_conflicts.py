@@ -1,8 +1,9 @@
 """Which rows of a batch conflicted - looked up only when the MERGE says something did.
 
-On the conflict-free path the MERGE's own metrics equal what the source
-predicts (``expected_counts``): every chain that expected no row inserted,
-every chain that expected one updated or deleted it. When they differ, or
+On the conflict-free path no other writer has rows in the table and the
+MERGE's own metrics equal what the source predicts (``expected_counts``):
+every chain that expected no row inserted, every chain that expected one
+updated or deleted it. When they differ, or
 when the MERGE raised (insert_exists / update_exists with the ``error``
 action), ``find_keyed`` joins the source with the table as it was before the
 MERGE and judges each chain on its first change (``conflicts.kinds.judge``).
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from apply.collapse import First, KeyedNet
+from apply.delta_origins import ROW_VERSION
 from apply.schema import TargetSchema, quote
 from apply.source import FIRST, PRESENT
 from conflicts.kinds import judge
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 ROW = "__pgsub_row"
+VERSION = "__pgsub_version"
 _EXPECTS_ABSENT = pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
 
 
@@ -38,6 +41,8 @@ class Finding:
     key: tuple[bytes | None, ...]  # the key's text (every column for a multiset row)
     image: TupleData | None  # the remote row: the chain's last image, None when deleted
     existing: dict[str, str | None] | None  # the local row, as text
+    local_version: int | None = None  # the Delta version that last changed the local row
+    resolution: str | None = None  # the action taken, when it is not the configured one
 
 
 def expected_counts(source: pa.Table) -> tuple[int, int, int]:
@@ -56,9 +61,18 @@ def expected_counts(source: pa.Table) -> tuple[int, int, int]:
 
 
 def find_keyed(
-    session: SparkSession, schema: TargetSchema, net: KeyedNet, target: DataFrame
+    session: SparkSession,
+    schema: TargetSchema,
+    net: KeyedNet,
+    target: DataFrame,
+    foreign: frozenset[int] = frozenset(),
 ) -> list[Finding]:
-    """Judge every chain of ``net`` against ``target`` (the table before the MERGE)."""
+    """Judge every chain of ``net`` against ``target`` (the table before the MERGE).
+
+    ``foreign``: the Delta versions whose rows another writer changed
+    (``apply.delta_origins``); a chain that updates or deletes such a row is
+    *_origin_differs.
+    """
     from pyspark.sql import functions as fn
 
     rows = list(net.rows.values())
@@ -79,12 +93,14 @@ def find_keyed(
         FIRST,
         ROW,
     )
+    version = fn.col(ROW_VERSION) if foreign else fn.lit(None).cast("long")
     local = target.select(
         *[fn.col(quote(k)).alias(f"__pgsub_k{i}") for i, k in enumerate(keys)],
         *[
             fn.col(quote(c.name)).cast("string").alias(f"__pgsub_v{i}")
             for i, c in enumerate(schema.columns)
         ],
+        version.alias(VERSION),
     )
     on = [source[f"__pgsub_s{i}"] == local[f"__pgsub_k{i}"] for i in range(len(keys))]
     condition = on[0]
@@ -95,11 +111,13 @@ def find_keyed(
         FIRST,
         local["__pgsub_k0"].isNotNull().alias("found"),
         *[f"__pgsub_v{i}" for i in range(len(schema.columns))],
+        VERSION,
     )
     findings = []
     for hit in joined.collect():
         chain = rows[int(hit[ROW])]
-        kind = judge(First(hit[FIRST]), bool(hit["found"]))
+        local_version = hit[VERSION]
+        kind = judge(First(hit[FIRST]), bool(hit["found"]), local_version in foreign)
         if kind is None:
             continue
         existing = (
@@ -107,6 +125,8 @@ def find_keyed(
             if hit["found"]
             else None
         )
-        findings.append(Finding(kind.value, chain.first_tx, chain.key, chain.image, existing))
+        findings.append(
+            Finding(kind.value, chain.first_tx, chain.key, chain.image, existing, local_version)
+        )
     findings.sort(key=lambda f: f.tx_index)
     return findings

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import reduce
 from pathlib import Path
@@ -36,15 +36,16 @@ from pyspark.errors import PySparkException
 
 from apply.collapse import First, KeyedNet, MultisetNet, Net
 from apply.delta_conflicts import Finding, expected_counts, find_keyed
+from apply.delta_origins import ROW_TRACKING, OriginTracker
 from apply.errors import ApplyError, TargetTableError
 from apply.merge_plan import (
     REMOVE,
     ClauseKind,
     MergePlan,
-    OnExists,
     conflict_in,
     keyed_merge,
     multiset_merge,
+    on_exists,
 )
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
 from apply.source import (
@@ -54,6 +55,7 @@ from apply.source import (
     REINSERTED,
     ROW,
     TX,
+    KeyedSource,
     from_key,
     keep_flag,
     keyed_source,
@@ -62,7 +64,8 @@ from apply.source import (
 from apply.source import (
     empty as source_empty,
 )
-from conflicts.kinds import judge
+from conflicts.kinds import DEFAULTS, ConflictKind, Resolution, judge
+from conflicts.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
 from subscriber.lsn import ZERO, Lsn
 
 if TYPE_CHECKING:
@@ -107,6 +110,13 @@ class CommitMark:
             separators=(",", ":"),
         )
 
+    def partial_metadata(self) -> str:
+        """The mark of a commit that is ours but brings the table to no LSN (a copy's block)."""
+        return json.dumps(
+            {"pgsub": {"subscription": self.subscription, "copy": "partial"}},
+            separators=(",", ":"),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
@@ -142,6 +152,7 @@ class DeltaTables:
         self.create_tables = create_tables
         self._local = threading.local()
         self._schemas: dict[str, TargetSchema] = {}
+        self._origins: dict[str, OriginTracker] = {}
         self._lock = threading.Lock()
 
     def path(self, table: str) -> str:
@@ -220,10 +231,13 @@ class DeltaTables:
             .addColumns(_struct(schema.ddl()))
             .property("delta.columnMapping.mode", "name")
             .property("delta.enableTypeWidening", "true")
+            .property(ROW_TRACKING, "true")
             .property("pgsub.source", schema.table)
             .property("pgsub.key", json.dumps(list(schema.key)))
             .execute()
         )
+        with self._lock:
+            self._origins.pop(schema.table, None)
         log.info("target table created", table=schema.table, path=path, key=list(schema.key))
 
     def _evolve(self, schema: TargetSchema, path: str) -> Evolution:
@@ -286,23 +300,39 @@ class DeltaTables:
             conf.unset(TXN_VERSION)
             conf.unset(USER_METADATA)
 
+    @contextmanager
+    def _noted(self, mark: CommitMark) -> Iterator[SparkSession]:
+        """A session whose next commit is marked ours without bringing the table to an LSN."""
+        session = self._session()
+        session.conf.set(USER_METADATA, mark.partial_metadata())
+        try:
+            yield session
+        finally:
+            session.conf.unset(USER_METADATA)
+
     def _committed_version(self, session: SparkSession) -> int | None:
         value = session.conf.get(LAST_VERSION, None)
         return int(value) if value not in (None, "") else None
 
     def write(
-        self, schema: TargetSchema, net: Net, mark: CommitMark, on_exists: OnExists = OnExists.ERROR
+        self,
+        schema: TargetSchema,
+        net: Net,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution] = DEFAULTS,
     ) -> WriteResult:
         """Apply ``net`` to the table in one Delta commit marked with ``mark``.
 
-        May be called again with the same input: a commit already made for
-        ``mark.lsn`` is not made twice.
+        Conflicts are met with ``resolutions``; one whose action is ``error``
+        raises ConflictError and nothing is committed. May be called again
+        with the same input: a commit already made for ``mark.lsn`` is not
+        made twice.
         """
         path = self.path(schema.table)
         try:
             if isinstance(net, KeyedNet):
-                return self._write_keyed(schema, net, mark, path, on_exists)
-            return self._write_multiset(schema, net, mark, path)
+                return self._write_keyed(schema, net, mark, path, resolutions)
+            return self._write_multiset(schema, net, mark, path, resolutions)
         except ConflictError:
             raise
         except SparkErrors as exc:
@@ -323,38 +353,117 @@ class DeltaTables:
         )
         return session.createDataFrame(table, schema=_struct(ddl))
 
+    def _tracker(self, table: str, path: str) -> OriginTracker:
+        with self._lock:
+            tracker = self._origins.get(table)
+        if tracker is None:
+            enabled = self._properties(path).get(ROW_TRACKING) == "true"
+            tracker = OriginTracker(self.subscription, table, path, enabled)
+            tracker.start(self._session())
+            with self._lock:
+                self._origins[table] = tracker
+        return tracker
+
     def _write_keyed(
-        self, schema: TargetSchema, net: KeyedNet, mark: CommitMark, path: str, on_exists: OnExists
+        self,
+        schema: TargetSchema,
+        net: KeyedNet,
+        mark: CommitMark,
+        path: str,
+        resolutions: Mapping[ConflictKind, Resolution],
     ) -> WriteResult:
-        source = keyed_source(net, schema)
+        session = self._session()
+        origins = self._tracker(schema.table, path)
         if net.truncated:
-            table = source.table
-            expects_absent = pc.is_in(
-                table[FIRST],
-                pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value]),
-            )
-            keep = pc.and_(table[PRESENT], pc.or_(expects_absent, table[REINSERTED]))
-            rows = table.filter(keep).select([c.name for c in schema.columns])
-            result = self._overwrite(schema, rows, mark)
-            # Judged against an empty table: chains that expected a row miss it.
-            missing = [
-                Finding(kind.value, r.first_tx, r.key, r.image, None)
-                for r in net.rows.values()
-                if (kind := judge(r.first, False)) is not None and not r.reinserted
-            ]
-            return replace(result, conflicts=tuple(missing))
+            return self._write_truncated(schema, net, mark, resolutions, origins)
+        first = looks_up_first(resolutions) or any(
+            r.first is First.KEY_UPDATE_OLD for r in net.rows.values()
+        )
+        if not first and origin_looks_up_first(resolutions) and origins.has_new_commits(session):
+            origins.catch_up(session)
+        if first or (origin_looks_up_first(resolutions) and origins.foreign):
+            return self._write_looked_up(schema, net, mark, path, resolutions)
+        # The default path: the MERGE judges, and is looked at after only when it must be.
+        result, source = self._merge_net(schema, net, mark, path, resolutions)
+        origins.committed(session, result.version, before=True)
+        counts = (result.inserted, result.updated, result.deleted)
+        if not origins.foreign and counts == expected_counts(source.table):
+            return result  # the conflict-free path: nothing more to look at
+        before = self._table_frame(path, None if result.version is None else result.version - 1)
+        findings = find_keyed(session, schema, net, before, origins.foreign)
+        if any(ConflictKind(f.kind) in ORIGIN for f in findings):
+            origins.prune(session)  # the batch made some of those rows ours
+        return replace(result, conflicts=tuple(findings))
+
+    def _write_looked_up(
+        self,
+        schema: TargetSchema,
+        net: KeyedNet,
+        mark: CommitMark,
+        path: str,
+        resolutions: Mapping[ConflictKind, Resolution],
+    ) -> WriteResult:
+        """Judge the batch's keys against the table first, then MERGE what the actions keep."""
+        session = self._session()
+        origins = self._tracker(schema.table, path)
+        if origins.has_new_commits(session):
+            origins.catch_up(session)
+        findings = find_keyed(session, schema, net, self._table_frame(path, None), origins.foreign)
+        resolved = resolve(net, findings, resolutions)
+        if resolved.stop is not None:
+            raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
+        result, _ = self._merge_net(schema, resolved.net, mark, path, resolutions)
+        origins.committed(session, result.version, before=True)
+        if any(ConflictKind(f.kind) in ORIGIN for f in resolved.findings):
+            origins.prune(session)
+        return replace(result, conflicts=resolved.findings)
+
+    def _merge_net(
+        self,
+        schema: TargetSchema,
+        net: KeyedNet,
+        mark: CommitMark,
+        path: str,
+        resolutions: Mapping[ConflictKind, Resolution],
+    ) -> tuple[WriteResult, KeyedSource]:
+        source = keyed_source(net, schema)
+        stops = on_exists(
+            resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
+            resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
+        )
         with self._marked(mark) as session:
             frame = self._frame(session, source.table, schema)
             if source.moved:
                 frame = self._fill_moved(session, frame, schema, source.keep_columns, path)
-            result = self._merge(
-                session, schema, frame, keyed_merge(schema, source.keep_columns, on_exists), path
-            )
-        if (result.inserted, result.updated, result.deleted) == expected_counts(source.table):
-            return result  # the conflict-free path: nothing more to look at
-        before = self._table_frame(path, None if result.version is None else result.version - 1)
-        findings = find_keyed(self._session(), schema, net, before)
-        return replace(result, conflicts=tuple(findings))
+            plan = keyed_merge(schema, source.keep_columns, stops)
+            return self._merge(session, schema, frame, plan, path), source
+
+    def _write_truncated(
+        self,
+        schema: TargetSchema,
+        net: KeyedNet,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+        origins: OriginTracker,
+    ) -> WriteResult:
+        """A batch with a TRUNCATE: its chains are judged against an empty table."""
+        missing = [
+            Finding(kind.value, r.first_tx, r.key, r.image, None)
+            for r in net.rows.values()
+            if (kind := judge(r.first, False)) is not None and not r.reinserted
+        ]
+        resolved = resolve(net, missing, resolutions)
+        if resolved.stop is not None:
+            raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
+        table = keyed_source(resolved.net, schema).table
+        expects_absent = pc.is_in(
+            table[FIRST], pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
+        )
+        keep = pc.and_(table[PRESENT], pc.or_(expects_absent, table[REINSERTED]))
+        rows = table.filter(keep).select([c.name for c in schema.columns])
+        result = self._overwrite(schema, rows, mark)
+        origins.rewritten(result.version)
+        return replace(result, conflicts=resolved.findings)
 
     def _table_frame(self, path: str, version: int | None) -> DataFrame:
         reader = self._session().read.format("delta")
@@ -497,8 +606,7 @@ class DeltaTables:
             block = ahead if ahead is not None else source_empty(schema)
             ahead = next(blocks, None)
             last = ahead is None
-            session = self._session()
-            with self._marked(mark) if last else nullcontext(session) as session:
+            with self._marked(mark) if last else self._noted(mark) as session:
                 self._frame(session, block, schema).write.format("delta").mode(mode).save(path)
                 version = self._committed_version(session) if last else None
             rows += block.num_rows
@@ -507,7 +615,12 @@ class DeltaTables:
                 return rows, version
 
     def _write_multiset(
-        self, schema: TargetSchema, net: MultisetNet, mark: CommitMark, path: str
+        self,
+        schema: TargetSchema,
+        net: MultisetNet,
+        mark: CommitMark,
+        path: str,
+        resolutions: Mapping[ConflictKind, Resolution],
     ) -> WriteResult:
         source = multiset_source(net, schema)
         if net.truncated:
@@ -527,6 +640,8 @@ class DeltaTables:
             for index, row in enumerate(source.removed)
             if index in short
         )
+        if missing and resolutions[ConflictKind.DELETE_MISSING] is Resolution.ERROR:
+            raise ConflictError(ConflictKind.DELETE_MISSING.value, schema.table, list(missing))
         copies = [i for i, n in enumerate(remaining[COUNT].to_pylist()) for _ in range(n)]
         reinserts = remaining.take(pa.array(copies, type=pa.int64())).select(names).cast(values)
         markers = source.removals.select(names)

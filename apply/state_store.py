@@ -74,7 +74,8 @@ class _StateTable:
         """Append ``rows`` (an Arrow table or a list of tuples in ``ddl`` order)."""
         try:
             frame = self._spark.createDataFrame(rows, schema=self.ddl)
-            frame.write.format("delta").mode("append").save(self.path)
+            # mergeSchema: a column added by a newer pgsub joins an older table.
+            frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
         except SparkErrors as exc:
             raise TargetTableError(f"cannot write to {self.path}: {exc}") from exc
 
@@ -154,7 +155,7 @@ class ConflictStore(_StateTable):
         "subscription string, relation string, type string, resolution string, key string, "
         "existing_local_row string, remote_row string, replica_identity string, "
         "remote_xid long, finish_lsn string, commit_time timestamp, origin string, "
-        "recorded_at timestamp"
+        "recorded_at timestamp, local_version long"
     )
 
     def record(self, subscription: str, conflicts: Sequence[Conflict]) -> None:
@@ -178,6 +179,7 @@ class ConflictStore(_StateTable):
                     c.commit_time,
                     c.origin,
                     now,
+                    c.local_version,
                 )
                 for c in conflicts
             ]

@@ -12,7 +12,10 @@ PostgreSQL 18's conflict.c, for a Delta target (DESIGN section 7):
 | delete_origin_differs | likewise for a delete | apply_remote |
 
 A key's chain of changes in a batch is judged on its first change against
-the table as it was before the batch (``collapse.First``).
+the table as it was before the batch (``collapse.First``). An update or
+delete whose row another writer changed last is *_origin_differs: Delta row
+tracking gives each row the table version that last changed it, and the
+table's history says which versions were not this subscription's commits.
 """
 
 from __future__ import annotations
@@ -58,9 +61,17 @@ OPERATION: Final = {
 }
 
 
-def judge(first: First, found: bool) -> ConflictKind | None:
-    """The conflict of a chain whose first change is ``first`` when its key is/isn't ``found``."""
+def judge(first: First, found: bool, foreign: bool = False) -> ConflictKind | None:
+    """The conflict of a chain whose first change is ``first``.
+
+    ``found``: the key is in the table before the batch; ``foreign``: that
+    row was last changed by another writer of the Delta table.
+    """
     if first.expects_present == found:
+        if found and foreign:
+            if first is First.DELETE:
+                return ConflictKind.DELETE_ORIGIN_DIFFERS
+            return ConflictKind.UPDATE_ORIGIN_DIFFERS
         return None
     if first is First.INSERT:
         return ConflictKind.INSERT_EXISTS
@@ -69,10 +80,3 @@ def judge(first: First, found: bool) -> ConflictKind | None:
     if first is First.DELETE:
         return ConflictKind.DELETE_MISSING
     return ConflictKind.UPDATE_MISSING
-
-
-def origin_conflict(first: First, present_after: bool) -> ConflictKind:
-    """The *_origin_differs kind for a row another writer changed."""
-    if first is First.DELETE or (first is First.UPDATE and not present_after):
-        return ConflictKind.DELETE_ORIGIN_DIFFERS
-    return ConflictKind.UPDATE_ORIGIN_DIFFERS

@@ -30,6 +30,7 @@ _WHAT: Final = {
     ConflictKind.UPDATE_ORIGIN_DIFFERS: "Updating the row that was modified by another writer.",
     ConflictKind.DELETE_ORIGIN_DIFFERS: "Deleting the row that was modified by another writer.",
 }
+_ORIGIN: Final = (ConflictKind.UPDATE_ORIGIN_DIFFERS, ConflictKind.DELETE_ORIGIN_DIFFERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class Conflict:
     finish_lsn: Lsn
     commit_time: datetime
     origin: str | None = None
+    local_version: int | None = None  # the Delta version that last changed the local row
 
     @property
     def message(self) -> str:
@@ -62,7 +64,10 @@ class Conflict:
         if self.replica_identity is not None:
             parts.append(f"replica identity {_tuple(self.replica_identity)}")
         items = "; ".join(parts)
-        return f"{_WHAT[self.kind]} {items[:1].upper()}{items[1:]}." if items else _WHAT[self.kind]
+        what = _WHAT[self.kind]
+        if self.kind in _ORIGIN and self.local_version is not None:
+            what = f"{what[:-1]} in Delta version {self.local_version}."
+        return f"{what} {items[:1].upper()}{items[1:]}." if items else what
 
     def log_fields(self) -> dict[str, object]:
         return {
@@ -80,6 +85,7 @@ class Conflict:
             "finish_lsn": str(self.finish_lsn),
             "commit_time": self.commit_time.isoformat(),
             "origin": self.origin,
+            "local_version": self.local_version,
         }
 
 

@@ -64,17 +64,6 @@ class BatchConfig(_Strict):
     max_delay: Duration = 1.0
 
 
-# The resolutions applied so far, per kind; others are refused, not ignored.
-_SUPPORTED: dict[str, frozenset[Resolution]] = {
-    "insert_exists": frozenset({Resolution.ERROR, Resolution.APPLY_REMOTE}),
-    "update_exists": frozenset({Resolution.ERROR, Resolution.APPLY_REMOTE}),
-    "update_missing": frozenset({Resolution.SKIP}),
-    "delete_missing": frozenset({Resolution.SKIP}),
-    "update_origin_differs": frozenset({Resolution.APPLY_REMOTE}),
-    "delete_origin_differs": frozenset({Resolution.APPLY_REMOTE}),
-}
-
-
 class ConflictsConfig(_Strict):
     insert_exists: Resolution = Resolution.ERROR
     update_exists: Resolution = Resolution.ERROR
@@ -82,15 +71,6 @@ class ConflictsConfig(_Strict):
     delete_missing: Resolution = Resolution.SKIP
     update_origin_differs: Resolution = Resolution.APPLY_REMOTE
     delete_origin_differs: Resolution = Resolution.APPLY_REMOTE
-
-    @model_validator(mode="after")
-    def _supported(self) -> ConflictsConfig:
-        for kind, allowed in _SUPPORTED.items():
-            chosen: Resolution = getattr(self, kind)
-            if chosen not in allowed:
-                names = ", ".join(sorted(r.value for r in allowed))
-                raise ValueError(f"{kind}: {chosen.value} is not applied yet; use {names}")
-        return self
 
     def resolutions(self) -> dict[ConflictKind, Resolution]:
         return {kind: getattr(self, kind.value) for kind in ConflictKind}

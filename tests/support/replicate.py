@@ -98,6 +98,29 @@ class Replication:
             done, timeout=timeout, interval=0.2, what=f"the subscriber to apply up to {target}"
         )
 
+    def failed_at(self, timeout: float = 120) -> Lsn:
+        """Wait for an apply error naming its transaction; that transaction's finish LSN."""
+        import re
+
+        runner = self.runner
+        assert runner is not None
+
+        def logged() -> re.Match[str] | None:
+            return re.search(r"finished at ([0-9A-F]+/[0-9A-F]+)", runner.status.last_error or "")
+
+        wait_until(logged, timeout=timeout, what="an apply error naming its transaction")
+        found = logged()
+        assert found is not None
+        return Lsn.parse(found.group(1))
+
+    def skip(self, lsn: Lsn) -> None:
+        """``pgsub skip`` for this subscription."""
+        from subscriber import admin
+        from subscriber.config import Config
+
+        config = Config(warehouse=str(self.warehouse), subscriptions=[self.config])
+        admin.skip(config, self.config, lsn)
+
     def path(self, table: str) -> str:
         schema, _, name = table.partition(".")
         return str(self.warehouse / schema / name)

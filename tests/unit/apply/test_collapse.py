@@ -115,3 +115,14 @@ def test_added_column_lines_up_images_by_name() -> None:
     )
     assert net.rows[(b"1",)].image == row(1, "b", "e")
     assert net.rows[(b"2",)].image == row(2, "c", None)  # laid out as the table is now
+
+
+def test_a_chain_counts_its_changes_and_a_key_change_links_both_keys() -> None:
+    net = keyed(
+        batch(
+            tx(ins(T, 1, "a", "x"), upd(T, 1, "b", "x"), upd(T, 3, "c", "x", old=(2, None, None)))
+        )
+    )
+    assert net.rows[(b"1",)].changes == 2 and net.rows[(b"1",)].partner is None
+    old, new = net.rows[(b"2",)], net.rows[(b"3",)]
+    assert (old.changes, old.partner, new.changes, new.partner) == (1, (b"3",), 1, (b"2",))
