@@ -116,6 +116,7 @@ class SubscriptionRunner:
             self._sync_worker,
             drop_sync_slot=self._drop_sync_slot,
             list_published=self._published_tables,
+            on_error=self._sync_failed,
         )
         self._loaded = False
         self.status = SubscriptionStatus(config.name)
@@ -160,12 +161,7 @@ class SubscriptionRunner:
                 self._failed(exc)
                 failed = True
             if failed and self.config.disable_on_error:
-                self.settings.set_enabled(False)
-                log.error(
-                    f'subscription "{name}" has been disabled because of an error',
-                    subscription=name,
-                    hint=f"fix the cause, then `pgsub enable -c ... {name}`",
-                )
+                self._disable(self.status.last_error or "")
                 continue
             if self.progress is not None:
                 flushed = self.progress.flushed
@@ -175,6 +171,24 @@ class SubscriptionRunner:
         self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
+
+    def _disable(self, cause: str) -> None:
+        """disable_on_error: PostgreSQL disables the subscription instead of retrying."""
+        self.settings.set_enabled(False)
+        log.error(
+            f'subscription "{self.name}" has been disabled because of an error',
+            subscription=self.name,
+            error=cause,
+            hint=f"fix the cause, then `pgsub enable -c ... {self.name}`",
+        )
+
+    def _sync_failed(self, cause: str) -> bool:
+        """A table-sync worker failed: with disable_on_error the whole subscription stops."""
+        if not self.config.disable_on_error:
+            return False
+        self.status.last_error = cause
+        self._disable(cause)
+        return True
 
     def _wait_enabled(self, stopping: threading.Event) -> bool:
         """Wait while the subscription is disabled (``pgsub disable``); False when stopping."""
@@ -188,6 +202,7 @@ class SubscriptionRunner:
                     return False
                 self.settings.refresh(force=True)
             log.info("subscription enabled", subscription=self.name)
+        self.coordinator.resume()
         self._metrics.subscription_enabled.labels(self.name).set(1)
         return True
 

@@ -82,6 +82,7 @@ class SyncCoordinator:
         *,
         drop_sync_slot: Callable[[int], None] | None = None,
         list_published: Callable[[], list[PublishedTable]] | None = None,
+        on_error: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -90,6 +91,8 @@ class SyncCoordinator:
         self._factory = worker_factory
         self._drop_sync_slot = drop_sync_slot
         self._list_published = list_published
+        self._on_error = on_error  # told of every worker failure; True: start no more workers
+        self._held = False  # a failure disabled the subscription: no workers until resume()
         self._clock = clock
         self._reloaded_at = clock()
         self._cond = threading.Condition()
@@ -304,7 +307,7 @@ class SyncCoordinator:
                 and now - self._failed_at.get(s.relid, -1e9)
                 >= self.config.wal_retrieve_retry_interval
             ]
-            room = self.config.max_sync_workers - len(self._running)
+            room = 0 if self._held else self.config.max_sync_workers - len(self._running)
             for status in waiting[: max(0, room)]:
                 self._spawn(self._published[status.relid])
         self._metrics.workers.labels(self.config.name, "table synchronization").set(
@@ -357,6 +360,16 @@ class SyncCoordinator:
             error_type=type(exc).__name__,
             retry_in=self.config.wal_retrieve_retry_interval,
         )
+        if self._on_error is not None and self._on_error(
+            f"table synchronization of {table.qualified_name} failed: {exc}"
+        ):
+            with self._cond:
+                self._held = True
+
+    def resume(self) -> None:
+        """Start table-sync workers again (the subscription was enabled)."""
+        with self._cond:
+            self._held = False
 
     def stop(self) -> None:
         self.stopping.set()

@@ -196,3 +196,40 @@ def test_disable_on_error_stops_and_enable_resumes(
         )
         rep.caught_up()
         rep.assert_equal("public.t", key=("id",))
+
+
+def test_disable_on_error_covers_a_failed_table_sync(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    from subscriber import admin
+    from subscriber.config import Config
+    from tablesync.state import TableState
+
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t;"
+        " INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 3) g"
+    )
+    # No Delta table and create_tables off: the table-sync worker fails.
+    settings = {"copy_data": True, "create_tables": False, "disable_on_error": True}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        runner = rep.runner
+        assert runner is not None
+        wait_until(lambda: runner.status.state == "disabled", timeout=120, what="disabled")
+        assert "create_tables is off" in (runner.status.last_error or "")
+        errors = rep.metrics.registry.get_sample_value(
+            "pgsub_sync_errors_total", {"subscription": "sub1"}
+        )
+        assert errors == 1  # disabled, not retried
+        # The operator creates the table, then enables the subscription.
+        spark.sql(f"CREATE TABLE delta.`{rep.path('public.t')}` (id INT, v STRING) USING delta")
+        publisher.execute("INSERT INTO t VALUES (4, 'while disabled')")
+        admin.set_enabled(
+            Config(warehouse=str(warehouse), subscriptions=[rep.config]), rep.config, True
+        )
+        wait_until(
+            lambda: all(s.state is TableState.READY for s in runner.coordinator.statuses),
+            timeout=180,
+            what="the table to be READY",
+        )
+        rep.caught_up()
+        rep.assert_equal("public.t", key=("id",))
