@@ -46,6 +46,7 @@ from apply.merge_plan import (
     keyed_merge,
     multiset_merge,
     on_exists,
+    shape_of,
 )
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
 from apply.source import (
@@ -435,7 +436,7 @@ class DeltaTables:
             frame = self._frame(session, source.table, schema)
             if source.moved:
                 frame = self._fill_moved(session, frame, schema, source.keep_columns, path)
-            plan = keyed_merge(schema, source.keep_columns, stops)
+            plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table))
             return self._merge(session, schema, frame, plan, path), source
 
     def _write_truncated(

@@ -15,6 +15,9 @@ A keyed table's MERGE matches the source (``s``, one row per key, see
    began with an insert (or re-inserted the key). A chain that expected a
    row which is not there (update_missing / delete_missing) is skipped.
 
+A clause no row of the batch can take is left out (``Shape``): a batch of
+updates is a MERGE with one matched-update clause.
+
 A multiset table's MERGE deletes every copy of each row the batch removes
 from and inserts the copies that remain or were added.
 """
@@ -25,6 +28,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from apply.collapse import First
 from apply.schema import TargetSchema, quote
 from apply.source import FIRST, PRESENT, REINSERTED, keep_flag
 
@@ -49,6 +56,33 @@ class OnExists(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Shape:
+    """What a keyed source holds, so that the MERGE carries only the clauses it can use.
+
+    Fewer clauses is a cheaper MERGE: without an insert clause Delta joins
+    the source and the target with an inner join instead of an outer one,
+    and a batch of updates needs no insert_exists check.
+    """
+
+    expects_absent: bool = True  # a chain begins with an insert (or the new key of a move)
+    inserts: bool = True  # a chain may insert its row
+    updates: bool = True  # a chain's row exists at the end
+    deletes: bool = True  # a chain's row is gone at the end
+
+
+def shape_of(source: pa.Table) -> Shape:
+    """Which clauses the rows of a keyed source (``apply.source``) can take."""
+    absent = pc.is_in(source[FIRST], pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value]))
+    present = source[PRESENT]
+    inserting = pc.and_(present, pc.or_(absent, source[REINSERTED]))
+
+    def some(mask: pa.ChunkedArray) -> bool:
+        return bool(pc.any(mask).as_py())
+
+    return Shape(some(absent), some(inserting), some(present), some(pc.invert(present)))
+
+
+@dataclass(frozen=True, slots=True)
 class Clause:
     kind: ClauseKind
     condition: str | None
@@ -70,7 +104,10 @@ def _source(name: str) -> str:
 
 
 def keyed_merge(
-    schema: TargetSchema, keep_columns: tuple[int, ...], on_exists: OnExists = OnExists.ERROR
+    schema: TargetSchema,
+    keep_columns: tuple[int, ...],
+    on_exists: OnExists = OnExists.ERROR,
+    shape: Shape = Shape(),
 ) -> MergePlan:
     if not schema.key:
         raise ValueError(f"{schema.table} has no key; use multiset_merge")
@@ -81,7 +118,7 @@ def keyed_merge(
         OnExists.ERROR_ON_INSERT: f"s.{FIRST} = 'INSERT'",
         OnExists.ERROR_ON_UPDATE: f"s.{FIRST} = 'KEY_UPDATE_NEW'",
     }.get(on_exists)
-    if stopping is not None:
+    if stopping is not None and shape.expects_absent:
         kind = (
             f"CASE WHEN s.{FIRST} = 'INSERT' THEN '{CONFLICT_MARK}insert_exists' "
             f"ELSE '{CONFLICT_MARK}update_exists' END"
@@ -93,7 +130,8 @@ def keyed_merge(
                 {quote(schema.key[0]): f"raise_error({kind})"},
             )
         )
-    clauses.append(Clause(ClauseKind.MATCHED_DELETE, f"NOT s.{PRESENT}"))
+    if shape.deletes:
+        clauses.append(Clause(ClauseKind.MATCHED_DELETE, f"NOT s.{PRESENT}"))
     keep = set(keep_columns)
     updates = {}
     for index, column in enumerate(schema.columns):
@@ -101,14 +139,16 @@ def keyed_merge(
         if index in keep:
             value = f"CASE WHEN s.{keep_flag(index)} THEN {_target(column.name)} ELSE {value} END"
         updates[quote(column.name)] = value
-    clauses.append(Clause(ClauseKind.MATCHED_UPDATE, None, updates))
-    clauses.append(
-        Clause(
-            ClauseKind.NOT_MATCHED_INSERT,
-            f"s.{PRESENT} AND ({EXPECTS_ABSENT} OR s.{REINSERTED})",
-            {quote(c.name): _source(c.name) for c in schema.columns},
+    if shape.updates:
+        clauses.append(Clause(ClauseKind.MATCHED_UPDATE, None, updates))
+    if shape.inserts:
+        clauses.append(
+            Clause(
+                ClauseKind.NOT_MATCHED_INSERT,
+                f"s.{PRESENT} AND ({EXPECTS_ABSENT} OR s.{REINSERTED})",
+                {quote(c.name): _source(c.name) for c in schema.columns},
+            )
         )
-    )
     return MergePlan(condition, tuple(clauses))
 
 

@@ -47,3 +47,31 @@ def test_conflict_kind_is_read_back_from_the_error() -> None:
         == "insert_exists"
     )
     assert conflict_in("something else") is None
+
+
+def test_a_merge_carries_only_the_clauses_the_batch_can_take() -> None:
+    import pyarrow as pa
+
+    from apply.merge_plan import Shape, shape_of
+
+    updates = pa.table(
+        {
+            "__pgsub_first": ["UPDATE", "UPDATE"],
+            "__pgsub_present": [True, True],
+            "__pgsub_reinserted": [False, False],
+        }
+    )
+    assert shape_of(updates) == Shape(
+        expects_absent=False, inserts=False, updates=True, deletes=False
+    )
+    plan = keyed_merge(SCHEMA, keep_columns=(), shape=shape_of(updates))
+    assert [c.kind for c in plan.clauses] == [ClauseKind.MATCHED_UPDATE]
+    assert "raise_error" not in str(plan.clauses[0].assignments)
+    mixed = pa.table(
+        {
+            "__pgsub_first": ["INSERT", "DELETE", "DELETE"],
+            "__pgsub_present": [False, False, True],
+            "__pgsub_reinserted": [False, False, True],
+        }
+    )
+    assert shape_of(mixed) == Shape(expects_absent=True, inserts=True, updates=True, deletes=True)
