@@ -16,7 +16,7 @@ POSTGRES := .setup-postgres
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench-stream bench-apply bench-sync
+.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench-stream bench-apply bench-sync bench-conflicts
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
 	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber"
+	@echo "make bench-conflicts  batch apply time with conflict detection on vs off (1M-row UPDATE)"
 
 setup: venv jars postgres
 
@@ -87,6 +88,9 @@ bench-apply: setup
 SYNC_ROWS ?= 2000000
 bench-sync: setup
 	$(BIN)/python -m benchmarks.sync_bench --rows $(SYNC_ROWS)
+
+bench-conflicts: setup
+	$(BIN)/python -m benchmarks.conflict_cost --rows $(ROWS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache
