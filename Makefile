@@ -16,7 +16,7 @@ POSTGRES := .setup-postgres
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench-stream bench-apply bench-sync bench-conflicts
+.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
@@ -24,6 +24,8 @@ help:
 	@echo "make test    the full suite (unit, integration against real PostgreSQL and Delta)"
 	@echo "make check   ruff, mypy --strict, unit tests (what a quick pre-commit runs)"
 	@echo "make fmt     format and fix lint"
+	@echo "make bench   every scenario beside PostgreSQL's subscriber and the raw limit, one table"
+	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS; quick: ROWS=100000 SYNC_ROWS=200000 LOAD_SECONDS=15)"
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
 	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber"
@@ -88,6 +90,10 @@ bench-apply: setup
 SYNC_ROWS ?= 2000000
 bench-sync: setup
 	$(BIN)/python -m benchmarks.sync_bench --rows $(SYNC_ROWS)
+
+bench: setup
+	$(BIN)/python -m benchmarks.suite --rows $(ROWS) --sync-rows $(SYNC_ROWS) --rate $(RATE) \
+	    --seconds $(LOAD_SECONDS)
 
 bench-conflicts: setup
 	$(BIN)/python -m benchmarks.conflict_cost --rows $(ROWS)

@@ -84,7 +84,10 @@ class OriginTracker:
                 "update_origin_differs and delete_origin_differs are not detected for this table",
                 table=table,
                 path=path,
-                hint=f"the Delta table has no row tracking; set {ROW_TRACKING} = true on it",
+                hint=(
+                    "the Delta table has no row tracking (track_origin: false, or created"
+                    f" elsewhere); set the table property {ROW_TRACKING} = true to detect them"
+                ),
             )
 
     def start(self, session: SparkSession) -> None:

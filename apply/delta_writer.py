@@ -145,12 +145,19 @@ class DeltaTables:
     """The target tables of one subscription."""
 
     def __init__(
-        self, spark: SparkSession, warehouse: str, subscription: str, *, create_tables: bool = True
+        self,
+        spark: SparkSession,
+        warehouse: str,
+        subscription: str,
+        *,
+        create_tables: bool = True,
+        track_origin: bool = False,
     ) -> None:
         self._spark = spark
         self.warehouse = warehouse.rstrip("/")
         self.subscription = subscription
         self.create_tables = create_tables
+        self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)
         self._local = threading.local()
         self._schemas: dict[str, TargetSchema] = {}
         self._origins: dict[str, OriginTracker] = {}
@@ -226,17 +233,18 @@ class DeltaTables:
         from delta.tables import DeltaTable
 
         session = self._session()
-        (
+        builder = (
             DeltaTable.createIfNotExists(session)
             .location(path)
             .addColumns(_struct(schema.ddl()))
             .property("delta.columnMapping.mode", "name")
             .property("delta.enableTypeWidening", "true")
-            .property(ROW_TRACKING, "true")
             .property("pgsub.source", schema.table)
             .property("pgsub.key", json.dumps(list(schema.key)))
-            .execute()
         )
+        if self.track_origin:
+            builder = builder.property(ROW_TRACKING, "true")
+        builder.execute()
         with self._lock:
             self._origins.pop(schema.table, None)
         log.info("target table created", table=schema.table, path=path, key=list(schema.key))

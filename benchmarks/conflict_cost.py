@@ -3,14 +3,17 @@
 The workload of the apply benchmark's catch-up scenario: a table of N rows
 (default 1,000,000; bigint key, int, text, timestamptz, numeric) and one
 UPDATE of every row, applied as batches of ``--batch`` changes (the
-``batch.max_changes`` default, 100,000). Each batch is written twice over,
-alternating, to the same Delta table:
+``batch.max_changes`` default, 100,000). Three copies of the table, each
+batch written to all three, rotating which goes first:
 
-- on: ``DeltaTables.write`` with PostgreSQL's default actions - the MERGE
-  carries the insert_exists/update_exists clause, its counts are checked
-  against the source's, and the table's commits are watched for other
-  writers (*_origin_differs);
-- off: the same MERGE without the conflict clause, nothing checked after.
+- detection (default): ``DeltaTables.write`` with PostgreSQL's default
+  actions - the MERGE carries the insert_exists/update_exists clause when
+  the batch can meet it, its counts are checked against the source's, and
+  the table's commits are watched for other writers;
+- detection + track_origin: the same on a table with Delta row tracking,
+  which *_origin_differs needs;
+- off: the bare MERGE on a table without row tracking: no conflict clause,
+  nothing checked after.
 
 Both include turning the batch into Arrow and Spark rows, as the apply
 does. One warm-up write of each kind comes first and is not counted (the
@@ -57,6 +60,8 @@ RELATION = Relation(
     ),
 )
 APPLY_EVERYTHING = {kind: Resolution.APPLY_REMOTE for kind in ConflictKind}
+DEFAULT, ORIGIN, OFF = "detection (default)", "detection + track_origin", "off"
+MODES = (DEFAULT, ORIGIN, OFF)
 STAMP = b"2026-11-22 12:00:00.123456+00"
 
 
@@ -100,68 +105,69 @@ def main() -> None:
     spark = build_session(SparkSettings())
     warehouse = Path(tempfile.mkdtemp(prefix="pgsub-conflict-cost-"))
     try:
-        tables = DeltaTables(spark, str(warehouse), "bench")
         schema = target_schema(RELATION, lambda oid: None, keyed=True)
-        tables.prepare(schema)
-        started = time.perf_counter()
-        load(tables, schema, args.rows)
-        print(f"loaded {args.rows:,} rows in {time.perf_counter() - started:.1f} s")
-        seconds: dict[str, list[float]] = {"on": [], "off": []}
-        lsn = 100
-        path = tables.path(schema.table)
+        tables = {
+            mode: DeltaTables(spark, str(warehouse / mode), "bench", track_origin=mode == ORIGIN)
+            for mode in MODES
+        }
+        for mode, target in tables.items():
+            target.prepare(schema)
+            started = time.perf_counter()
+            load(target, schema, args.rows)
+            print(f"{mode}: loaded {args.rows:,} rows in {time.perf_counter() - started:.1f} s")
+        seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
         # Warm-up, not counted: the first MERGE of a session, the first history read.
-        tables.write(schema, updates(1, 1000, n=1), CommitMark("bench", Lsn(lsn), 0), DEFAULTS)
-        tables._merge_net(
-            schema,
-            updates(1, 1000, n=2),
-            CommitMark("bench", Lsn(lsn + 50), 0),
-            path,
-            APPLY_EVERYTHING,
-        )
+        warm = CommitMark("bench", Lsn(100), 0)
+        for mode in MODES:
+            write(tables[mode], mode, schema, updates(1, 1000, n=1), warm)
+        lsn = 100
         for number, first in enumerate(range(1, args.rows + 1, args.batch)):
             count = min(args.batch, args.rows - first + 1)
-            # Alternate which goes first, so neither always meets a warmer cache.
-            order = ("on", "off") if number % 2 == 0 else ("off", "on")
-            for mode in order:
+            lsn += 100
+            mark = CommitMark("bench", Lsn(lsn), 0)
+            # Rotate which goes first, so none always meets a warmer cache.
+            for mode in MODES[number % 3 :] + MODES[: number % 3]:
                 net = updates(first, count, n=lsn)
-                lsn += 100
-                mark = CommitMark("bench", Lsn(lsn), 0)
                 began = time.perf_counter()
-                if mode == "on":
-                    result = tables.write(schema, net, mark, DEFAULTS)
-                    assert not result.conflicts, result.conflicts
-                else:
-                    # The MERGE alone: no conflict clause, no check after (private on purpose).
-                    tables._merge_net(schema, net, mark, path, APPLY_EVERYTHING)
+                write(tables[mode], mode, schema, net, mark)
                 seconds[mode].append(time.perf_counter() - began)
             print(
-                f"batch {number + 1}: on {seconds['on'][-1]:.2f} s, off {seconds['off'][-1]:.2f} s"
+                f"batch {number + 1}: "
+                + ", ".join(f"{mode} {seconds[mode][-1]:.2f} s" for mode in MODES)
             )
     finally:
         spark.stop()
         shutil.rmtree(warehouse, ignore_errors=True)
 
-    on, off = sum(seconds["on"]), sum(seconds["off"])
+    totals = {mode: sum(seconds[mode]) for mode in MODES}
     figures = {
         "rows": args.rows,
         "batch": args.batch,
-        "batches": len(seconds["on"]),
-        "on_seconds": seconds["on"],
-        "off_seconds": seconds["off"],
-        "on_total": on,
-        "off_total": off,
-        "on_median": statistics.median(seconds["on"]),
-        "off_median": statistics.median(seconds["off"]),
-        "overhead": on / off - 1,
+        "seconds": seconds,
+        "total": totals,
+        "median": {mode: statistics.median(seconds[mode]) for mode in MODES},
+        "cost_default": totals[DEFAULT] / totals[OFF] - 1,
+        "cost_track_origin": totals[ORIGIN] / totals[OFF] - 1,
     }
-    print(
-        f"\n{args.rows:,}-row UPDATE in batches of {args.batch:,}: detection on {on:.1f} s,"
-        f" off {off:.1f} s; median batch {figures['on_median']:.2f} s vs"
-        f" {figures['off_median']:.2f} s; cost of detection {figures['overhead']:+.1%}"
-    )
+    print(f"\n{args.rows:,}-row UPDATE in batches of {args.batch:,}:")
+    print("| mode | total | median batch | cost vs off |\n|---|---|---|---|")
+    for mode in MODES:
+        cost = totals[mode] / totals[OFF] - 1
+        print(f"| {mode} | {totals[mode]:.1f} s | {figures['median'][mode]:.2f} s | {cost:+.1%} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2))
     print(f"figures written to {args.out}")
+
+
+def write(
+    tables: DeltaTables, mode: str, schema: TargetSchema, net: KeyedNet, mark: CommitMark
+) -> None:
+    if mode == OFF:
+        # The MERGE alone: no conflict clause, no check after (private on purpose).
+        tables._merge_net(schema, net, mark, tables.path(schema.table), APPLY_EVERYTHING)
+    else:
+        result = tables.write(schema, net, mark, DEFAULTS)
+        assert not result.conflicts, result.conflicts
 
 
 if __name__ == "__main__":

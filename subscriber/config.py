@@ -93,6 +93,9 @@ class SubscriptionConfig(_Strict):
     failover: bool = False
     max_sync_workers: int = Field(2, ge=1, le=64)
     create_tables: bool = True
+    # Create target tables with Delta row tracking, so that *_origin_differs is detected.
+    # Off by default, as PostgreSQL's track_commit_timestamp: it costs MERGE time.
+    track_origin: bool = False
     batch: BatchConfig = Field(default_factory=BatchConfig)
     conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
     wal_retrieve_retry_interval: Duration = 5.0

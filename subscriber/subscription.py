@@ -104,7 +104,13 @@ class SubscriptionRunner:
         self._conninfo = config.conninfo()
         self._checkpoints = checkpoints
         self._metrics = metrics
-        self.tables = DeltaTables(spark, warehouse, config.name, create_tables=config.create_tables)
+        self.tables = DeltaTables(
+            spark,
+            warehouse,
+            config.name,
+            create_tables=config.create_tables,
+            track_origin=config.track_origin,
+        )
         self.catalog = PublisherCatalog(self._conninfo)
         self.system_id = ""
         self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))

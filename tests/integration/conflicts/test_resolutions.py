@@ -34,7 +34,10 @@ def test_origin_differs_is_reported_and_applied_by_default(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
     publisher.execute(TABLE)
-    with Replication(publisher, spark, warehouse) as rep, capture_logs() as events:
+    with (
+        Replication(publisher, spark, warehouse, track_origin=True) as rep,
+        capture_logs() as events,
+    ):
         publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 4) g")
         rep.caught_up()
         other_writer(spark, rep, "UPDATE {t} SET v = 'local' WHERE id IN (1, 2)")
@@ -76,7 +79,7 @@ def test_origin_differs_keep_local_and_skip_keep_the_other_writers_rows(
 ) -> None:
     publisher.execute(TABLE)
     actions = {"update_origin_differs": "keep_local", "delete_origin_differs": "skip"}
-    with Replication(publisher, spark, warehouse, conflicts=actions) as rep:
+    with Replication(publisher, spark, warehouse, conflicts=actions, track_origin=True) as rep:
         publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 4) g")
         rep.caught_up()
         other_writer(spark, rep, "UPDATE {t} SET v = 'local' WHERE id IN (1, 2)")
@@ -100,9 +103,8 @@ def test_origin_differs_error_stops_until_the_transaction_is_skipped(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
     publisher.execute(TABLE)
-    with Replication(
-        publisher, spark, warehouse, conflicts={"update_origin_differs": "error"}
-    ) as rep:
+    actions = {"update_origin_differs": "error"}
+    with Replication(publisher, spark, warehouse, conflicts=actions, track_origin=True) as rep:
         publisher.execute("INSERT INTO t VALUES (1, 'one'), (2, 'two')")
         rep.caught_up()
         other_writer(spark, rep, "UPDATE {t} SET v = 'local' WHERE id = 1")
@@ -162,4 +164,23 @@ def test_missing_row_actions_apply_remote_and_error(
         assert values(rep) == [(1, "back"), (3, "v3")]
         rep.skip(lsn)
         rep.caught_up()
+        rep.assert_equal("public.t", key=("id",))
+
+
+def test_by_default_tables_have_no_row_tracking_and_origin_is_not_judged(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    from delta.tables import DeltaTable
+
+    publisher.execute(TABLE)
+    with Replication(publisher, spark, warehouse) as rep:
+        publisher.execute("INSERT INTO t VALUES (1, 'one'), (2, 'two')")
+        rep.caught_up()
+        detail = DeltaTable.forPath(spark, rep.path("public.t")).detail().first()
+        assert detail is not None
+        assert "delta.enableRowTracking" not in (detail["properties"] or {})
+        other_writer(spark, rep, "UPDATE {t} SET v = 'local' WHERE id = 1")
+        publisher.execute("UPDATE t SET v = 'remote' WHERE id = 1")
+        rep.caught_up()
+        assert counter(rep, "update_origin_differs") == 0
         rep.assert_equal("public.t", key=("id",))
