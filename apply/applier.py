@@ -24,8 +24,8 @@ import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
+from apply.delta_commit import CommitMark, ConflictError, WriteResult
 from apply.delta_conflicts import Finding
-from apply.delta_writer import CommitMark, ConflictError, WriteResult
 from apply.errors import ApplyError
 from apply.schema import Evolution, TargetSchema, target_schema
 from apply.transactions import RemoteTransaction

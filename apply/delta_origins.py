@@ -58,15 +58,20 @@ NO_ROWS: Final = frozenset(
 )
 
 
-def marked_by(user_metadata: str | None, subscription: str) -> bool:
-    """Whether a commit carries ``subscription``'s mark."""
+def read_mark(user_metadata: str | None) -> dict[str, object]:
+    """The ``pgsub`` mark in a commit's ``userMetadata`` (empty when there is none)."""
     if not user_metadata:
-        return False
+        return {}
     try:
         mark = json.loads(user_metadata).get("pgsub", {})
-        return bool(mark.get("subscription") == subscription)
     except (ValueError, AttributeError):
-        return False
+        return {}
+    return mark if isinstance(mark, dict) else {}
+
+
+def marked_by(user_metadata: str | None, subscription: str) -> bool:
+    """Whether a commit carries ``subscription``'s mark."""
+    return read_mark(user_metadata).get("subscription") == subscription
 
 
 class OriginTracker:

@@ -1,4 +1,5 @@
-"""Target Delta tables, written through Spark: the only module that writes them.
+"""Target Delta tables, written through Spark: with ``delta_copy`` and ``delta_multiset``,
+the only code that writes them.
 
 Table ``schema.name`` lives at ``<warehouse>/<schema>/<name>``. Every write
 records, atomically with the data, the LSN it brings the table to:
@@ -18,52 +19,48 @@ configuration and must not leak between tables.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from functools import reduce
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, cast
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
-from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-from pyspark.errors import PySparkException
 
-from apply.collapse import First, KeyedNet, MultisetNet, Net
+from apply.collapse import First, KeyedNet, Net
+from apply.delta_commit import (
+    CommitMark,
+    ConflictError,
+    SparkErrors,
+    WriteResult,
+    lsn_from_metadata,
+    struct,
+)
 from apply.delta_conflicts import Finding, expected_counts, find_keyed
+from apply.delta_copy import copy_into
+from apply.delta_moved import fill_moved
+from apply.delta_multiset import write_multiset
 from apply.delta_origins import ROW_TRACKING, OriginTracker
-from apply.errors import ApplyError, TargetTableError
+from apply.errors import TargetTableError
 from apply.merge_plan import (
-    REMOVE,
     ClauseKind,
     MergePlan,
     conflict_in,
     keyed_merge,
-    multiset_merge,
     on_exists,
     shape_of,
 )
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
 from apply.source import (
-    COUNT,
     FIRST,
     PRESENT,
     REINSERTED,
-    ROW,
-    TX,
     KeyedSource,
     from_key,
-    keep_flag,
+    helper_spark_type,
     keyed_source,
-    multiset_source,
-)
-from apply.source import (
-    empty as source_empty,
 )
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution, judge
 from conflicts.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
@@ -71,7 +68,6 @@ from subscriber.lsn import ZERO, Lsn
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 log = structlog.get_logger(__name__)
 
@@ -80,65 +76,6 @@ TXN_VERSION: Final = "spark.databricks.delta.write.txnVersion"
 USER_METADATA: Final = "spark.databricks.delta.commitInfo.userMetadata"
 LAST_VERSION: Final = "spark.databricks.delta.lastCommitVersionInSession"
 HISTORY_PEEK: Final = 100
-
-_HELPER_TYPES: Final = {FIRST: "string", PRESENT: "boolean", REINSERTED: "boolean", TX: "int"}
-SparkErrors = (PySparkException, Py4JError)
-
-
-class ConflictError(ApplyError):
-    """A remote change conflicts with the target and the configured action is to stop."""
-
-    def __init__(self, kind: str, table: str, findings: list[Finding]) -> None:
-        self.kind = kind
-        self.table = table
-        self.findings = findings
-        stopping = [f for f in findings if f.kind == kind]
-        self.tx_index = stopping[0].tx_index if stopping else 0
-        super().__init__(f'conflict detected on relation "{table}": conflict={kind}')
-
-
-@dataclass(frozen=True, slots=True)
-class CommitMark:
-    """What a write records about itself in the table's history."""
-
-    subscription: str
-    lsn: Lsn
-    commit_time: int  # microseconds since the PostgreSQL epoch
-
-    def user_metadata(self) -> str:
-        return json.dumps(
-            {"pgsub": {"subscription": self.subscription, "lsn": str(self.lsn)}},
-            separators=(",", ":"),
-        )
-
-    def partial_metadata(self) -> str:
-        """The mark of a commit that is ours but brings the table to no LSN (a copy's block)."""
-        return json.dumps(
-            {"pgsub": {"subscription": self.subscription, "copy": "partial"}},
-            separators=(",", ":"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class WriteResult:
-    table: str
-    version: int | None  # the Delta version committed; None when nothing was written
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    conflicts: tuple[Finding, ...] = ()
-
-
-def _lsn_from_metadata(text: str | None, subscription: str) -> Lsn | None:
-    if not text:
-        return None
-    try:
-        mark = json.loads(text).get("pgsub", {})
-        if mark.get("subscription") == subscription:
-            return Lsn.parse(mark["lsn"])
-    except (ValueError, AttributeError, KeyError, TypeError):
-        return None
-    return None
 
 
 class DeltaTables:
@@ -167,7 +104,7 @@ class DeltaTables:
         schema, _, name = table.partition(".")
         return f"{self.warehouse}/{schema}/{name}"
 
-    def _session(self) -> SparkSession:
+    def session(self) -> SparkSession:
         session: SparkSession | None = getattr(self._local, "session", None)
         if session is None:
             session = self._spark.newSession()
@@ -177,7 +114,7 @@ class DeltaTables:
     def exists(self, table: str) -> bool:
         from delta.tables import DeltaTable
 
-        return bool(DeltaTable.isDeltaTable(self._session(), self.path(table)))
+        return bool(DeltaTable.isDeltaTable(self.session(), self.path(table)))
 
     # -- progress ------------------------------------------------------------
 
@@ -187,14 +124,14 @@ class DeltaTables:
 
         path = self.path(table)
         try:
-            session = self._session()
+            session = self.session()
             if not DeltaTable.isDeltaTable(session, path):
                 return ZERO
             history = DeltaTable.forPath(session, path).history
             for limit in (HISTORY_PEEK, None):
                 frame = history(limit) if limit else history()
                 rows = frame.select("version", "userMetadata").orderBy("version").collect()
-                lsns = [_lsn_from_metadata(r["userMetadata"], self.subscription) for r in rows]
+                lsns = [lsn_from_metadata(r["userMetadata"], self.subscription) for r in rows]
                 found = [lsn for lsn in lsns if lsn is not None]
                 if found:
                     return max(found)
@@ -232,11 +169,11 @@ class DeltaTables:
     def _create(self, schema: TargetSchema, path: str) -> None:
         from delta.tables import DeltaTable
 
-        session = self._session()
+        session = self.session()
         builder = (
             DeltaTable.createIfNotExists(session)
             .location(path)
-            .addColumns(_struct(schema.ddl()))
+            .addColumns(struct(schema.ddl()))
             .property("delta.columnMapping.mode", "name")
             .property("delta.enableTypeWidening", "true")
             .property("pgsub.source", schema.table)
@@ -250,7 +187,7 @@ class DeltaTables:
         log.info("target table created", table=schema.table, path=path, key=list(schema.key))
 
     def _evolve(self, schema: TargetSchema, path: str) -> Evolution:
-        session = self._session()
+        session = self.session()
         existing = {
             f.name: f.dataType.simpleString()
             for f in session.read.format("delta").load(path).schema.fields
@@ -288,15 +225,15 @@ class DeltaTables:
     def _properties(self, path: str) -> Mapping[str, str]:
         from delta.tables import DeltaTable
 
-        detail = DeltaTable.forPath(self._session(), path).detail().select("properties").first()
+        detail = DeltaTable.forPath(self.session(), path).detail().select("properties").first()
         return dict(detail["properties"] or {}) if detail else {}
 
     # -- writes --------------------------------------------------------------
 
     @contextmanager
-    def _marked(self, mark: CommitMark) -> Iterator[SparkSession]:
+    def marked(self, mark: CommitMark) -> Iterator[SparkSession]:
         """A session whose next Delta commit carries ``mark``."""
-        session = self._session()
+        session = self.session()
         conf = session.conf
         conf.set(TXN_APP_ID, f"pgsub/{mark.subscription}")
         conf.set(TXN_VERSION, str(int(mark.lsn)))
@@ -310,16 +247,16 @@ class DeltaTables:
             conf.unset(USER_METADATA)
 
     @contextmanager
-    def _noted(self, mark: CommitMark) -> Iterator[SparkSession]:
+    def noted(self, mark: CommitMark) -> Iterator[SparkSession]:
         """A session whose next commit is marked ours without bringing the table to an LSN."""
-        session = self._session()
+        session = self.session()
         session.conf.set(USER_METADATA, mark.partial_metadata())
         try:
             yield session
         finally:
             session.conf.unset(USER_METADATA)
 
-    def _committed_version(self, session: SparkSession) -> int | None:
+    def committed_version(self, session: SparkSession) -> int | None:
         value = session.conf.get(LAST_VERSION, None)
         return int(value) if value not in (None, "") else None
 
@@ -341,7 +278,7 @@ class DeltaTables:
         try:
             if isinstance(net, KeyedNet):
                 return self._write_keyed(schema, net, mark, path, resolutions)
-            return self._write_multiset(schema, net, mark, path, resolutions)
+            return write_multiset(self, schema, net, mark, resolutions)
         except ConflictError:
             raise
         except SparkErrors as exc:
@@ -352,15 +289,14 @@ class DeltaTables:
                 f"writing {schema.table} to {path} at LSN {mark.lsn} failed: {exc}"
             ) from exc
 
-    def _frame(self, session: SparkSession, table: pa.Table, schema: TargetSchema) -> DataFrame:
+    def frame(self, session: SparkSession, table: pa.Table, schema: TargetSchema) -> DataFrame:
         types = {c.name: c.spark_type for c in schema.columns}
         for position, name in enumerate(schema.key):
             types[from_key(position)] = types[name]
         ddl = ", ".join(
-            f"{quote(n)} {types.get(n) or _HELPER_TYPES.get(n) or _helper_type(n)}"
-            for n in table.column_names
+            f"{quote(n)} {types.get(n) or helper_spark_type(n)}" for n in table.column_names
         )
-        return session.createDataFrame(table, schema=_struct(ddl))
+        return session.createDataFrame(table, schema=struct(ddl))
 
     def _tracker(self, table: str, path: str) -> OriginTracker:
         with self._lock:
@@ -368,7 +304,7 @@ class DeltaTables:
         if tracker is None:
             enabled = self._properties(path).get(ROW_TRACKING) == "true"
             tracker = OriginTracker(self.subscription, table, path, enabled)
-            tracker.start(self._session())
+            tracker.start(self.session())
             with self._lock:
                 self._origins[table] = tracker
         return tracker
@@ -381,17 +317,18 @@ class DeltaTables:
         path: str,
         resolutions: Mapping[ConflictKind, Resolution],
     ) -> WriteResult:
-        session = self._session()
+        session = self.session()
         origins = self._tracker(schema.table, path)
         if net.truncated:
             return self._write_truncated(schema, net, mark, resolutions, origins)
         first = looks_up_first(resolutions) or any(
             r.first is First.KEY_UPDATE_OLD for r in net.rows.values()
         )
-        if not first and origin_looks_up_first(resolutions) and origins.has_new_commits(session):
-            origins.catch_up(session)
-        if first or (origin_looks_up_first(resolutions) and origins.foreign):
-            return self._write_looked_up(schema, net, mark, path, resolutions)
+        origin_first = origin_looks_up_first(resolutions)
+        if (first or origin_first) and origins.has_new_commits(session):
+            origins.catch_up(session)  # the lookup judges against every other writer's rows
+        if first or (origin_first and origins.foreign):
+            return self._write_looked_up(schema, net, mark, path, resolutions, origins=origins)
         # The default path: the MERGE judges, and is looked at after only when it must be.
         result, source = self._merge_net(schema, net, mark, path, resolutions)
         origins.committed(session, result.version, before=True)
@@ -400,8 +337,7 @@ class DeltaTables:
             return result  # the conflict-free path: nothing more to look at
         before = self._table_frame(path, None if result.version is None else result.version - 1)
         findings = find_keyed(session, schema, net, before, origins.foreign)
-        if any(ConflictKind(f.kind) in ORIGIN for f in findings):
-            origins.prune(session)  # the batch made some of those rows ours
+        _prune_replaced(origins, session, findings)
         return replace(result, conflicts=tuple(findings))
 
     def _write_looked_up(
@@ -411,20 +347,18 @@ class DeltaTables:
         mark: CommitMark,
         path: str,
         resolutions: Mapping[ConflictKind, Resolution],
+        *,
+        origins: OriginTracker,
     ) -> WriteResult:
         """Judge the batch's keys against the table first, then MERGE what the actions keep."""
-        session = self._session()
-        origins = self._tracker(schema.table, path)
-        if origins.has_new_commits(session):
-            origins.catch_up(session)
+        session = self.session()
         findings = find_keyed(session, schema, net, self._table_frame(path, None), origins.foreign)
         resolved = resolve(net, findings, resolutions)
         if resolved.stop is not None:
             raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
         result, _ = self._merge_net(schema, resolved.net, mark, path, resolutions)
         origins.committed(session, result.version, before=True)
-        if any(ConflictKind(f.kind) in ORIGIN for f in resolved.findings):
-            origins.prune(session)
+        _prune_replaced(origins, session, resolved.findings)
         return replace(result, conflicts=resolved.findings)
 
     def _merge_net(
@@ -440,12 +374,12 @@ class DeltaTables:
             resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
             resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
         )
-        with self._marked(mark) as session:
-            frame = self._frame(session, source.table, schema)
+        with self.marked(mark) as session:
+            frame = self.frame(session, source.table, schema)
             if source.moved:
-                frame = self._fill_moved(session, frame, schema, source.keep_columns, path)
+                frame = fill_moved(session, frame, schema, source.keep_columns, path)
             plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table))
-            return self._merge(session, schema, frame, plan, path), source
+            return self.merge(session, schema, frame, plan, path), source
 
     def _write_truncated(
         self,
@@ -470,54 +404,17 @@ class DeltaTables:
         )
         keep = pc.and_(table[PRESENT], pc.or_(expects_absent, table[REINSERTED]))
         rows = table.filter(keep).select([c.name for c in schema.columns])
-        result = self._overwrite(schema, rows, mark)
+        result = self.overwrite(schema, rows, mark)
         origins.rewritten(result.version)
         return replace(result, conflicts=resolved.findings)
 
     def _table_frame(self, path: str, version: int | None) -> DataFrame:
-        reader = self._session().read.format("delta")
+        reader = self.session().read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return reader.load(path)
 
-    def _fill_moved(
-        self,
-        session: SparkSession,
-        frame: DataFrame,
-        schema: TargetSchema,
-        keep_columns: tuple[int, ...],
-        path: str,
-    ) -> DataFrame:
-        """Take kept (unchanged TOAST) values of key-changing updates from the old key's row.
-
-        A row whose old key is not in the target is dropped: PostgreSQL skips
-        such an update (update_missing).
-        """
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as fn
-
-        old = DeltaTable.forPath(session, path).toDF()
-        old = old.select(
-            *[fn.col(quote(c.name)).alias(f"__pgsub_old_{i}") for i, c in enumerate(schema.columns)]
-        )
-        names = [c.name for c in schema.columns]
-        on = [
-            frame[quote(from_key(p))] == old[f"__pgsub_old_{names.index(k)}"]
-            for p, k in enumerate(schema.key)
-        ]
-        joined = frame.join(old, reduce(lambda a, b: a & b, on), "left")
-        moved = fn.col(quote(from_key(0))).isNotNull()
-        found = fn.col(f"__pgsub_old_{names.index(schema.key[0])}").isNotNull()
-        joined = joined.where(~moved | found)
-        for index in keep_columns:
-            flag = fn.col(keep_flag(index))
-            value = fn.col(quote(names[index]))
-            joined = joined.withColumn(
-                names[index], fn.when(moved & flag, fn.col(f"__pgsub_old_{index}")).otherwise(value)
-            ).withColumn(keep_flag(index), flag & ~moved)
-        return joined.select(*[quote(n) for n in frame.columns])
-
-    def _merge(
+    def merge(
         self,
         session: SparkSession,
         schema: TargetSchema,
@@ -544,189 +441,39 @@ class DeltaTables:
         counts = rows[0].asDict() if rows else {}
         return WriteResult(
             schema.table,
-            self._committed_version(session),
+            self.committed_version(session),
             inserted=int(counts.get("num_inserted_rows") or 0),
             updated=int(counts.get("num_updated_rows") or 0),
             deleted=int(counts.get("num_deleted_rows") or 0),
         )
 
-    def _overwrite(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
-        with self._marked(mark) as session:
-            frame = self._frame(session, rows, schema)
+    def overwrite(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
+        with self.marked(mark) as session:
+            frame = self.frame(session, rows, schema)
             frame.write.format("delta").mode("overwrite").save(self.path(schema.table))
             return WriteResult(
-                schema.table, self._committed_version(session), inserted=rows.num_rows
+                schema.table, self.committed_version(session), inserted=rows.num_rows
             )
 
     def copy_into(
         self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark
     ) -> tuple[int, int | None]:
-        """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
-
-        With a local Spark the blocks are staged as Parquet files (written by
-        pyarrow, one block in memory at a time) and land in one Delta commit
-        carrying ``mark``: the copy is atomic, and no block travels inside a
-        Spark task. Elsewhere (a cluster cannot read our local disk) each
-        block is its own commit: the first overwrites whatever a failed
-        attempt left, and only the last carries ``mark``.
-        """
-        path = self.path(schema.table)
-        try:
-            if self._local_master():
-                return self._copy_staged(schema, blocks, mark, path)
-            return self._copy_by_block(schema, blocks, mark, path)
-        except SparkErrors as exc:
-            raise TargetTableError(f"copying {schema.table} into {path} failed: {exc}") from exc
-
-    def _local_master(self) -> bool:
-        try:
-            return str(self._spark.conf.get("spark.master", "")).startswith("local")
-        except SparkErrors:
-            return False
-
-    def _copy_staged(
-        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, path: str
-    ) -> tuple[int, int | None]:
-        import pyarrow.parquet as pq
-
-        staging = Path(tempfile.mkdtemp(prefix="pgsub-copy-"))
-        try:
-            rows = 0
-            for number, block in enumerate(blocks):
-                pq.write_table(block, staging / f"part-{number:06d}.parquet")
-                rows += block.num_rows
-            with self._marked(mark) as session:
-                if rows:
-                    frame = session.read.schema(_struct(schema.ddl())).parquet(str(staging))
-                else:
-                    frame = self._frame(session, source_empty(schema), schema)
-                frame.write.format("delta").mode("overwrite").save(path)
-                return rows, self._committed_version(session)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-
-    def _copy_by_block(
-        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, path: str
-    ) -> tuple[int, int | None]:
-        rows = 0
-        mode = "overwrite"
-        ahead = next(blocks, None)
-        while True:
-            block = ahead if ahead is not None else source_empty(schema)
-            ahead = next(blocks, None)
-            last = ahead is None
-            with self._marked(mark) if last else self._noted(mark) as session:
-                self._frame(session, block, schema).write.format("delta").mode(mode).save(path)
-                version = self._committed_version(session) if last else None
-            rows += block.num_rows
-            mode = "append"
-            if last:
-                return rows, version
-
-    def _write_multiset(
-        self,
-        schema: TargetSchema,
-        net: MultisetNet,
-        mark: CommitMark,
-        path: str,
-        resolutions: Mapping[ConflictKind, Resolution],
-    ) -> WriteResult:
-        source = multiset_source(net, schema)
-        if net.truncated:
-            return self._overwrite(schema, source.inserts, mark)
-        if source.removals.num_rows == 0:
-            with self._marked(mark) as session:
-                frame = self._frame(session, source.inserts, schema)
-                frame.write.format("delta").mode("append").save(path)
-                return WriteResult(
-                    schema.table, self._committed_version(session), inserted=source.inserts.num_rows
-                )
-        names = [c.name for c in schema.columns]
-        values = source.inserts.select(names).schema
-        remaining, short = self._remaining_copies(schema, source.removals, path)
-        missing = tuple(
-            Finding("delete_missing", row.first_tx, (), row.image, None)
-            for index, row in enumerate(source.removed)
-            if index in short
-        )
-        if missing and resolutions[ConflictKind.DELETE_MISSING] is Resolution.ERROR:
-            raise ConflictError(ConflictKind.DELETE_MISSING.value, schema.table, list(missing))
-        copies = [i for i, n in enumerate(remaining[COUNT].to_pylist()) for _ in range(n)]
-        reinserts = remaining.take(pa.array(copies, type=pa.int64())).select(names).cast(values)
-        markers = source.removals.select(names)
-        # Typed flags: an untyped empty list is Arrow's null type, which concat refuses.
-        markers = markers.append_column(REMOVE, _flags(True, markers.num_rows))
-        adds = pa.concat_tables([reinserts, source.inserts.select(names)])
-        adds = adds.append_column(REMOVE, _flags(False, adds.num_rows))
-        with self._marked(mark) as session:
-            frame = self._frame(session, pa.concat_tables([markers, adds]), schema)
-            result = self._merge(session, schema, frame, multiset_merge(schema), path)
-        return WriteResult(
-            schema.table,
-            result.version,
-            inserted=result.inserted - reinserts.num_rows,
-            deleted=result.deleted - reinserts.num_rows,
-            conflicts=missing,
-        )
-
-    def _remaining_copies(
-        self, schema: TargetSchema, removals: pa.Table, path: str
-    ) -> tuple[pa.Table, set[int]]:
-        """Each row to remove from, with how many copies stay (the target's count minus COUNT).
-
-        Fewer copies in the target than the batch removes is delete_missing.
-        """
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as fn
-
-        session = self._session()
-        names = [c.name for c in schema.columns]
-        target = DeltaTable.forPath(session, path).toDF().select(*[quote(n) for n in names])
-        target = target.withColumn("__pgsub_hit", fn.lit(1))
-        wanted = self._frame(session, removals, schema)
-        same = reduce(
-            lambda a, b: a & b, [wanted[quote(n)].eqNullSafe(target[quote(n)]) for n in names]
-        )
-        counted = (
-            wanted.join(target, same, "left")
-            .groupBy(*[wanted[quote(n)] for n in names], wanted[quote(COUNT)], wanted[ROW])
-            .agg(fn.sum(fn.coalesce(target["__pgsub_hit"], fn.lit(0))).alias("__pgsub_existing"))
-            .toArrow()
-        )
-        stay = pc.subtract(counted["__pgsub_existing"], counted[COUNT])
-        short = {
-            int(row)
-            for row, left in zip(counted[ROW].to_pylist(), stay.to_pylist(), strict=True)
-            if left < 0
-        }
-        table: pa.Table = counted.drop_columns(["__pgsub_existing", COUNT, ROW])
-        return table.append_column(COUNT, pc.max_element_wise(stay, 0)), short
+        """Replace the table's rows with ``blocks`` (the initial copy); (rows, version)."""
+        return copy_into(self, schema, blocks, mark)
 
     def _conflict(self, schema: TargetSchema, net: KeyedNet, kind: str, path: str) -> ConflictError:
         """The MERGE raised: find every conflicting chain, against the unchanged table."""
-        findings = find_keyed(self._session(), schema, net, self._table_frame(path, None))
+        findings = find_keyed(self.session(), schema, net, self._table_frame(path, None))
         return ConflictError(kind, schema.table, findings)
 
 
-def _struct(ddl: str) -> StructType:
-    from pyspark.sql.types import StructType
-
-    return cast("StructType", StructType.fromDDL(ddl))
-
-
-def _helper_type(name: str) -> str:
-    if name.startswith("__pgsub_keep_") or name == REMOVE:
-        return "boolean"
-    if name == COUNT:
-        return "long"
-    if name == ROW:
-        return "int"
-    raise KeyError(name)
+def _prune_replaced(
+    origins: OriginTracker, session: SparkSession, findings: Sequence[Finding]
+) -> None:
+    """The batch wrote over other writers' rows: some of their versions may be gone."""
+    if any(ConflictKind(f.kind) in ORIGIN for f in findings):
+        origins.prune(session)
 
 
 def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _flags(value: bool, count: int) -> pa.Array:
-    return pa.repeat(pa.scalar(value, type=pa.bool_()), count)

@@ -33,10 +33,9 @@ import pyarrow.compute as pc
 
 from apply.collapse import First
 from apply.schema import TargetSchema, quote
-from apply.source import FIRST, PRESENT, REINSERTED, keep_flag
+from apply.source import FIRST, PRESENT, REINSERTED, REMOVE, keep_flag
 
 EXPECTS_ABSENT: Final = f"s.{FIRST} IN ('INSERT', 'KEY_UPDATE_NEW')"
-REMOVE: Final = "__pgsub_remove"
 CONFLICT_MARK: Final = "pgsub conflict:"
 
 

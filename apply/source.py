@@ -37,6 +37,25 @@ REINSERTED: Final = PREFIX + "reinserted"
 TX: Final = PREFIX + "tx"
 COUNT: Final = PREFIX + "count"
 ROW: Final = PREFIX + "row"
+REMOVE: Final = PREFIX + "remove"  # a multiset MERGE row that removes (not adds) copies
+_HELPER_TYPES: Final = {
+    FIRST: "string",
+    PRESENT: "boolean",
+    REINSERTED: "boolean",
+    TX: "int",
+    COUNT: "long",
+    ROW: "int",
+    REMOVE: "boolean",
+}
+
+
+def helper_spark_type(name: str) -> str:
+    """The Spark type of a helper column (``KeyError`` for a value column)."""
+    if name in _HELPER_TYPES:
+        return _HELPER_TYPES[name]
+    if name.startswith(PREFIX + "keep_"):
+        return "boolean"
+    raise KeyError(name)
 
 
 def keep_flag(index: int) -> str:

@@ -37,7 +37,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from apply.collapse import First, KeyedNet, KeyedRow
-from apply.delta_writer import CommitMark, DeltaTables
+from apply.delta_commit import CommitMark
+from apply.delta_writer import DeltaTables
 from apply.schema import TargetSchema, target_schema
 from apply.source import empty
 from apply.spark_session import SparkSettings, build_session

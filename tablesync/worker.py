@@ -33,7 +33,8 @@ import structlog
 from apply.applier import BatchApplier
 from apply.batch import Batcher
 from apply.collapse import is_keyed
-from apply.delta_writer import CommitMark, DeltaTables
+from apply.delta_commit import CommitMark
+from apply.delta_writer import DeltaTables
 from apply.schema import target_schema
 from apply.transactions import RemoteTransaction
 from apply.worker import ApplyWorker, TransactionQueue

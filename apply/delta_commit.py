@@ -1,0 +1,87 @@
+"""What every write to a target Delta table shares: its mark, its result, its errors.
+
+A commit of pgsub carries, in Delta's ``userMetadata``, the subscription
+and the LSN the commit brings the table to (``CommitMark``); a restart
+reads the LSN back (``lsn_from_metadata``), and the origin tracker tells
+pgsub's commits from other writers' by it (``apply.delta_origins``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+from pyspark.errors import PySparkException
+
+from apply.delta_conflicts import Finding
+from apply.delta_origins import read_mark
+from apply.errors import ApplyError
+from subscriber.lsn import Lsn
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+SparkErrors = (PySparkException, Py4JError)
+
+
+class ConflictError(ApplyError):
+    """A remote change conflicts with the target and the configured action is to stop."""
+
+    def __init__(self, kind: str, table: str, findings: list[Finding]) -> None:
+        self.kind = kind
+        self.table = table
+        self.findings = findings
+        stopping = [f for f in findings if f.kind == kind]
+        self.tx_index = stopping[0].tx_index if stopping else 0
+        super().__init__(f'conflict detected on relation "{table}": conflict={kind}')
+
+
+@dataclass(frozen=True, slots=True)
+class CommitMark:
+    """What a write records about itself in the table's history."""
+
+    subscription: str
+    lsn: Lsn
+    commit_time: int  # microseconds since the PostgreSQL epoch
+
+    def user_metadata(self) -> str:
+        return json.dumps(
+            {"pgsub": {"subscription": self.subscription, "lsn": str(self.lsn)}},
+            separators=(",", ":"),
+        )
+
+    def partial_metadata(self) -> str:
+        """The mark of a commit that is ours but brings the table to no LSN (a copy's block)."""
+        return json.dumps(
+            {"pgsub": {"subscription": self.subscription, "copy": "partial"}},
+            separators=(",", ":"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    table: str
+    version: int | None  # the Delta version committed; None when nothing was written
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    conflicts: tuple[Finding, ...] = ()
+
+
+def lsn_from_metadata(text: str | None, subscription: str) -> Lsn | None:
+    """The LSN a commit of ``subscription`` brought the table to (None: not such a commit)."""
+    mark = read_mark(text)
+    if mark.get("subscription") != subscription:
+        return None
+    try:
+        return Lsn.parse(str(mark["lsn"]))
+    except (ValueError, KeyError):
+        return None
+
+
+def struct(ddl: str) -> StructType:
+    from pyspark.sql.types import StructType
+
+    return cast("StructType", StructType.fromDDL(ddl))
