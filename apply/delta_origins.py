@@ -17,8 +17,9 @@ only this subscription writes the table, it costs nothing: the MERGE's own
 version tells whether another commit came in between (it is then not the
 next one), and only then is the history read.
 
-A table created without row tracking (by an older pgsub, or by hand) is not
-checked for *_origin_differs; ``pgsub`` logs that once per table.
+A table without row tracking (``track_origin: false``, the default, or a
+table created by hand) is not checked for *_origin_differs; with
+``track_origin: true`` pgsub logs once per such table that it cannot tell.
 """
 
 from __future__ import annotations
@@ -84,16 +85,6 @@ class OriginTracker:
         self.enabled = enabled
         self.foreign: frozenset[int] = frozenset()
         self.seen: int | None = None  # the history is read up to this version
-        if not enabled:
-            log.info(
-                "update_origin_differs and delete_origin_differs are not detected for this table",
-                table=table,
-                path=path,
-                hint=(
-                    "the Delta table has no row tracking (track_origin: false, or created"
-                    f" elsewhere); set the table property {ROW_TRACKING} = true to detect them"
-                ),
-            )
 
     def start(self, session: SparkSession) -> None:
         """Read the whole history once (the first write of this process to the table)."""

@@ -304,6 +304,14 @@ class DeltaTables:
         if tracker is None:
             enabled = self._properties(path).get(ROW_TRACKING) == "true"
             tracker = OriginTracker(self.subscription, table, path, enabled)
+            if self.track_origin and not enabled:
+                log.warning(
+                    "update_origin_differs and delete_origin_differs are not detected for"
+                    " this table",
+                    table=table,
+                    path=path,
+                    hint=f"it has no row tracking; set its table property {ROW_TRACKING} = true",
+                )
             tracker.start(self.session())
             with self._lock:
                 self._origins[table] = tracker
