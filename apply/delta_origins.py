@@ -99,17 +99,16 @@ class OriginTracker:
             return True
         return _commit_exists(session, self.path, self.seen + 1)
 
-    def catch_up(self, session: SparkSession, upto: int | None = None) -> frozenset[int]:
-        """Read the commits after the last one read (up to ``upto``); the live foreign versions."""
+    def catch_up(self, session: SparkSession) -> None:
+        """Read the commits after the last one read; ``foreign`` is then current."""
         if self.enabled:
-            self._read(session, upto)
-        return self.foreign
+            self._read(session, None)
 
-    def committed(self, session: SparkSession, version: int | None, *, before: bool) -> None:
-        """Our commit ``version`` landed; ``before``: read what came in between first."""
+    def committed(self, session: SparkSession, version: int | None) -> None:
+        """Our commit ``version`` landed: read the commits that came in between, if any."""
         if not self.enabled or version is None:
             return
-        if before and self.seen is not None and version > self.seen + 1:
+        if self.seen is not None and version > self.seen + 1:
             self._read(session, version - 1)
         if self.seen is not None and version == self.seen + 1:
             self.seen = version

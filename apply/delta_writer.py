@@ -339,7 +339,7 @@ class DeltaTables:
             return self._write_looked_up(schema, net, mark, path, resolutions, origins=origins)
         # The default path: the MERGE judges, and is looked at after only when it must be.
         result, source = self._merge_net(schema, net, mark, path, resolutions)
-        origins.committed(session, result.version, before=True)
+        origins.committed(session, result.version)
         counts = (result.inserted, result.updated, result.deleted)
         if not origins.foreign and counts == expected_counts(source.table):
             return result  # the conflict-free path: nothing more to look at
@@ -365,7 +365,7 @@ class DeltaTables:
         if resolved.stop is not None:
             raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
         result, _ = self._merge_net(schema, resolved.net, mark, path, resolutions)
-        origins.committed(session, result.version, before=True)
+        origins.committed(session, result.version)
         _prune_replaced(origins, session, resolved.findings)
         return replace(result, conflicts=resolved.findings)
 
