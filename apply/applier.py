@@ -24,7 +24,7 @@ import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
-from apply.delta_commit import CommitMark, ConflictError, WriteResult
+from apply.delta_commit import CommitMark, ConflictError, Within, WriteResult
 from apply.delta_conflicts import Finding
 from apply.errors import ApplyError
 from apply.schema import Evolution, TargetSchema, target_schema
@@ -45,6 +45,8 @@ class Tables(Protocol):
     """The Delta side, as the applier needs it (``apply.delta_writer.DeltaTables``)."""
 
     def applied_lsn(self, table: str) -> Lsn: ...
+
+    def applied_within(self, table: str) -> Within | None: ...
 
     def prepare(self, schema: TargetSchema) -> Evolution | None: ...
 
@@ -140,6 +142,7 @@ class BatchApplier:
         self._reporter = reporter
         self._clock = clock
         self._applied: dict[str, Lsn] = {}
+        self._within: dict[str, Within | None] = {}
         self._schemas: dict[str, tuple[Relation, TargetSchema]] = {}
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="merge")
 
@@ -153,6 +156,24 @@ class BatchApplier:
                 log.info("table progress read", table=table, applied_lsn=str(self._applied[table]))
         return self._applied[table]
 
+    def applied_through(self, table: str, end_lsn: Lsn) -> int:
+        """How many first changes of the spooled transaction ending at ``end_lsn`` the table
+        has committed (pieces applied before a crash)."""
+        if table not in self._within:
+            self._within[table] = self._tables.applied_within(table)
+            if self._within[table] is not None:
+                log.info("table progress read", table=table, within=str(self._within[table]))
+        within = self._within[table]
+        return within.through if within is not None and within.end_lsn == end_lsn else 0
+
+    def _mark(self, batch: Batch, table: str) -> CommitMark:
+        last = batch.transactions[-1]
+        if not last.partial:
+            return CommitMark(self.subscription, batch.end_lsn, batch.commit_time)
+        # A piece that leaves its transaction open: the table stays at its LSN.
+        within = Within(last.end_lsn, last.first + len(last.changes))
+        return CommitMark(self.subscription, self.applied_lsn(table), batch.commit_time, within)
+
     def _schema(self, work: TableWork) -> TargetSchema:
         known = self._schemas.get(work.name)
         if known is not None and known[0] == work.relation:
@@ -164,8 +185,7 @@ class BatchApplier:
 
     def apply(self, batch: Batch) -> BatchResult:
         """Apply ``batch``; on error nothing is confirmed and the batch may be applied again."""
-        work = batch.tables(self.applied_lsn, self._should_apply)
-        mark = CommitMark(self.subscription, batch.end_lsn, batch.commit_time)
+        work = batch.tables(self.applied_lsn, self._should_apply, self.applied_through)
         jobs = []
         for name, table_work in work.items():
             try:
@@ -175,17 +195,19 @@ class BatchApplier:
                 raise TransactionError(exc, self.subscription, name, None, batch) from exc
             if _nothing_to_do(net):
                 continue
+            mark = self._mark(batch, name)
             jobs.append(
                 (
                     name,
                     schema,
+                    mark,
                     len(table_work.changes),
                     self._pool.submit(self._write, schema, net, mark),
                 )
             )
         results = []
         failure: TransactionError | None = None
-        for name, schema, changes, future in jobs:
+        for name, schema, mark, changes, future in jobs:
             try:
                 write, seconds = future.result()
             except ConflictError as exc:
@@ -196,7 +218,9 @@ class BatchApplier:
             except ApplyError as exc:
                 failure = failure or TransactionError(exc, self.subscription, name, None, batch)
                 continue
-            self._applied[name] = batch.end_lsn
+            if mark.within is None:
+                self._applied[name] = batch.end_lsn
+            self._within[name] = mark.within
             self._report(write.conflicts, schema, batch)
             results.append(TableResult(name, write, seconds, changes))
         if failure is not None:

@@ -42,6 +42,9 @@ class TableWork:
 
 # (relation, transaction) -> whether the leader applies this change now.
 ShouldApply = Callable[[Relation, RemoteTransaction], bool]
+# (table, end LSN of a spooled transaction) -> how many of its first changes the table
+# has applied already (a piece committed before a crash).
+AppliedThrough = Callable[[str, Lsn], int]
 
 
 @dataclass
@@ -64,22 +67,33 @@ class Batch:
         self,
         applied_lsn: Callable[[str], Lsn],
         should_apply: ShouldApply | None = None,
+        applied_through: AppliedThrough | None = None,
     ) -> dict[str, TableWork]:
         """Per-table work keyed by ``schema.name``.
 
         A transaction is dropped for a table when its end LSN is at or below
-        the table's applied LSN: that table committed it before a crash.
+        the table's applied LSN: that table committed it before a crash. Of a
+        piece of a spooled transaction, the changes a table committed in an
+        earlier piece are dropped the same way (``applied_through``).
         """
         work: dict[str, TableWork] = {}
         applied: dict[str, Lsn] = {}
+        through: dict[str, int] = {}
 
-        def add(relation: Relation, index: int, change: RowChange | TruncateChange) -> None:
+        def add(
+            relation: Relation, index: int, ordinal: int, change: RowChange | TruncateChange
+        ) -> None:
             name = relation.qualified_name
             if name not in applied:
                 applied[name] = applied_lsn(name)
             tx = self.transactions[index]
             if tx.end_lsn <= applied[name]:
                 return
+            if tx.total is not None and applied_through is not None:
+                if name not in through:
+                    through[name] = applied_through(name, tx.end_lsn)
+                if tx.first + ordinal < through[name]:
+                    return
             if should_apply is not None and not should_apply(relation, tx):
                 return
             entry = work.get(name)
@@ -89,12 +103,12 @@ class Batch:
             entry.changes.append(TableChange(index, change))
 
         for index, tx in enumerate(self.transactions):
-            for change in tx.changes:
+            for ordinal, change in enumerate(tx.changes):
                 if isinstance(change, RowChange):
-                    add(change.relation, index, change)
+                    add(change.relation, index, ordinal, change)
                 else:
                     for relation in change.relations:
-                        add(relation, index, change)
+                        add(relation, index, ordinal, change)
         return work
 
 

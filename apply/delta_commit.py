@@ -39,18 +39,43 @@ class ConflictError(ApplyError):
 
 
 @dataclass(frozen=True, slots=True)
+class Within:
+    """How far into the transaction ending at ``end_lsn`` a table has applied."""
+
+    end_lsn: Lsn
+    through: int  # the transaction's first ``through`` changes
+
+
+@dataclass(frozen=True, slots=True)
 class CommitMark:
-    """What a write records about itself in the table's history."""
+    """What a write records about itself in the table's history.
+
+    A piece of a spooled transaction that is not its last brings the table
+    to no new LSN: ``lsn`` stays the table's applied LSN and ``within`` says
+    how far into the open transaction the table is.
+    """
 
     subscription: str
     lsn: Lsn
     commit_time: int  # microseconds since the PostgreSQL epoch
+    within: Within | None = None
 
     def user_metadata(self) -> str:
-        return json.dumps(
-            {"pgsub": {"subscription": self.subscription, "lsn": str(self.lsn)}},
-            separators=(",", ":"),
-        )
+        mark: dict[str, object] = {"subscription": self.subscription, "lsn": str(self.lsn)}
+        if self.within is not None:
+            mark["within"] = {"end_lsn": str(self.within.end_lsn), "through": self.within.through}
+        return json.dumps({"pgsub": mark}, separators=(",", ":"))
+
+    @property
+    def txn(self) -> tuple[str, int]:
+        """Delta's idempotent-write pair: an application id and a version that only grows.
+
+        A piece counts in its own transaction's id, so that its version (how far
+        into the transaction) does not depend on how the transaction was cut.
+        """
+        if self.within is None:
+            return f"pgsub/{self.subscription}", int(self.lsn)
+        return f"pgsub/{self.subscription}/{self.within.end_lsn}", self.within.through
 
     def partial_metadata(self) -> str:
         """The mark of a commit that is ours but brings the table to no LSN (a copy's block)."""
@@ -78,6 +103,18 @@ def lsn_from_metadata(text: str | None, subscription: str) -> Lsn | None:
     try:
         return Lsn.parse(str(mark["lsn"]))
     except (ValueError, KeyError):
+        return None
+
+
+def within_from_metadata(text: str | None, subscription: str) -> Within | None:
+    """How far into an open transaction a commit of ``subscription`` brought the table."""
+    mark = read_mark(text)
+    within = mark.get("within")
+    if mark.get("subscription") != subscription or not isinstance(within, dict):
+        return None
+    try:
+        return Within(Lsn.parse(str(within["end_lsn"])), int(within["through"]))
+    except (ValueError, KeyError, TypeError):
         return None
 
 

@@ -34,9 +34,11 @@ from apply.delta_commit import (
     CommitMark,
     ConflictError,
     SparkErrors,
+    Within,
     WriteResult,
     lsn_from_metadata,
     struct,
+    within_from_metadata,
 )
 from apply.delta_conflicts import Finding, expected_counts, find_keyed
 from apply.delta_copy import copy_into
@@ -141,6 +143,24 @@ class DeltaTables:
             raise TargetTableError(f"cannot read the history of {path}: {exc}") from exc
         return ZERO
 
+    def applied_within(self, table: str) -> Within | None:
+        """How far into an open transaction the latest commit of this subscription brought
+        ``table`` (None: that commit completed its transactions)."""
+        from delta.tables import DeltaTable
+
+        path = self.path(table)
+        try:
+            session = self.session()
+            if not DeltaTable.isDeltaTable(session, path):
+                return None
+            rows = DeltaTable.forPath(session, path).history(HISTORY_PEEK).collect()
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot read the history of {path}: {exc}") from exc
+        for row in sorted(rows, key=lambda r: -int(r["version"])):
+            if lsn_from_metadata(row["userMetadata"], self.subscription) is not None:
+                return within_from_metadata(row["userMetadata"], self.subscription)
+        return None
+
     # -- schema --------------------------------------------------------------
 
     def prepare(self, schema: TargetSchema) -> Evolution | None:
@@ -235,8 +255,9 @@ class DeltaTables:
         """A session whose next Delta commit carries ``mark``."""
         session = self.session()
         conf = session.conf
-        conf.set(TXN_APP_ID, f"pgsub/{mark.subscription}")
-        conf.set(TXN_VERSION, str(int(mark.lsn)))
+        app_id, version = mark.txn
+        conf.set(TXN_APP_ID, app_id)
+        conf.set(TXN_VERSION, str(version))
         conf.set(USER_METADATA, mark.user_metadata())
         conf.unset(LAST_VERSION)
         try:

@@ -11,6 +11,13 @@ receiver keeps answering keepalives while it waits).
 After a failed batch, the next attempts apply one transaction at a time up
 to the failed batch's end, so that the error names exactly one remote
 transaction - the one ``pgsub skip`` would skip.
+
+A spooled transaction (streamed, or larger than a batch) is applied alone,
+a piece of ``batch.max_changes`` changes at a time read back from its file:
+each piece is one Delta commit per table it touches, marked with how far
+into the transaction the table is, so that after a crash the resent
+transaction resumes per table where it stopped. Only its last piece
+records the checkpoint and confirms the transaction upstream.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from dataclasses import replace
 import structlog
 
 from apply.applier import BatchApplier, TableResult
+from apply.assembly import AssembledTransaction
 from apply.batch import Batch, Batcher
+from apply.spool import SpooledTransaction
 from apply.state_store import CheckpointStore
 from apply.transactions import RemoteTransaction, RowChange
 from subscriber.failpoints import failpoint
@@ -37,8 +46,13 @@ from subscriber.wire import PG_EPOCH_OFFSET
 log = structlog.get_logger(__name__)
 
 
+def _in_memory(tx: AssembledTransaction) -> int:
+    """The changes ``tx`` holds in memory (a spooled one counts as one)."""
+    return len(tx.changes) if isinstance(tx, RemoteTransaction) else 1
+
+
 class TransactionQueue:
-    """Transactions from the receiver to the apply worker, bounded by row changes.
+    """Transactions from the receiver to the apply worker, bounded by row changes in memory.
 
     A transaction larger than the bound is still accepted when the queue is
     empty, so that any transaction can pass.
@@ -46,13 +60,13 @@ class TransactionQueue:
 
     def __init__(self, max_changes: int) -> None:
         self._max = max_changes
-        self._items: deque[RemoteTransaction] = deque()
+        self._items: deque[AssembledTransaction] = deque()
         self._changes = 0
         self._cond = threading.Condition()
 
-    def put(self, tx: RemoteTransaction, timeout: float) -> bool:
+    def put(self, tx: AssembledTransaction, timeout: float) -> bool:
         """False when there was no room within ``timeout`` seconds."""
-        size = len(tx.changes)
+        size = _in_memory(tx)
         with self._cond:
             ok = self._cond.wait_for(
                 lambda: not self._items or self._changes + size <= self._max, timeout
@@ -64,12 +78,12 @@ class TransactionQueue:
             self._cond.notify_all()
             return True
 
-    def get(self, timeout: float) -> RemoteTransaction | None:
+    def get(self, timeout: float) -> AssembledTransaction | None:
         with self._cond:
             if not self._cond.wait_for(lambda: bool(self._items), timeout):
                 return None
             tx = self._items.popleft()
-            self._changes -= len(tx.changes)
+            self._changes -= _in_memory(tx)
             self._cond.notify_all()
             return tx
 
@@ -115,8 +129,13 @@ class ApplyWorker:
         while not stopping.is_set():
             wait = batcher.time_left() if len(batcher) else 0.5
             tx = self._queue.get(timeout=max(0.0, min(wait, 0.5)))
+            if isinstance(tx, SpooledTransaction):
+                if len(batcher):
+                    self._apply(batcher.take())
+                self._apply_spooled(tx, stopping)
+                continue
             if tx is not None:
-                batcher.add(self._maybe_skip(tx))
+                batcher.add(replace(tx, changes=()) if self._skipping(tx, len(tx.changes)) else tx)
             elif self._settings is not None:
                 self._settings.refresh()
             if len(batcher) and (batcher.due() or self._isolating(tx)):
@@ -126,28 +145,62 @@ class ApplyWorker:
                 # Idle: the leader's position is everything received (PostgreSQL's last_received).
                 self._sync_tables(progress.received if progress.idle else progress.flushed)
 
-    def _maybe_skip(self, tx: RemoteTransaction) -> RemoteTransaction:
-        """``pgsub skip``: the transaction finishing at the skip LSN is applied as empty."""
+    def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:
+        """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty)."""
         skip = self._settings.skip_lsn if self._settings is not None else None
         if skip is None or self._clear_skip_at is not None or tx.final_lsn < skip:
-            return tx
+            return False
         self._clear_skip_at = tx.end_lsn
         if tx.final_lsn == skip:
             log.info(
                 f"logical replication starts skipping transaction at LSN {skip}",
                 subscription=self.subscription,
                 xid=tx.xid,
-                changes=len(tx.changes),
+                changes=changes,
             )
-            return replace(tx, changes=())
+            return True
         log.warning(
             f'skip-LSN of subscription "{self.subscription}" cleared',
             detail=f"Remote transaction's finish WAL location (LSN) {tx.final_lsn} did not "
             f"match skip-LSN {skip}.",
         )
-        return tx
+        return False
 
-    def _isolating(self, tx: RemoteTransaction | None) -> bool:
+    def _apply_spooled(self, tx: SpooledTransaction, stopping: threading.Event) -> None:
+        if self._skipping(tx, tx.change_count):
+            tx.discard()
+            self._apply(Batch([tx.head]))
+            return
+        for piece in tx.pieces(self._batcher.max_changes):
+            if stopping.is_set():
+                return  # not confirmed: the publisher sends it again
+            if not piece.partial:
+                self._apply(Batch([piece]))
+                break
+            self._apply_piece(Batch([piece]))
+        tx.discard()
+
+    def _apply_piece(self, batch: Batch) -> None:
+        """A piece that leaves its transaction open: committed per table, confirmed nowhere."""
+        self.in_flight = batch
+        started = time.monotonic()
+        self._applier.apply(batch)
+        failpoint("apply.after_piece")
+        self.in_flight = None
+        if self._report:
+            piece = batch.transactions[0]
+            self._count_changes(batch)
+            log.info(
+                "transaction piece applied",
+                subscription=self.subscription,
+                xid=piece.xid,
+                through=piece.first + len(piece.changes),
+                of=piece.total,
+                seconds=round(time.monotonic() - started, 3),
+                end_lsn=str(piece.end_lsn),
+            )
+
+    def _isolating(self, tx: AssembledTransaction | None) -> bool:
         return (
             self._isolate_through is not None
             and tx is not None
@@ -184,15 +237,19 @@ class ApplyWorker:
         if self._sync_tables is not None:
             self._sync_tables(batch.end_lsn)
 
-    def _observe(self, batch: Batch, tables: tuple[TableResult, ...], seconds: float) -> None:
-        name = self.subscription
-        metrics = self._metrics
+    def _count_changes(self, batch: Batch) -> int:
         ops: Counter[str] = Counter()
         for tx in batch.transactions:
             for change in tx.changes:
                 ops["TRUNCATE" if not isinstance(change, RowChange) else change.op.value] += 1
         for op, count in ops.items():
-            metrics.changes_applied.labels(name, op).inc(count)
+            self._metrics.changes_applied.labels(self.subscription, op).inc(count)
+        return sum(ops.values())
+
+    def _observe(self, batch: Batch, tables: tuple[TableResult, ...], seconds: float) -> None:
+        name = self.subscription
+        metrics = self._metrics
+        changes = self._count_changes(batch)
         metrics.transactions_applied.labels(name).inc(len(batch.transactions))
         metrics.batch_duration.labels(name).observe(seconds)
         metrics.flushed_lsn.labels(name).set(int(batch.end_lsn))
@@ -205,7 +262,7 @@ class ApplyWorker:
                 "batch applied",
                 subscription=name,
                 transactions=len(batch.transactions),
-                changes=sum(ops.values()),
+                changes=changes,
                 tables=len(tables),
                 seconds=round(seconds, 3),
                 end_lsn=str(batch.end_lsn),

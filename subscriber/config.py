@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -97,6 +98,9 @@ class SubscriptionConfig(_Strict):
     # Off by default, as PostgreSQL's track_commit_timestamp: it costs MERGE time.
     track_origin: bool = False
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    # Local scratch for streamed transactions and those larger than a batch (default:
+    # <system temp>/pgsub-spool/<name>); emptied at start, as the publisher resends them.
+    spool_dir: Path | None = None
     conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
     wal_retrieve_retry_interval: Duration = 5.0
     wal_receiver_timeout: Duration = 60.0
@@ -115,11 +119,13 @@ class SubscriptionConfig(_Strict):
         check_slot_name(self.slot)
         if self.binary:
             raise ValueError("binary: true is not applied yet; use binary: false")
-        if self.streaming is not Streaming.OFF:
-            raise ValueError("streaming: on/parallel is not applied yet; use streaming: off")
         if self.two_phase:
             raise ValueError("two_phase: true is not applied yet; use two_phase: false")
         return self
+
+    @property
+    def spool_path(self) -> Path:
+        return self.spool_dir or Path(tempfile.gettempdir()) / "pgsub-spool" / self.name
 
     @property
     def slot(self) -> str:

@@ -20,6 +20,7 @@ NAMES: Final = frozenset(
         "apply.after_table_write",  # one table committed, others of the batch maybe not
         "apply.before_checkpoint",  # every table committed, checkpoint not recorded
         "apply.before_flush_report",  # checkpoint recorded, flush not confirmed upstream
+        "apply.after_piece",  # a piece of a spooled transaction committed, the rest not
         "tablesync.after_copy_block",  # rows of a copy written, FINISHEDCOPY not stored
         "tablesync.before_syncdone",  # catch-up reached its LSN, SYNCDONE not stored
     }

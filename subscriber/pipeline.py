@@ -13,7 +13,8 @@ import threading
 from collections.abc import Callable
 
 from apply.applier import BatchApplier
-from apply.transactions import TransactionAssembler
+from apply.assembly import TransactionAssembler
+from apply.spool import SpoolDirectory, SpooledTransaction
 from apply.worker import ApplyWorker, TransactionQueue
 from subscriber.commands import StreamOptions
 from subscriber.messages import Message
@@ -38,6 +39,8 @@ class ApplyPipeline:
         applier: BatchApplier,
         make_worker: Callable[[TransactionQueue], ApplyWorker],
         queue_changes: int,
+        spools: SpoolDirectory,
+        spill_after: int,
         status_interval: float,
         wal_receiver_timeout: float,
     ) -> None:
@@ -46,7 +49,8 @@ class ApplyPipeline:
         self._applier = applier
         self._queue = TransactionQueue(queue_changes)
         self.worker = make_worker(self._queue)
-        self._assembler = TransactionAssembler()
+        self.spools = spools
+        self._assembler = TransactionAssembler(spools, spill_after)
         self._last_queued = progress.flushed
         self._stop = threading.Event()
         self.done = threading.Event()  # set when either thread ends
@@ -65,8 +69,12 @@ class ApplyPipeline:
 
     def _deliver(self, message: Message, data: XLogData) -> None:
         tx = self._assembler.feed(message)
-        if tx is None or tx.end_lsn <= self._last_queued:
-            return  # not complete yet, or sent again after a reconnect
+        if tx is None:
+            return  # not complete yet
+        if tx.end_lsn <= self._last_queued:
+            if isinstance(tx, SpooledTransaction):
+                tx.discard()
+            return  # sent again after a reconnect
         while not self._queue.put(tx, timeout=1.0):
             if self._stop.is_set() or self.receiver.stopping:
                 raise _StopRequestedError

@@ -20,11 +20,12 @@ import psycopg
 import structlog
 
 from apply.applier import BatchApplier, TransactionError
+from apply.assembly import UnsupportedStreamError
 from apply.batch import Batcher
 from apply.delta_writer import DeltaTables
 from apply.errors import ApplyError
+from apply.spool import SpoolDirectory
 from apply.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
-from apply.transactions import UnsupportedStreamError
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
 from subscriber.catalog import PublisherCatalog
@@ -322,6 +323,11 @@ class SubscriptionRunner:
             applier=applier,
             make_worker=make_worker,
             queue_changes=max(2 * config.batch.max_changes, 10_000),
+            spools=SpoolDirectory(
+                config.spool_path / "apply",
+                on_size=self._metrics.spill_bytes.labels(self.name).set,
+            ),
+            spill_after=config.batch.max_changes,
             status_interval=config.status_interval,
             wal_receiver_timeout=config.wal_receiver_timeout,
         )

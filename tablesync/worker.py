@@ -36,6 +36,7 @@ from apply.collapse import is_keyed
 from apply.delta_commit import CommitMark
 from apply.delta_writer import DeltaTables
 from apply.schema import target_schema
+from apply.spool import SpoolDirectory
 from apply.transactions import RemoteTransaction
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
@@ -236,6 +237,8 @@ class SyncWorker:
             applier=applier,
             make_worker=make_worker,
             queue_changes=max(2 * config.batch.max_changes, 10_000),
+            spools=SpoolDirectory(config.spool_path / f"sync-{relid}"),
+            spill_after=config.batch.max_changes,
             status_interval=1.0,
             wal_receiver_timeout=config.wal_receiver_timeout,
         )

@@ -66,3 +66,62 @@ def test_kill_at_a_failpoint_then_restart(
             conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",)
         )
         assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+
+
+BIG = """
+BEGIN;
+INSERT INTO keyed SELECT g, 'v' || g FROM generate_series(1, 3000) g;
+SAVEPOINT a;
+UPDATE keyed SET v = 'undone' WHERE id <= 1000;
+ROLLBACK TO SAVEPOINT a;
+INSERT INTO bag SELECT g % 10, 'dup' FROM generate_series(1, 1500) g;
+UPDATE keyed SET v = 'changed' WHERE id % 3 = 0;
+DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag WHERE a = 1 LIMIT 30);
+COMMIT;
+"""
+
+
+@pytest.mark.parametrize(
+    ("streaming", "failpoint"),
+    [
+        ("on", "apply.after_piece=2"),
+        ("on", "apply.after_table_write"),
+        ("off", "apply.after_piece"),
+    ],
+)
+def test_kill_inside_a_large_transaction_then_resume_with_other_pieces(
+    streaming: str, failpoint: str, publisher: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """Killed between the pieces of a spooled transaction, restarted with another piece
+    size: each table resumes where its last piece ended, without loss or duplicates."""
+    publisher.execute(
+        "CREATE TABLE keyed (id int PRIMARY KEY, v text);"
+        "CREATE TABLE bag (a int, b text); ALTER TABLE bag REPLICA IDENTITY FULL;"
+        "CREATE PUBLICATION pub FOR TABLE keyed, bag"
+    )
+    publisher.set_config("logical_decoding_work_mem", "64kB")
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    settings: dict[str, Any] = {"streaming": streaming, "spool_dir": str(tmp_path / "spool")}
+    port = write_config(config, publisher, warehouse, batch={"max_changes": 1000}, **settings)
+    first = DaemonProcess(config, port)
+    first.wait_ready()
+    assert first.terminate() == 0, first.logs()
+
+    publisher.execute(BIG)
+    doomed = DaemonProcess(config, port, failpoints=failpoint)
+    assert doomed.wait_exit() == -9, doomed.logs()
+    publisher.execute(AFTER_CRASH)
+
+    port = write_config(config, publisher, warehouse, batch={"max_changes": 700}, **settings)
+    survivor = DaemonProcess(config, port)
+    survivor.wait_ready()
+    wait_confirmed(publisher)
+    assert survivor.terminate() == 0, survivor.logs()
+    assert "transaction piece applied" in survivor.logs()
+
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(
+            conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",)
+        )
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))

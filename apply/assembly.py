@@ -1,0 +1,257 @@
+"""Transaction assembly: decoded messages in, complete remote transactions out.
+
+``TransactionAssembler.feed`` takes the messages of one replication session
+in stream order and returns a transaction when a Commit (or a Stream
+Commit) closes one; everything else returns None. What comes out is in
+commit order:
+
+- a ``RemoteTransaction`` with its changes in memory, or
+- a ``SpooledTransaction`` whose changes are in a spool file
+  (``apply.spool``): every streamed transaction (``streaming = on``), and a
+  transaction sent whole that grew past ``spill_after`` changes.
+
+Streamed blocks of several transactions interleave with each other and
+with whole transactions. A Relation message inside a streamed block
+describes the relation for that transaction only until it commits, as
+PostgreSQL's apply worker replays it at commit: changes of the block are
+read with their own transaction's latest Relation, and the session's
+relation cache takes the transaction's Relations when it commits.
+
+Two-phase transactions are not assembled yet; their messages raise
+``UnsupportedStreamError`` so that a misconfigured subscription stops with a
+clear error instead of losing rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from apply.spool import Spool, SpoolDirectory, SpooledTransaction
+from apply.transactions import Change, Op, RemoteTransaction, RowChange, TruncateChange
+from subscriber.lsn import Lsn
+from subscriber.messages import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    Origin,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+)
+
+AssembledTransaction = RemoteTransaction | SpooledTransaction
+
+
+class UnsupportedStreamError(Exception):
+    """The stream carries something this subscriber cannot apply yet."""
+
+
+@dataclass
+class _Open:
+    begin: Begin
+    changes: list[Change] = field(default_factory=list)
+    origin: Origin | None = None
+    spool: Spool | None = None  # once the transaction outgrew memory
+
+
+@dataclass
+class _Streamed:
+    spool: Spool
+    origin: Origin | None = None
+
+
+class TransactionAssembler:
+    """Turns one session's messages into complete transactions, in commit order."""
+
+    def __init__(
+        self, spools: SpoolDirectory | None = None, spill_after: int | None = None
+    ) -> None:
+        if spill_after is not None and (spill_after < 1 or spools is None):
+            raise ValueError("spill_after needs a spool directory and a positive bound")
+        self.relations: dict[int, Relation] = {}
+        self.types: dict[int, Type] = {}
+        self._spools = spools
+        self._spill_after = spill_after
+        self._open: _Open | None = None
+        self._streams: dict[int, _Streamed] = {}
+        self._block: _Streamed | None = None  # the streamed block being received
+
+    def reset(self) -> None:
+        """A new connection: open and streamed transactions will be sent again from their start."""
+        if self._open is not None and self._open.spool is not None:
+            self._discard(self._open.spool)
+        self._open = None
+        for streamed in self._streams.values():
+            self._discard(streamed.spool)
+        self._streams.clear()
+        self._block = None
+
+    def feed(self, message: Message) -> AssembledTransaction | None:
+        match message:
+            case Begin():
+                self._open = _Open(message)
+            case Relation():
+                if self._block is not None:
+                    self._block.spool.note_relation(message, message.xid)
+                else:
+                    self.relations[message.oid] = message
+            case Type():
+                self.types[message.oid] = message
+            case Origin():
+                if self._block is not None:
+                    self._block.origin = message
+                else:
+                    self._current().origin = message
+            case Insert(relation_oid=oid, new=new, xid=xid):
+                self._add(RowChange(self._relation(oid), Op.INSERT, new, None), xid)
+            case Update(relation_oid=oid, new=new, old=old, xid=xid):
+                self._add(RowChange(self._relation(oid), Op.UPDATE, new, old), xid)
+            case Delete(relation_oid=oid, old=old, xid=xid):
+                self._add(RowChange(self._relation(oid), Op.DELETE, None, old), xid)
+            case Truncate(relation_oids=oids, cascade=cascade, restart_identity=restart, xid=xid):
+                relations = tuple(self._relation(oid) for oid in oids)
+                self._add(TruncateChange(relations, cascade, restart), xid)
+            case LogicalMessage():
+                pass  # routing logical messages to a table is an option not offered yet
+            case Commit():
+                return self._commit(message)
+            case StreamStart(xid=xid, first_segment=first):
+                self._stream_start(xid, first)
+            case StreamStop():
+                self._stream_stop()
+            case StreamAbort(xid=xid, subxid=subxid):
+                self._stream_abort(xid, subxid)
+            case StreamCommit():
+                return self._stream_commit(message)
+            case _:
+                raise UnsupportedStreamError(
+                    f"{type(message).__name__} messages (two-phase transactions) "
+                    "are not applied yet; set two_phase: false"
+                )
+        return None
+
+    # -- whole transactions ---------------------------------------------------
+
+    def _current(self) -> _Open:
+        if self._open is None:
+            # The decoder already refuses changes outside a transaction.
+            raise AssertionError("change outside a transaction")
+        return self._open
+
+    def _relation(self, oid: int) -> Relation:
+        if self._block is not None:
+            own = self._block.spool.relation(oid)
+            if own is not None:
+                return own
+        return self.relations[oid]
+
+    def _add(self, change: Change, xid: int | None) -> None:
+        if self._block is not None:
+            self._block.spool.append(change, xid)
+            return
+        open_ = self._current()
+        if open_.spool is not None:
+            open_.spool.append(change)
+            return
+        open_.changes.append(change)
+        if self._spill_after is not None and len(open_.changes) > self._spill_after:
+            assert self._spools is not None
+            spool = self._spools.open(f"tx-{open_.begin.xid}", open_.begin.xid)
+            for held in open_.changes:
+                spool.append(held)
+            open_.changes = []
+            open_.spool = spool
+
+    def _commit(self, commit: Commit) -> AssembledTransaction:
+        open_ = self._current()
+        self._open = None
+        origin = open_.origin
+        head = RemoteTransaction(
+            xid=open_.begin.xid,
+            final_lsn=commit.commit_lsn,
+            end_lsn=commit.end_lsn,
+            commit_time=commit.commit_time,
+            changes=tuple(open_.changes),
+            origin=origin.name if origin else None,
+            origin_lsn=origin.origin_lsn if origin else None,
+        )
+        if open_.spool is None:
+            return head
+        return self._spooled(open_.spool, head)
+
+    def _spooled(self, spool: Spool, head: RemoteTransaction) -> SpooledTransaction:
+        assert self._spools is not None
+        spool.close()
+        self._spools.track(spool)
+        return SpooledTransaction(head, spool.path, spool.changes, self._spools.release)
+
+    # -- streamed transactions ------------------------------------------------
+
+    def _stream_start(self, xid: int, first: bool) -> None:
+        if self._spools is None:
+            raise UnsupportedStreamError(
+                "a streamed transaction arrived but this pipeline has no spool directory"
+            )
+        streamed = self._streams.get(xid)
+        if streamed is None and not first:
+            raise UnsupportedStreamError(
+                f"streamed block of transaction {xid} continues a transaction whose first "
+                "block was not received; reconnect to have it sent again"
+            )
+        if streamed is None or first:
+            if streamed is not None:
+                self._discard(streamed.spool)
+            streamed = self._streams[xid] = _Streamed(self._spools.open(f"stream-{xid}", xid))
+        self._block = streamed
+
+    def _stream_stop(self) -> None:
+        if self._block is None:
+            return
+        self._block.spool.close()
+        assert self._spools is not None
+        self._spools.track(self._block.spool)
+        self._block = None
+
+    def _stream_abort(self, xid: int, subxid: int) -> None:
+        streamed = self._streams.get(xid)
+        if streamed is None:
+            return  # nothing of it was streamed to us
+        if subxid == xid:
+            del self._streams[xid]
+            self._discard(streamed.spool)
+            return
+        streamed.spool.abort_subxact(subxid)
+        assert self._spools is not None
+        self._spools.track(streamed.spool)
+
+    def _stream_commit(self, commit: StreamCommit) -> SpooledTransaction:
+        streamed = self._streams.pop(commit.xid, None)
+        if streamed is None:
+            raise UnsupportedStreamError(
+                f"Stream Commit of transaction {commit.xid}, of which no block was received"
+            )
+        for relation in streamed.spool.relations:
+            self.relations[relation.oid] = relation  # as PostgreSQL replays them at commit
+        origin = streamed.origin
+        head = RemoteTransaction(
+            xid=commit.xid,
+            final_lsn=commit.commit_lsn,
+            end_lsn=commit.end_lsn,
+            commit_time=commit.commit_time,
+            changes=(),
+            origin=origin.name if origin else None,
+            origin_lsn=Lsn(origin.origin_lsn) if origin else None,
+        )
+        return self._spooled(streamed.spool, head)
+
+    def _discard(self, spool: Spool) -> None:
+        assert self._spools is not None
+        self._spools.discard(spool)

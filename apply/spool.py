@@ -1,0 +1,285 @@
+"""Transactions too large for memory, held in local files until they are applied.
+
+Two kinds of transaction end up here (DESIGN section 9):
+
+- with ``streaming = on`` the publisher sends a large transaction in blocks
+  while it is still running, interleaved with other transactions, and says
+  at the end whether it committed or aborted;
+- a transaction sent whole that holds more changes than a batch may
+  (``batch.max_changes``) is moved here once it grows past that bound.
+
+Each gets one file under the spool directory. Changes are appended in
+frames (a length, then a pickled list of up to ``FRAME`` changes, each with
+the Relation it was read with), so memory stays bounded by one frame
+whatever the transaction's size. A subtransaction abort truncates the file
+back to where that subtransaction's first change was written and forgets
+the subtransactions that began after it, as PostgreSQL's apply worker does
+with its subxact offsets; a Stream Abort of the top transaction deletes the
+file. A committed transaction is read back a piece at a time by the apply
+worker (``SpooledTransaction.pieces``), which deletes the file once applied.
+
+Files are scratch: the publisher sends every transaction not yet confirmed
+again after a reconnect or restart, so nothing here has to survive a crash,
+and a spool directory is emptied when its pipeline starts. The directory is
+private to the process (0700) and frames are read back by an unpickler that
+only builds the change types below.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+from apply.errors import ApplyError
+from apply.transactions import Change, Op, RemoteTransaction, RowChange, TruncateChange
+from subscriber.lsn import Lsn
+from subscriber.messages import Column, Relation, ReplicaIdentity, TupleData
+
+FRAME: Final = 2_000  # changes per pickled frame
+_LENGTH: Final = struct.Struct("!I")
+
+_ALLOWED: Final = {
+    (cls.__module__, cls.__qualname__): cls
+    for cls in (RowChange, TruncateChange, Op, Relation, Column, ReplicaIdentity, TupleData, Lsn)
+}
+
+
+class SpoolError(ApplyError):
+    """A spool file cannot be written or read back."""
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        cls = _ALLOWED.get((module, name))
+        if cls is None:
+            raise SpoolError(f"spool frame names {module}.{name}, which is not a change type")
+        return cls
+
+
+@dataclass
+class _Subxact:
+    offset: int  # file size before its first change
+    changes: int  # changes before its first change
+    relations: int  # Relation messages seen before it
+
+
+@dataclass
+class Spool:
+    """One transaction's file while it is being received."""
+
+    xid: int
+    path: Path
+    changes: int = 0
+    _size: int = 0
+    _pending: list[Change] = field(default_factory=list)
+    _subxacts: dict[int, _Subxact] = field(default_factory=dict)
+    _order: list[int] = field(default_factory=list)
+    _relations: list[Relation] = field(default_factory=list)
+    _file: BinaryIO | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes written to the file so far."""
+        return self._size
+
+    @property
+    def relations(self) -> list[Relation]:
+        """The Relation messages received in this transaction, in order (not aborted ones)."""
+        return list(self._relations)
+
+    def relation(self, oid: int) -> Relation | None:
+        """The latest Relation this transaction sent for ``oid``."""
+        for relation in reversed(self._relations):
+            if relation.oid == oid:
+                return relation
+        return None
+
+    def note_relation(self, relation: Relation, subxid: int | None = None) -> None:
+        self._enter(subxid)
+        self._relations.append(relation)
+
+    def append(self, change: Change, subxid: int | None = None) -> None:
+        self._enter(subxid)
+        self._pending.append(change)
+        self.changes += 1
+        if len(self._pending) >= FRAME:
+            self.flush()
+
+    def _enter(self, subxid: int | None) -> None:
+        if subxid is None or subxid == self.xid or subxid in self._subxacts:
+            return
+        self.flush()
+        self._subxacts[subxid] = _Subxact(self._size, self.changes, len(self._relations))
+        self._order.append(subxid)
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        frame = pickle.dumps(self._pending, protocol=pickle.HIGHEST_PROTOCOL)
+        self._pending = []
+        try:
+            if self._file is None:
+                self._file = self.path.open("ab")
+            self._file.write(_LENGTH.pack(len(frame)))
+            self._file.write(frame)
+        except OSError as exc:
+            raise SpoolError(f"cannot write the spool file {self.path}: {exc}") from exc
+        self._size += _LENGTH.size + len(frame)
+
+    def close(self) -> None:
+        """End of a streamed block: everything on disk, no file handle kept."""
+        self.flush()
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError as exc:
+                raise SpoolError(f"cannot write the spool file {self.path}: {exc}") from exc
+            self._file = None
+
+    def abort_subxact(self, subxid: int) -> None:
+        """Drop the changes of ``subxid`` and of every subtransaction that began after it."""
+        sub = self._subxacts.get(subxid)
+        if sub is None:
+            return  # nothing of it was streamed
+        self.close()
+        try:
+            os.truncate(self.path, sub.offset)
+        except OSError as exc:
+            raise SpoolError(f"cannot truncate the spool file {self.path}: {exc}") from exc
+        self._size = sub.offset
+        self.changes = sub.changes
+        del self._relations[sub.relations :]
+        at = self._order.index(subxid)
+        for later in self._order[at:]:
+            del self._subxacts[later]
+        del self._order[at:]
+
+    def discard(self) -> None:
+        self._pending = []
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.path.unlink(missing_ok=True)
+
+
+def read_changes(path: Path) -> Iterator[Change]:
+    """The changes of a spool file, in order, one frame in memory at a time."""
+    try:
+        with path.open("rb") as file:
+            while header := file.read(_LENGTH.size):
+                if len(header) < _LENGTH.size:
+                    raise SpoolError(f"spool file {path} ends inside a frame header")
+                (length,) = _LENGTH.unpack(header)
+                frame = file.read(length)
+                if len(frame) < length:
+                    raise SpoolError(f"spool file {path} ends inside a frame")
+                changes: list[Change] = _Unpickler(io.BytesIO(frame)).load()
+                yield from changes
+    except OSError as exc:
+        raise SpoolError(f"cannot read the spool file {path}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledTransaction:
+    """A committed transaction whose changes are in a spool file, not in memory."""
+
+    head: RemoteTransaction  # xid, LSNs, commit time, origin; no changes
+    path: Path
+    change_count: int
+    _release: Callable[[Path], None] = lambda path: path.unlink(missing_ok=True)
+
+    @property
+    def xid(self) -> int:
+        return self.head.xid
+
+    @property
+    def final_lsn(self) -> Lsn:
+        return self.head.final_lsn
+
+    @property
+    def end_lsn(self) -> Lsn:
+        return self.head.end_lsn
+
+    @property
+    def commit_time(self) -> int:
+        return self.head.commit_time
+
+    def pieces(self, max_changes: int) -> Iterator[RemoteTransaction]:
+        """The transaction as consecutive pieces of at most ``max_changes`` changes.
+
+        Each piece is a RemoteTransaction with the transaction's xid and
+        LSNs and ``first`` set to the position of its first change in the
+        whole transaction (what a partly applied table resumes from).
+        """
+        buffer: list[Change] = []
+        first, total = 0, self.change_count
+        for change in read_changes(self.path):
+            buffer.append(change)
+            if len(buffer) == max_changes and first + len(buffer) < total:
+                yield replace(self.head, changes=tuple(buffer), first=first, total=total)
+                first += len(buffer)
+                buffer = []
+        if first + len(buffer) != self.change_count:
+            raise SpoolError(
+                f"spool file {self.path} holds {first + len(buffer)} changes of transaction "
+                f"{self.xid}, expected {self.change_count}"
+            )
+        yield replace(self.head, changes=tuple(buffer), first=first, total=total)
+
+    def discard(self) -> None:
+        self._release(self.path)
+
+
+class SpoolDirectory:
+    """The spool files of one pipeline, and how many bytes they hold."""
+
+    def __init__(self, root: Path, on_size: Callable[[int], None] | None = None) -> None:
+        self.root = root
+        self._on_size = on_size
+        self._lock = threading.Lock()
+        self._sizes: dict[Path, int] = {}
+        shutil.rmtree(root, ignore_errors=True)  # what an earlier run left is sent again
+        try:
+            root.mkdir(parents=True, mode=0o700)
+        except OSError as exc:
+            raise SpoolError(f"cannot create the spool directory {root}: {exc}") from exc
+
+    def open(self, name: str, xid: int) -> Spool:
+        path = self.root / name
+        path.unlink(missing_ok=True)
+        return Spool(xid, path)
+
+    def track(self, spool: Spool) -> None:
+        """Account for what ``spool`` holds on disk now."""
+        self._set(spool.path, spool.size)
+
+    def release(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+        self._set(path, None)
+
+    def discard(self, spool: Spool) -> None:
+        spool.discard()
+        self._set(spool.path, None)
+
+    @property
+    def bytes(self) -> int:
+        with self._lock:
+            return sum(self._sizes.values())
+
+    def _set(self, path: Path, size: int | None) -> None:
+        with self._lock:
+            if size is None:
+                self._sizes.pop(path, None)
+            else:
+                self._sizes[path] = size
+            total = sum(self._sizes.values())
+        if self._on_size is not None:
+            self._on_size(total)

@@ -1,0 +1,116 @@
+"""Large transactions: streamed (``streaming: on``) and spilled, applied in pieces from disk."""
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.pgcluster import wait_until
+from tests.support.pgdatabase import PgDatabase
+from tests.support.replicate import Replication
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = """
+CREATE TABLE keyed (id int PRIMARY KEY, v text, n int);
+CREATE TABLE bag (a int, b text);
+ALTER TABLE bag REPLICA IDENTITY FULL;
+CREATE PUBLICATION pub FOR TABLE keyed, bag;
+"""
+
+
+def streamed_txns(publisher: PgDatabase, slot: str = "sub1") -> int:
+    value = publisher.fetchval(
+        "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", [slot]
+    )
+    return int(value or 0)
+
+
+def commits(spark: Any, path: str) -> list[dict[str, Any]]:
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    return [json.loads(r["userMetadata"])["pgsub"] for r in history if r["userMetadata"]]
+
+
+def test_streamed_transactions_apply_at_commit_without_aborted_parts(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    publisher.execute(SCHEMA)
+    publisher.set_config("logical_decoding_work_mem", "64kB")
+    settings = {"streaming": "on", "batch": {"max_changes": 700, "max_delay": "300ms"}}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        publisher.execute("INSERT INTO keyed VALUES (0, 'before', 0)")
+        rep.caught_up()
+        with publisher.connect() as big, publisher.connect() as other:
+            big.execute("BEGIN")
+            big.execute("INSERT INTO keyed SELECT g, 'v' || g, 0 FROM generate_series(1, 3000) g")
+            big.execute("SAVEPOINT a")
+            big.execute("UPDATE keyed SET v = 'rolled back', n = -1 WHERE id <= 1500")
+            big.execute("SAVEPOINT b")
+            big.execute("INSERT INTO bag SELECT g % 7, 'undone' FROM generate_series(1, 900) g")
+            big.execute("ROLLBACK TO SAVEPOINT a")  # both a and b go
+            big.execute("INSERT INTO bag SELECT g % 7, 'kept' FROM generate_series(1, 1200) g")
+            big.execute("SAVEPOINT c")
+            big.execute("DELETE FROM keyed WHERE id % 10 = 0 AND id > 0")
+            big.execute("RELEASE SAVEPOINT c")
+            # A second streamed transaction, interleaved, that aborts as a whole.
+            other.execute("BEGIN")
+            other.execute("INSERT INTO bag SELECT g, 'aborted' FROM generate_series(1, 2000) g")
+            # A small transaction commits while both are open.
+            publisher.execute("UPDATE keyed SET v = 'small' WHERE id = 0")
+            wait_until(lambda: streamed_txns(publisher) >= 2, timeout=60, what="two streamed")
+            wait_until(
+                lambda: [r["v"] for r in rep.rows("public.keyed")] == ["small"],
+                timeout=60,
+                what="the small transaction applied, nothing of the open ones",
+            )
+            assert rep.metrics.spill_bytes.labels("sub1")._value.get() > 0
+            other.execute("ROLLBACK")
+            big.execute("UPDATE keyed SET n = n + 1 WHERE id % 3 = 0")
+            big.execute("COMMIT")
+        rep.caught_up()
+        rep.assert_equal("public.keyed", key=("id",))
+        rep.assert_equal("public.bag")
+        assert rep.metrics.spill_bytes.labels("sub1")._value.get() == 0
+    # Applied in pieces of 700 changes: the commits before the last say how far they got.
+    marks = commits(spark, rep.path("public.keyed"))
+    assert any("within" in m for m in marks), marks
+    assert not list(rep.config.spool_path.glob("*/stream-*"))
+
+
+def test_a_transaction_larger_than_a_batch_is_spilled_and_applied_in_pieces(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    publisher.execute(SCHEMA)
+    settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        stop = threading.Event()
+
+        def small_ones() -> None:
+            n = 0
+            with publisher.connect() as conn:
+                while not stop.is_set():
+                    n += 1
+                    conn.execute("INSERT INTO bag VALUES (%s, 'small')", [n])
+
+        writer = threading.Thread(target=small_ones, daemon=True)
+        writer.start()
+        try:
+            publisher.execute(
+                "BEGIN;"
+                "INSERT INTO keyed SELECT g, 'v', 0 FROM generate_series(1, 2600) g;"
+                "UPDATE keyed SET id = id + 10000 WHERE id % 100 = 0;"  # key changes
+                "UPDATE keyed SET n = 1 WHERE id > 10000;"
+                "INSERT INTO bag SELECT 1, 'big' FROM generate_series(1, 400) g;"
+                "COMMIT"
+            )
+        finally:
+            stop.set()
+            writer.join()
+        rep.caught_up()
+        rep.assert_equal("public.keyed", key=("id",))
+        rep.assert_equal("public.bag")
+    marks = commits(spark, rep.path("public.keyed"))
+    throughs = sorted(m["within"]["through"] for m in marks if "within" in m)
+    assert throughs == [500, 1000, 1500, 2000, 2500, 3000], marks
