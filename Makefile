@@ -16,7 +16,7 @@ POSTGRES := .setup-postgres
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts
+.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
@@ -25,10 +25,12 @@ help:
 	@echo "make check   ruff, mypy --strict, unit tests (what a quick pre-commit runs)"
 	@echo "make fmt     format and fix lint"
 	@echo "make bench   every scenario beside PostgreSQL's subscriber and the raw limit, one table"
-	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS; quick: ROWS=100000 SYNC_ROWS=200000 LOAD_SECONDS=15)"
+	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS, LARGE_ROWS;"
+	@echo "             quick: ROWS=100000 SYNC_ROWS=200000 LOAD_SECONDS=15 LARGE_ROWS=500000)"
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
 	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber"
+	@echo "make bench-large   one 5M-row INSERT with streaming on (LARGE_ROWS=...), beside PostgreSQL's"
 	@echo "make bench-conflicts  batch apply time with conflict detection on vs off (1M-row UPDATE)"
 
 setup: venv jars postgres
@@ -91,9 +93,13 @@ SYNC_ROWS ?= 2000000
 bench-sync: setup
 	$(BIN)/python -m benchmarks.sync_bench --rows $(SYNC_ROWS)
 
+LARGE_ROWS ?= 5000000
+bench-large: setup
+	$(BIN)/python -m benchmarks.large_tx --rows $(LARGE_ROWS)
+
 bench: setup
 	$(BIN)/python -m benchmarks.suite --rows $(ROWS) --sync-rows $(SYNC_ROWS) --rate $(RATE) \
-	    --seconds $(LOAD_SECONDS)
+	    --seconds $(LOAD_SECONDS) --large-rows $(LARGE_ROWS)
 
 bench-conflicts: setup
 	$(BIN)/python -m benchmarks.conflict_cost --rows $(ROWS)
