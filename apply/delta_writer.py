@@ -50,6 +50,7 @@ from apply.merge_plan import (
     ClauseKind,
     MergePlan,
     conflict_in,
+    key_bounds,
     keyed_merge,
     on_exists,
     shape_of,
@@ -407,7 +408,8 @@ class DeltaTables:
             frame = self.frame(session, source.table, schema)
             if source.moved:
                 frame = fill_moved(session, frame, schema, source.keep_columns, path)
-            plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table))
+            bounds = key_bounds(source.table, schema.key[0])
+            plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table), bounds)
             return self.merge(session, schema, frame, plan, path), source
 
     def _write_truncated(

@@ -16,7 +16,13 @@ A keyed table's MERGE matches the source (``s``, one row per key, see
    row which is not there (update_missing / delete_missing) is skipped.
 
 A clause no row of the batch can take is left out (``Shape``): a batch of
-updates is a MERGE with one matched-update clause.
+updates is a MERGE with one matched-update clause. When the first key
+column is an integer, the condition also bounds the target's key to the
+batch's smallest and largest key (``key_bounds``): it changes no match, but
+it is a target-only predicate, so Delta skips every file whose key range
+(from its statistics) lies outside the batch's - a piece of a large
+transaction, or a batch of recent inserts, then reads a few files instead
+of the whole table.
 
 A multiset table's MERGE deletes every copy of each row the batch removes
 from and inserts the copies that remain or were added.
@@ -102,15 +108,29 @@ def _source(name: str) -> str:
     return f"s.{quote(name)}"
 
 
+def key_bounds(source: pa.Table, key: str) -> tuple[int, int] | None:
+    """The smallest and largest value of an integer key column of ``source`` (else None)."""
+    column = source[key]
+    if not pa.types.is_integer(column.type) or len(column) == 0:
+        return None
+    bounds = pc.min_max(column).as_py()
+    low, high = bounds["min"], bounds["max"]
+    return None if low is None or high is None else (int(low), int(high))
+
+
 def keyed_merge(
     schema: TargetSchema,
     keep_columns: tuple[int, ...],
     on_exists: OnExists = OnExists.ERROR,
     shape: Shape = Shape(),
+    bounds: tuple[int, int] | None = None,
 ) -> MergePlan:
     if not schema.key:
         raise ValueError(f"{schema.table} has no key; use multiset_merge")
     condition = " AND ".join(f"{_target(k)} = {_source(k)}" for k in schema.key)
+    if bounds is not None:
+        low, high = bounds
+        condition += f" AND {_target(schema.key[0])} BETWEEN {int(low)} AND {int(high)}"
     clauses: list[Clause] = []
     stopping = {
         OnExists.ERROR: EXPECTS_ABSENT,

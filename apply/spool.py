@@ -9,12 +9,15 @@ Two kinds of transaction end up here (DESIGN section 9):
   (``batch.max_changes``) is moved here once it grows past that bound.
 
 Each gets one file under the spool directory. Changes are appended in
-frames (a length, then a pickled list of up to ``FRAME`` changes, each with
-the Relation it was read with), so memory stays bounded by one frame
-whatever the transaction's size. A subtransaction abort truncates the file
-back to where that subtransaction's first change was written and forgets
-the subtransactions that began after it, as PostgreSQL's apply worker does
-with its subxact offsets; a Stream Abort of the top transaction deletes the
+frames (a length, then up to ``FRAME`` changes pickled as plain tuples, with
+the Relations they were read with), so memory stays bounded by one frame
+whatever the transaction's size. Plain tuples because pickling them runs in
+C, where a dataclass goes through Python-level state functions per object.
+
+A subtransaction abort truncates the file back to where that
+subtransaction's first change was written and forgets the subtransactions
+that began after it, as PostgreSQL's apply worker does with its subxact
+offsets; a Stream Abort of the top transaction deletes the
 file. A committed transaction is read back a piece at a time by the apply
 worker (``SpooledTransaction.pieces``), which deletes the file once applied.
 
@@ -22,7 +25,8 @@ Files are scratch: the publisher sends every transaction not yet confirmed
 again after a reconnect or restart, so nothing here has to survive a crash,
 and a spool directory is emptied when its pipeline starts. The directory is
 private to the process (0700) and frames are read back by an unpickler that
-only builds the change types below.
+refuses to look up any class or function: a frame can only hold tuples,
+bytes, strings, numbers and None.
 """
 
 from __future__ import annotations
@@ -46,10 +50,11 @@ from subscriber.messages import Column, Relation, ReplicaIdentity, TupleData
 FRAME: Final = 2_000  # changes per pickled frame
 _LENGTH: Final = struct.Struct("!I")
 
-_ALLOWED: Final = {
-    (cls.__module__, cls.__qualname__): cls
-    for cls in (RowChange, TruncateChange, Op, Relation, Column, ReplicaIdentity, TupleData, Lsn)
-}
+_OPS: Final = (Op.INSERT, Op.UPDATE, Op.DELETE)
+_OP_CODES: Final = {op: code for code, op in enumerate(_OPS)}
+_TRUNCATE: Final = len(_OPS)
+
+Frame = tuple[tuple[Any, ...], list[tuple[Any, ...]]]
 
 
 class SpoolError(ApplyError):
@@ -58,10 +63,86 @@ class SpoolError(ApplyError):
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        cls = _ALLOWED.get((module, name))
-        if cls is None:
-            raise SpoolError(f"spool frame names {module}.{name}, which is not a change type")
-        return cls
+        raise SpoolError(f"spool frame names {module}.{name}; frames hold plain values only")
+
+
+def _relation_values(relation: Relation) -> tuple[Any, ...]:
+    columns = tuple((c.name, c.type_oid, c.typmod, c.is_key) for c in relation.columns)
+    return (
+        relation.oid,
+        relation.namespace,
+        relation.name,
+        relation.replica_identity.value,
+        columns,
+        relation.xid,
+    )
+
+
+def encode_frame(changes: list[Change]) -> Frame:
+    """Changes as plain tuples, their Relations listed once."""
+    relations: list[tuple[Any, ...]] = []
+    index: dict[int, int] = {}
+
+    def ref(relation: Relation) -> int:
+        at = index.get(id(relation))
+        if at is None:
+            at = index[id(relation)] = len(relations)
+            relations.append(_relation_values(relation))
+        return at
+
+    rows: list[tuple[Any, ...]] = []
+    for change in changes:
+        if isinstance(change, RowChange):
+            new, old = change.new, change.old
+            rows.append(
+                (
+                    _OP_CODES[change.op],
+                    ref(change.relation),
+                    None if new is None else new.kinds,
+                    None if new is None else new.values,
+                    None if old is None else old.kinds,
+                    None if old is None else old.values,
+                )
+            )
+        else:
+            oids = tuple(ref(r) for r in change.relations)
+            rows.append((_TRUNCATE, oids, change.cascade, change.restart_identity))
+    return tuple(relations), rows
+
+
+def decode_frame(frame: Frame, known: dict[tuple[Any, ...], Relation]) -> list[Change]:
+    """The changes of a frame; ``known`` keeps one Relation object per description."""
+    values, rows = frame
+    relations = []
+    for value in values:
+        relation = known.get(value)
+        if relation is None:
+            oid, namespace, name, identity, columns, xid = value
+            relation = known[value] = Relation(
+                oid,
+                namespace,
+                name,
+                ReplicaIdentity(identity),
+                tuple(Column(*c) for c in columns),
+                xid,
+            )
+        relations.append(relation)
+    changes: list[Change] = []
+    for row in rows:
+        if row[0] == _TRUNCATE:
+            _, refs, cascade, restart = row
+            changes.append(TruncateChange(tuple(relations[r] for r in refs), cascade, restart))
+            continue
+        code, ref, new_kinds, new_values, old_kinds, old_values = row
+        changes.append(
+            RowChange(
+                relations[ref],
+                _OPS[code],
+                None if new_kinds is None else TupleData(new_kinds, new_values),
+                None if old_kinds is None else TupleData(old_kinds, old_values),
+            )
+        )
+    return changes
 
 
 @dataclass
@@ -123,7 +204,7 @@ class Spool:
     def flush(self) -> None:
         if not self._pending:
             return
-        frame = pickle.dumps(self._pending, protocol=pickle.HIGHEST_PROTOCOL)
+        frame = pickle.dumps(encode_frame(self._pending), protocol=pickle.HIGHEST_PROTOCOL)
         self._pending = []
         try:
             if self._file is None:
@@ -172,6 +253,7 @@ class Spool:
 
 def read_changes(path: Path) -> Iterator[Change]:
     """The changes of a spool file, in order, one frame in memory at a time."""
+    known: dict[tuple[Any, ...], Relation] = {}
     try:
         with path.open("rb") as file:
             while header := file.read(_LENGTH.size):
@@ -181,7 +263,10 @@ def read_changes(path: Path) -> Iterator[Change]:
                 frame = file.read(length)
                 if len(frame) < length:
                     raise SpoolError(f"spool file {path} ends inside a frame")
-                changes: list[Change] = _Unpickler(io.BytesIO(frame)).load()
+                try:
+                    changes = decode_frame(_Unpickler(io.BytesIO(frame)).load(), known)
+                except (pickle.UnpicklingError, ValueError, TypeError, IndexError) as exc:
+                    raise SpoolError(f"spool file {path} holds a damaged frame: {exc}") from exc
                 yield from changes
     except OSError as exc:
         raise SpoolError(f"cannot read the spool file {path}: {exc}") from exc

@@ -168,6 +168,7 @@ class ApplyWorker:
 
     def _apply_spooled(self, tx: SpooledTransaction, stopping: threading.Event) -> None:
         if self._skipping(tx, tx.change_count):
+            self._warn_applied_pieces(tx)
             tx.discard()
             self._apply(Batch([tx.head]))
             return
@@ -179,6 +180,30 @@ class ApplyWorker:
                 break
             self._apply_piece(Batch([piece]))
         tx.discard()
+
+    def _warn_applied_pieces(self, tx: SpooledTransaction) -> None:
+        """Pieces committed before the error that led to the skip stay: a Delta commit is final."""
+        tables = {
+            relation.qualified_name
+            for piece in tx.pieces(self._batcher.max_changes)
+            for change in piece.changes
+            for relation in (
+                (change.relation,) if isinstance(change, RowChange) else change.relations
+            )
+        }
+        for table in sorted(tables):
+            through = self._applier.applied_through(table, tx.end_lsn)
+            if through:
+                log.warning(
+                    "skipped transaction was partly applied before",
+                    subscription=self.subscription,
+                    table=table,
+                    xid=tx.xid,
+                    applied_through=through,
+                    of=tx.change_count,
+                    detail="Its first pieces were committed to the table before the error; "
+                    "they stay. Resync the table for it to equal the publisher.",
+                )
 
     def _apply_piece(self, batch: Batch) -> None:
         """A piece that leaves its transaction open: committed per table, confirmed nowhere."""

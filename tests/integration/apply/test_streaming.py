@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
@@ -34,11 +35,14 @@ def commits(spark: Any, path: str) -> list[dict[str, Any]]:
 
 
 def test_streamed_transactions_apply_at_commit_without_aborted_parts(
-    publisher: PgDatabase, spark: Any, warehouse: Path
+    publisher_any: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
+    """streaming: on, or parallel where the server has it (16+: Stream Abort carries its LSN)."""
+    publisher = publisher_any
     publisher.execute(SCHEMA)
     publisher.set_config("logical_decoding_work_mem", "64kB")
-    settings = {"streaming": "on", "batch": {"max_changes": 700, "max_delay": "300ms"}}
+    streaming = "parallel" if publisher.major >= 16 else "on"
+    settings = {"streaming": streaming, "batch": {"max_changes": 700, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute("INSERT INTO keyed VALUES (0, 'before', 0)")
         rep.caught_up()
@@ -114,3 +118,36 @@ def test_a_transaction_larger_than_a_batch_is_spilled_and_applied_in_pieces(
     marks = commits(spark, rep.path("public.keyed"))
     throughs = sorted(m["within"]["through"] for m in marks if "within" in m)
     assert throughs == [500, 1000, 1500, 2000, 2500, 3000], marks
+
+
+def test_skip_of_a_transaction_applied_in_pieces_keeps_its_first_pieces_and_says_so(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """A Delta commit is final: the pieces before the failing one stay, and the skip says so."""
+    publisher.execute(SCHEMA)
+    settings = {"batch": {"max_changes": 4, "max_delay": "300ms"}}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        publisher.execute("INSERT INTO keyed VALUES (0, 'first', 0)")
+        rep.caught_up()
+        spark.createDataFrame([(6, "local", 0)], "id int, v string, n int").write.format(
+            "delta"
+        ).mode("append").save(rep.path("public.keyed"))
+        publisher.execute(  # 10 inserts in pieces of 4: the second piece meets the local 6
+            "INSERT INTO keyed SELECT g, 'remote', 0 FROM generate_series(1, 10) g"
+        )
+        publisher.execute("INSERT INTO keyed VALUES (11, 'after', 0)")
+        with capture_logs() as logs:
+            rep.skip(rep.failed_at())
+            rep.caught_up()
+        assert sorted((r["id"], r["v"]) for r in rep.rows("public.keyed")) == [
+            (0, "first"),
+            (1, "remote"),
+            (2, "remote"),
+            (3, "remote"),
+            (4, "remote"),
+            (6, "local"),
+            (11, "after"),
+        ]
+        partly = "skipped transaction was partly applied before"
+        (warning,) = [e for e in logs if e["event"] == partly]
+        assert warning["table"] == "public.keyed" and warning["applied_through"] == 4

@@ -9,7 +9,7 @@ import pytest
 
 from apply.assembly import TransactionAssembler, UnsupportedStreamError
 from apply.spool import FRAME, SpoolDirectory, SpooledTransaction, SpoolError, read_changes
-from apply.transactions import RemoteTransaction, RowChange
+from apply.transactions import Op, RemoteTransaction, RowChange, TruncateChange
 from subscriber.lsn import Lsn
 from subscriber.messages import (
     Begin,
@@ -216,7 +216,7 @@ def test_a_spool_frame_naming_another_class_is_refused(tmp_path: Path) -> None:
     frame = pickle.dumps([Path("/")])
     path = tmp_path / "forged"
     path.write_bytes(len(frame).to_bytes(4, "big") + frame)
-    with pytest.raises(SpoolError, match="not a change type"):
+    with pytest.raises(SpoolError, match="plain values only"):
         list(read_changes(path))
 
 
@@ -229,3 +229,24 @@ def test_a_truncated_spool_file_is_an_error_not_a_short_transaction(
     tx.path.write_bytes(data[:-3])
     with pytest.raises(SpoolError, match="ends inside a frame"):
         list(tx.pieces(10))
+
+
+def test_every_change_shape_reads_back_equal_and_relations_stay_one_object(
+    spools: SpoolDirectory,
+) -> None:
+    other = Relation(16385, "s", "u", ReplicaIdentity.FULL, (Column("a", 25, -1, True),))
+    changes = [
+        RowChange(rel("id", "v"), Op.INSERT, row(1, "x"), None),
+        RowChange(rel("id", "v"), Op.UPDATE, row(2, ...), row(1, None)),
+        RowChange(other, Op.DELETE, None, row("gone")),
+        TruncateChange((rel("id", "v"), other), cascade=True, restart_identity=False),
+    ] * (FRAME // 2)
+    spool = spools.open("shapes", 700)
+    for change in changes:
+        spool.append(change)
+    spool.close()
+    read = list(read_changes(spool.path))
+    assert read == changes
+    first, last = read[0], read[-4]
+    assert isinstance(first, RowChange) and isinstance(last, RowChange)
+    assert first.relation is last.relation  # one object across frames

@@ -1,6 +1,15 @@
 """MERGE statements are values: their text, tested without Spark."""
 
-from apply.merge_plan import ClauseKind, OnExists, conflict_in, keyed_merge, multiset_merge
+import pyarrow as pa
+
+from apply.merge_plan import (
+    ClauseKind,
+    OnExists,
+    conflict_in,
+    key_bounds,
+    keyed_merge,
+    multiset_merge,
+)
 from apply.schema import TargetColumn, TargetSchema
 from apply.typemap import ColumnType
 
@@ -75,3 +84,12 @@ def test_a_merge_carries_only_the_clauses_the_batch_can_take() -> None:
         }
     )
     assert shape_of(mixed) == Shape(expects_absent=True, inserts=True, updates=True, deletes=True)
+
+
+def test_an_integer_key_bounds_the_target_to_the_batch_range() -> None:
+    source = pa.table({"id": pa.array([7, -3, 12], pa.int64()), "v": ["a", "b", "c"]})
+    assert key_bounds(source, "id") == (-3, 12)
+    assert key_bounds(source, "v") is None  # only integers: their order is Spark's order
+    assert key_bounds(source.slice(0, 0), "id") is None
+    plan = keyed_merge(SCHEMA, keep_columns=(), bounds=(-3, 12))
+    assert plan.condition == "t.`id` = s.`id` AND t.`id` BETWEEN -3 AND 12"
