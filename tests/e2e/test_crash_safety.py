@@ -115,9 +115,12 @@ def test_kill_inside_a_large_transaction_then_resume_with_other_pieces(
 
     port = write_config(config, publisher, warehouse, batch={"max_changes": 700}, **settings)
     survivor = DaemonProcess(config, port)
-    survivor.wait_ready()
-    wait_confirmed(publisher)
-    assert survivor.terminate() == 0, survivor.logs()
+    try:
+        survivor.wait_ready()
+        wait_confirmed(publisher)
+        assert survivor.terminate() == 0, survivor.logs()
+    finally:
+        survivor.kill()  # a failed wait must not leave a daemon running
     assert "transaction piece applied" in survivor.logs()
 
     with publisher.connect() as conn:
