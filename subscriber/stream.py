@@ -38,6 +38,9 @@ from subscriber.wire import Keepalive, XLogData, parse_frame, status_update
 
 log = structlog.get_logger(__name__)
 
+# A status update that only moves `write` waits at most this long (seconds).
+WRITE_REPORT_DELAY = 0.1
+
 
 @dataclass(frozen=True, slots=True)
 class SystemIdentity:
@@ -300,6 +303,7 @@ class ReplicationStream:
         self._last_status = now
         self._pinged = False
         self._last_sent: Feedback | None = None
+        self._write_pending = False  # a moved `write` not reported yet
         self.last_server_time = 0
         self.last_wal_end: Lsn | None = None  # the server's WAL end, as last reported
         self.ended = False
@@ -338,7 +342,8 @@ class ReplicationStream:
                 self.send_status(force=True, reply_requested=True)
                 self._pinged = True
             wake = min(
-                self._last_status + self._status_interval,
+                self._last_status
+                + (WRITE_REPORT_DELAY if self._write_pending else self._status_interval),
                 self._last_receipt + (self._timeout if self._pinged else self._timeout / 2),
             )
             if deadline is not None:
@@ -400,22 +405,36 @@ class ReplicationStream:
         """Report positions when they changed, when asked, or when the interval is up."""
         feedback = self._progress.feedback()
         now = self._clock()
-        due = now - self._last_status >= self._status_interval
-        if force or due or feedback != self._last_sent:
-            try:
-                self._pgconn.put_copy_data(
-                    status_update(
-                        feedback.write,
-                        feedback.flush,
-                        feedback.apply,
-                        reply_requested=reply_requested,
-                    )
+        since = now - self._last_status
+        last = self._last_sent
+        if not force and since < self._status_interval:
+            if feedback == last:
+                return feedback
+            # Only `write` moved: while frames keep coming, report it at most every
+            # WRITE_REPORT_DELAY, not at each drain of the socket (which, with a
+            # reader faster than the walsender, was a reply every few rows).
+            if (
+                last is not None
+                and (feedback.flush, feedback.apply) == (last.flush, last.apply)
+                and since < WRITE_REPORT_DELAY
+            ):
+                self._write_pending = True
+                return feedback
+        try:
+            self._pgconn.put_copy_data(
+                status_update(
+                    feedback.write,
+                    feedback.flush,
+                    feedback.apply,
+                    reply_requested=reply_requested,
                 )
-                self._pgconn.flush()
-            except psycopg.OperationalError as exc:
-                raise ConnectionLostError(f"cannot send a status update: {exc}") from exc
-            self._last_status = now
-            self._last_sent = feedback
+            )
+            self._pgconn.flush()
+        except psycopg.OperationalError as exc:
+            raise ConnectionLostError(f"cannot send a status update: {exc}") from exc
+        self._last_status = now
+        self._last_sent = feedback
+        self._write_pending = False
         return feedback
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -14,9 +15,9 @@ from subscriber.errors import ProtocolError
 from subscriber.lsn import Lsn
 from subscriber.messages import Begin, Commit, Insert, LogicalMessage, Message
 from subscriber.pgoutput import PgOutputDecoder
-from subscriber.progress import Progress
+from subscriber.progress import HeldProgress, Progress
 from subscriber.receiver import Backoff, Receiver
-from subscriber.stream import ReplicationConnection
+from subscriber.stream import WRITE_REPORT_DELAY, ReplicationConnection
 from subscriber.wire import XLogData
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
@@ -58,6 +59,60 @@ def test_idle_slot_confirmed_flush_advances(publisher: PgDatabase) -> None:
         wait_until(confirmed, timeout=30, what="confirmed_flush_lsn to pass the WAL written")
     finally:
         stream.stop()
+
+
+class _CountingPgconn:
+    """The real libpq connection, counting the status updates sent on it."""
+
+    def __init__(self, pgconn: object) -> None:
+        self._pgconn = pgconn
+        self.status_updates = 0
+
+    def put_copy_data(self, data: bytes) -> int:
+        self.status_updates += data[:1] == b"r"
+        return self._pgconn.put_copy_data(data)  # type: ignore[attr-defined, no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._pgconn, name)
+
+
+TRANSACTIONS = 3000
+
+
+def test_a_reader_faster_than_the_server_does_not_answer_every_frame(
+    publisher: PgDatabase,
+) -> None:
+    """Only `write` moves while transactions stream in: reported every 0.1 s at most."""
+    db = publisher
+    db.execute("CREATE TABLE t (a int, b text); CREATE PUBLICATION p FOR TABLE t")
+    create_slot(db, "s1")
+    # Single-row transactions: the server decodes each on its own, slower than we read.
+    with db.connect() as conn:
+        for i in range(TRANSACTIONS):
+            conn.execute("INSERT INTO t VALUES (%s, 'row')", [i])
+    progress = HeldProgress()  # nothing flushed: only `write` moves
+    connection = ReplicationConnection(db.replication_dsn)
+    stream = connection.start_replication("s1", Lsn(0), StreamOptions(("p",)), progress)
+    counting = _CountingPgconn(stream._pgconn)
+    stream._pgconn = counting  # type: ignore[assignment]
+    started = time.monotonic()
+    frames = commits = 0
+    try:
+        while True:
+            data = stream.read(timeout=30)
+            assert data is not None, "the transaction did not arrive"
+            frames += 1
+            commits += data.payload[:1] == b"C"
+            if commits == TRANSACTIONS:
+                break
+    finally:
+        elapsed = time.monotonic() - started
+        stream._pgconn = counting._pgconn  # type: ignore[assignment]
+        stream.stop()
+    assert frames == 3 * TRANSACTIONS + 1  # Begin, Insert, Commit each; one Relation
+    assert progress.received >= data.data_start
+    # Before: one update each time the socket ran dry - hundreds here.
+    assert counting.status_updates <= elapsed / WRITE_REPORT_DELAY + 3
 
 
 def test_flush_is_held_back_until_confirmed(publisher: PgDatabase) -> None:
