@@ -46,8 +46,10 @@ from subscriber.messages import (
     Type,
     Update,
 )
+from subscriber.tuples import DELETE, INSERT, UPDATE, RowChanges
 
 AssembledTransaction = RemoteTransaction | SpooledTransaction
+_OPS = {INSERT: Op.INSERT, UPDATE: Op.UPDATE, DELETE: Op.DELETE}
 
 
 class UnsupportedStreamError(Exception):
@@ -94,8 +96,10 @@ class TransactionAssembler:
         self._streams.clear()
         self._block = None
 
-    def feed(self, message: Message) -> AssembledTransaction | None:
+    def feed(self, message: Message | RowChanges) -> AssembledTransaction | None:
         match message:
+            case RowChanges():
+                self._add_rows(message)
             case Begin():
                 self._open = _Open(message)
             case Relation():
@@ -162,6 +166,21 @@ class TransactionAssembler:
             open_.spool.append(change)
             return
         open_.changes.append(change)
+        self._spill_when_over(open_)
+
+    def _add_rows(self, changes: RowChanges) -> None:
+        relation = self._relation
+        rows = changes.rows()
+        made = [RowChange(relation(oid), _OPS[op], new, old) for oid, op, new, old, _, _ in rows]
+        open_ = self._open
+        if self._block is None and open_ is not None and open_.spool is None:
+            open_.changes.extend(made)
+            self._spill_when_over(open_)
+            return
+        for change, row in zip(made, rows, strict=True):
+            self._add(change, row[5])
+
+    def _spill_when_over(self, open_: _Open) -> None:
         if self._spill_after is not None and len(open_.changes) > self._spill_after:
             assert self._spools is not None
             spool = self._spools.open(f"tx-{open_.begin.xid}", open_.begin.xid)

@@ -20,6 +20,7 @@ from subscriber.commands import StreamOptions
 from subscriber.messages import Message
 from subscriber.progress import Progress
 from subscriber.receiver import Receiver
+from subscriber.tuples import RowChanges
 from subscriber.wire import XLogData
 
 
@@ -67,7 +68,7 @@ class ApplyPipeline:
         )
         self._threads: list[threading.Thread] = []
 
-    def _deliver(self, message: Message, data: XLogData) -> None:
+    def _deliver(self, message: Message | RowChanges, data: XLogData) -> None:
         tx = self._assembler.feed(message)
         if tx is None:
             return  # not complete yet

@@ -3,7 +3,9 @@
 Each (re)connection starts from ``Progress.flushed`` - the last position
 durable at the target - so a lost connection loses nothing, and nothing at or
 below the flush point is decoded twice. Decoded messages go to ``deliver``
-in stream order, on the receiver's thread. The receiver also keeps the
+in stream order, on the receiver's thread; consecutive row changes go as
+one ``RowChanges`` run when there are enough of them to decode a column at
+a time. The receiver also keeps the
 pending-work bookkeeping of ``Progress`` (which transactions are open, which
 were handed on), since it sees every transaction boundary.
 """
@@ -28,7 +30,6 @@ from subscriber.messages import (
     BeginPrepare,
     Commit,
     CommitPrepared,
-    Message,
     Prepare,
     RollbackPrepared,
     StreamAbort,
@@ -38,6 +39,7 @@ from subscriber.messages import (
 )
 from subscriber.pgoutput import PgOutputDecoder
 from subscriber.progress import Progress
+from subscriber.runs import Decoded, RunDecoder
 from subscriber.stream import ReplicationConnection, ReplicationStream
 from subscriber.wire import XLogData
 
@@ -73,7 +75,7 @@ class TransactionTracker:
         self._streamed.clear()
         self._progress.reset_open()
 
-    def observe(self, message: Message) -> None:
+    def observe(self, message: Decoded) -> None:
         progress = self._progress
         match message:
             case Begin() | BeginPrepare():
@@ -98,7 +100,8 @@ class TransactionTracker:
                 pass
 
 
-Deliver = Callable[[Message, XLogData], None]
+# A decoded message, or a run of row changes, with the frame that completed it.
+Deliver = Callable[[Decoded, XLogData], None]
 
 
 class Receiver:
@@ -201,16 +204,17 @@ class Receiver:
         self.connections += 1
         self.streaming.set()
         self._stream = stream
+        runs = RunDecoder(decoder)
         try:
             while not self._stopping.is_set():
                 data = stream.read()
                 if data is None:
                     continue
                 self.last_receipt = time.time()
-                message = decoder.decode(data.payload, data.data_start)
-                self._backoff.reset()
-                self._tracker.observe(message)
-                self._deliver(message, data)
+                for decoded in runs.push(data.payload, data.data_start):
+                    self._backoff.reset()
+                    self._tracker.observe(decoded)
+                    self._deliver(decoded, data)
         finally:
             self.streaming.clear()
             self._stream = None

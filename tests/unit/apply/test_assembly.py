@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import random
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from subscriber.messages import (
     StreamStart,
     StreamStop,
 )
+from subscriber.pgoutput import PgOutputDecoder
+from subscriber.runs import RunDecoder
+from tests.support import pgoutput_builder as pgb
 from tests.unit.apply.builders import row
 
 OID = 16384
@@ -250,3 +254,57 @@ def test_every_change_shape_reads_back_equal_and_relations_stay_one_object(
     first, last = read[0], read[-4]
     assert isinstance(first, RowChange) and isinstance(last, RowChange)
     assert first.relation is last.relation  # one object across frames
+
+
+def _assembled(spools: SpoolDirectory, payloads: list[bytes], runs: bool) -> list[list[object]]:
+    """Each transaction the stream makes, as its changes, decoded in runs or one by one."""
+    decoder = PgOutputDecoder(2)
+    assembler = TransactionAssembler(spools, spill_after=150)
+    made: list[list[object]] = []
+    run_decoder = RunDecoder(decoder, max_messages=64)
+    for at, payload in enumerate(payloads):
+        lsn = Lsn(0x1000 + at)
+        decoded = run_decoder.push(payload, lsn) if runs else [decoder.decode(payload, lsn)]
+        for message in decoded:
+            tx = assembler.feed(message)
+            if isinstance(tx, SpooledTransaction):
+                made.append([c for piece in tx.pieces(1_000) for c in piece.changes])
+                tx.discard()
+            elif tx is not None:
+                made.append(list(tx.changes))
+    return made
+
+
+def test_runs_of_changes_assemble_as_changes_decoded_one_by_one(
+    spools: SpoolDirectory,
+) -> None:
+    """Whole, spilled and streamed transactions (with subtransactions) alike."""
+    rng = random.Random(11)
+
+    def image() -> list[pgb.Value]:
+        return [str(rng.randint(0, 99)).encode(), rng.choice([b"x", None, "u"])]
+
+    def changes(count: int, xids: list[int] | None = None) -> list[bytes]:
+        out = []
+        for _ in range(count):
+            xid = rng.choice(xids) if xids else None
+            pick = rng.randrange(3)
+            if pick == 0:
+                out.append(pgb.insert(OID, image(), xid))
+            elif pick == 1:
+                out.append(pgb.update(OID, image(), image(), key=True, xid=xid))
+            else:
+                out.append(pgb.delete(OID, image(), xid=xid))
+        return out
+
+    stream = [pgb.relation(OID, "public", "t", [("id", 23, True), ("v", 25, False)])]
+    stream += [pgb.begin(0x100, 700), *changes(100), pgb.commit(0x100, 0x108)]
+    stream += [pgb.begin(0x200, 701), *changes(400), pgb.commit(0x200, 0x208)]  # spilled
+    stream += [pgb.stream_start(702), *changes(50, [702]), *changes(40, [703])]
+    stream += [pgb.stream_stop(), pgb.stream_abort(702, 703)]
+    stream += [pgb.stream_start(702, first=False), *changes(70, [702]), pgb.stream_stop()]
+    stream += [pgb.stream_commit(702, 0x300, 0x308)]
+    one_by_one = _assembled(spools, stream, runs=False)
+    assert [len(tx) for tx in one_by_one][:2] == [100, 400]
+    assert len(one_by_one[2]) == 120  # subtransaction 703 dropped
+    assert _assembled(spools, stream, runs=True) == one_by_one

@@ -1,0 +1,229 @@
+"""Row changes decoded a run at a time equal them decoded one by one, errors included."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from subscriber.errors import ProtocolError
+from subscriber.lsn import Lsn
+from subscriber.messages import Commit, Delete, Insert, Update
+from subscriber.pgoutput import WALK_AT_LEAST, PgOutputDecoder
+from subscriber.runs import RunDecoder
+from subscriber.tuples import RowChanges
+from tests.support import pgoutput_builder as b
+
+# (oid, column count) of the relations the runs change.
+RELATIONS = {16384: 3, 16390: 2, 4_000_000_000: 4}
+
+
+def session(proto: int = 2) -> PgOutputDecoder:
+    decoder = PgOutputDecoder(proto)
+    for oid, columns in RELATIONS.items():
+        names = [(f"c{i}", 25, i == 0) for i in range(columns)]
+        decoder.decode(b.relation(oid, "public", f"t{oid}", names))
+    decoder.decode(b.begin(0x5000, 700))
+    return decoder
+
+
+def value(rng: random.Random) -> b.Value:
+    pick = rng.random()
+    if pick < 0.1:
+        return None
+    if pick < 0.15:
+        return "u"
+    if pick < 0.2:
+        return bytearray(rng.randbytes(rng.randint(0, 9)))
+    if pick < 0.25:
+        return b""
+    return str(rng.randint(0, 10 ** rng.randint(1, 12))).encode()
+
+
+def change(rng: random.Random, oid: int, xid: int | None = None) -> bytes:
+    columns = RELATIONS[oid]
+
+    def image() -> list[b.Value]:
+        return [value(rng) for _ in range(columns)]
+
+    kind = rng.randrange(6)
+    if kind == 0:
+        return b.insert(oid, image(), xid)
+    if kind == 1:
+        return b.update(oid, image(), xid=xid)
+    if kind == 2:
+        return b.update(oid, image(), image(), key=True, xid=xid)
+    if kind == 3:
+        return b.update(oid, image(), image(), key=False, xid=xid)
+    return b.delete(oid, image(), key=kind == 4, xid=xid)
+
+
+def run_of(rng: random.Random, counts: dict[int, int], xid: int | None = None) -> list[bytes]:
+    oids = [oid for oid, count in counts.items() for _ in range(count)]
+    rng.shuffle(oids)
+    return [change(rng, oid, xid) for oid in oids]
+
+
+def lsns(payloads: Sequence[bytes]) -> list[Lsn]:
+    return [Lsn(0x6000 + 0x40 * i) for i in range(len(payloads))]
+
+
+def one_by_one(decoder: PgOutputDecoder, payloads: Sequence[bytes]) -> list[object]:
+    return [decoder.decode(p, lsn) for p, lsn in zip(payloads, lsns(payloads), strict=True)]
+
+
+def outcome(decode: object) -> object:
+    try:
+        return decode() if callable(decode) else decode
+    except ProtocolError as exc:
+        return str(exc)
+
+
+def test_a_mixed_run_decodes_as_one_by_one_and_is_walked() -> None:
+    rng = random.Random(7)
+    # Two relations with enough changes to be walked, one with a few left over.
+    payloads = run_of(rng, {16384: 300, 16390: 120, 4_000_000_000: 5})
+    decoder = session()
+    changes = decoder.decode_changes(payloads, lsns(payloads))
+    assert changes.messages() == one_by_one(decoder, payloads)
+    walked = {g.relation_oid for g in changes.groups if g.walked is not None}
+    assert walked == {16384, 16390}
+    assert {type(m) for m in changes.messages()} == {Insert, Update, Delete}
+
+
+def test_values_of_every_kind_come_out_as_sent() -> None:
+    payloads = [
+        b.insert(16390, [b"1", None]),
+        b.insert(16390, [bytearray(b"\x00\x01"), "u"]),
+        b.insert(16390, [b"", b"x" * 70_000]),
+    ] * WALK_AT_LEAST
+    decoder = session()
+    changes = decoder.decode_changes(payloads, lsns(payloads))
+    assert changes.groups[0].walked is not None
+    images = [m.new for m in changes.messages() if isinstance(m, Insert)]
+    assert [(i.kinds, i.values) for i in images[:3]] == [
+        (b"tn", (b"1", None)),
+        (b"bu", (b"\x00\x01", None)),
+        (b"tt", (b"", b"x" * 70_000)),
+    ]
+
+
+def test_a_streamed_run_keeps_each_message_xid() -> None:
+    rng = random.Random(3)
+    decoder = session(proto=2)
+    decoder.decode(b.commit(0x5000, 0x5008))
+    decoder.decode(b.stream_start(42))
+    payloads = [change(rng, 16384, rng.choice([42, 43, 44])) for _ in range(100)]
+    changes = decoder.decode_changes(payloads, lsns(payloads))
+    expected = one_by_one(decoder, payloads)
+    assert changes.messages() == expected
+    assert changes.xids == tuple(m.xid for m in expected)  # type: ignore[attr-defined]
+    assert changes.groups[0].walked is not None
+
+
+def corrupt(payload: bytes, how: str) -> bytes:
+    if how == "truncated":
+        return payload[:-2]
+    if how == "trailing":
+        return payload + b"\x00"
+    if how == "kind":
+        return payload.replace(b"t\x00\x00\x00", b"q\x00\x00\x00", 1)
+    if how == "length":
+        return payload.replace(b"t\x00\x00\x00", b"t\x7f\x00\x00", 1)
+    if how == "negative length":
+        return payload.replace(b"t\x00\x00\x00", b"t\xff\xff\xff", 1)
+    if how == "columns":
+        return payload[:6] + b"\x00\x07" + payload[8:]
+    if how == "unknown relation":
+        return payload[:1] + b"\x00\x00\x00\x99" + payload[5:]
+    if how == "part":
+        return payload[:5] + b"Z" + payload[6:]
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "truncated",
+        "trailing",
+        "kind",
+        "length",
+        "negative length",
+        "columns",
+        "unknown relation",
+        "part",
+    ],
+)
+def test_a_bad_message_raises_what_one_by_one_raises(how: str) -> None:
+    payloads = [b.insert(16384, [str(i).encode(), b"a", b"b"]) for i in range(100)]
+    payloads[57] = corrupt(payloads[57], how)
+    decoder = session()
+    expected = outcome(lambda: one_by_one(decoder, payloads))
+    assert isinstance(expected, str) and "LSN 0/6E40" in expected  # message 57's own LSN
+    assert outcome(lambda: decoder.decode_changes(payloads, lsns(payloads))) == expected
+
+
+def test_changes_outside_a_transaction_are_refused_as_one_by_one() -> None:
+    decoder = session()
+    decoder.decode(b.commit(0x5000, 0x5008))
+    payloads = [b.insert(16390, [b"1", b"2"])] * 50
+    with pytest.raises(ProtocolError, match="change outside a transaction"):
+        decoder.decode_changes(payloads, lsns(payloads))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32),
+    counts=st.tuples(st.integers(0, 80), st.integers(0, 80), st.integers(0, 40)),
+    mutations=st.lists(
+        st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(-1, 255)),
+        max_size=3,
+    ),
+)
+def test_any_run_decodes_as_one_by_one(
+    seed: int, counts: tuple[int, int, int], mutations: list[tuple[int, int, int]]
+) -> None:
+    """Random runs, some with bytes changed or cut: the same messages or the same error."""
+    rng = random.Random(seed)
+    payloads = run_of(rng, dict(zip(RELATIONS, counts, strict=True)))
+    if not payloads:
+        return
+    for which, where, byte in mutations:
+        index = which % len(payloads)
+        payload = bytearray(payloads[index])
+        at = where % len(payload)
+        if byte < 0:
+            del payload[at:]
+        else:
+            payload[at] = byte
+        payloads[index] = bytes(payload)
+    decoder = session()
+    expected = outcome(lambda: one_by_one(decoder, payloads))
+    got = outcome(lambda: decoder.decode_changes(payloads, lsns(payloads)).messages())
+    assert got == expected
+
+
+def test_run_decoder_hands_on_in_stream_order() -> None:
+    decoder = session()
+    runs = RunDecoder(decoder, max_messages=40)
+    payloads = [b.insert(16390, [str(i).encode(), b"x"]) for i in range(100)]
+    out: list[object] = []
+    for payload, lsn in zip(payloads, lsns(payloads), strict=True):
+        out.extend(runs.push(payload, lsn))
+    assert runs.holding == 20
+    out.extend(runs.push(b.commit(0x5000, 0x5008), Lsn(0x9000)))
+    # Two full runs; the 20 left before the Commit are too few to walk.
+    assert [type(m) for m in out] == [RowChanges, RowChanges] + [Insert] * 20 + [Commit]
+    flat = [m for i in out for m in (i.messages() if isinstance(i, RowChanges) else [i])]
+    assert flat == [*one_by_one(session(), payloads), Commit(0, Lsn(0x5000), Lsn(0x5008), 0)]
+
+
+def test_run_decoder_bounds_a_run_by_bytes() -> None:
+    runs = RunDecoder(session(), max_bytes=100_000)
+    big = b.insert(16390, [b"1", b"x" * 30_000])
+    released = [runs.push(big, Lsn(1)) for _ in range(4)]
+    assert [len(r) for r in released] == [0, 0, 0, 4]
+    assert runs.holding == 0
