@@ -25,6 +25,7 @@ clear error instead of losing rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from apply.spool import Spool, SpoolDirectory, SpooledTransaction
 from apply.transactions import Change, Op, RemoteTransaction, RowChange, TruncateChange
@@ -169,9 +170,25 @@ class TransactionAssembler:
         self._spill_when_over(open_)
 
     def _add_rows(self, changes: RowChanges) -> None:
+        open_, group = self._open, changes.groups[0]
+        if (
+            len(changes.groups) == 1
+            and group.walked is not None
+            and self._block is None
+            and open_ is not None
+            and open_.spool is None
+        ):
+            # The common case - one relation's changes in a transaction held in
+            # memory - made with map(), not a Python step per row.
+            new, old = group.walked.images()
+            ops = map(_OPS.__getitem__, group.walked.types)
+            relation_of_all = repeat(self._relation(group.relation_oid))
+            open_.changes.extend(map(RowChange, relation_of_all, ops, new, old))
+            self._spill_when_over(open_)
+            return
         relation = self._relation
         rows = changes.rows()
-        made = [RowChange(relation(oid), _OPS[op], new, old) for oid, op, new, old, _, _ in rows]
+        made = [RowChange(relation(oid), _OPS[op], new, old) for oid, op, new, old, *_ in rows]
         open_ = self._open
         if self._block is None and open_ is not None and open_.spool is None:
             open_.changes.extend(made)

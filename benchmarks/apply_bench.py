@@ -40,6 +40,7 @@ import psycopg
 from apply.spark_session import SparkSettings, build_session
 from apply.state_store import CheckpointStore
 from subscriber.config import SubscriptionConfig
+from subscriber.daemon import tune_garbage_collector
 from subscriber.embedded import PgCluster, bin_dir
 from subscriber.lsn import Lsn
 from subscriber.metrics import Metrics
@@ -322,6 +323,7 @@ def main() -> None:
         native = run_native(publisher, args)
         print(json.dumps(asdict(native), indent=2), flush=True)
         spark = build_session(SparkSettings(master="local[*]"))
+        tune_garbage_collector()  # as `pgsub run` does
         ours = run_pgsub(publisher, args, spark)
         print(json.dumps(asdict(ours), indent=2), flush=True)
     finally:

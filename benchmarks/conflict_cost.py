@@ -43,6 +43,7 @@ from apply.schema import TargetSchema, target_schema
 from apply.source import empty
 from apply.spark_session import SparkSettings, build_session
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
+from subscriber.daemon import tune_garbage_collector
 from subscriber.lsn import Lsn
 from subscriber.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
 
@@ -104,6 +105,8 @@ def main() -> None:
     args = parser.parse_args()
 
     spark = build_session(SparkSettings())
+
+    tune_garbage_collector()  # as `pgsub run` does
     warehouse = Path(tempfile.mkdtemp(prefix="pgsub-conflict-cost-"))
     try:
         schema = target_schema(RELATION, lambda oid: None, keyed=True)

@@ -36,6 +36,7 @@ from apply.spark_session import SparkSettings, build_session
 from apply.state_store import CheckpointStore
 from benchmarks.apply_bench import TABLE, _durable, jvm_peak_rss_mb, lsn_of, wait_for
 from subscriber.config import SubscriptionConfig
+from subscriber.daemon import tune_garbage_collector
 from subscriber.embedded import PgCluster
 from subscriber.metrics import Metrics
 from subscriber.stream import ReplicationConnection
@@ -133,6 +134,7 @@ def run_pgsub(publisher: PgCluster, rows: int, max_changes: int) -> Figures:
     with ReplicationConnection(publisher.dsn("bench")) as replication:
         replication.create_slot("bench")
     spark = build_session(SparkSettings(master="local[*]"))
+    tune_garbage_collector()  # as `pgsub run` does
     warehouse = Path(tempfile.mkdtemp(prefix="pgsub-bench-wh-"))
     spool = Path(tempfile.mkdtemp(prefix="pgsub-bench-spool-"))
     config = SubscriptionConfig(

@@ -7,6 +7,8 @@ timestamptz, numeric), then streams it from each slot:
 - receive: only receiving the frames;
 - decode: receiving and decoding every message as the daemon does (row
   changes a run at a time, values into Arrow columns: ``RunDecoder``);
+- decode + cast: also casting every column of each run to its typed Arrow
+  column (int64, timestamp, decimal...) with the apply side's casts;
 - decode one by one: each message on its own (``PgOutputDecoder.decode``),
   the way before runs, for comparison;
 - decode + assemble: as the daemon's receiver thread does, up to complete
@@ -27,16 +29,33 @@ import time
 from typing import Final
 
 from apply.assembly import TransactionAssembler
+from apply.columnar import to_arrow
+from apply.typemap import resolve
 from subscriber.commands import StreamOptions
+from subscriber.daemon import tune_garbage_collector
 from subscriber.lsn import Lsn
 from subscriber.pgoutput import PgOutputDecoder
 from subscriber.progress import HeldProgress
 from subscriber.runs import RunDecoder
 from subscriber.stream import ReplicationConnection
+from subscriber.tuples import RowChanges
 from tests.support.pgcluster import DEFAULT_MAJOR, running_cluster
 from tests.support.pgdatabase import PgDatabase
 
-PASSES: Final = ("receive", "decode", "decode_one_by_one", "decode_assemble")
+PASSES: Final = ("receive", "decode", "decode_typed", "decode_one_by_one", "decode_assemble")
+
+
+def typed(decoder: PgOutputDecoder, changes: RowChanges) -> int:
+    """Casts every walked column to its Arrow type, as the apply side's casts do."""
+    cast = 0
+    for group in changes.groups:
+        if group.walked is None:
+            continue
+        columns = decoder.relations[group.relation_oid].columns
+        for column, values in zip(columns, group.walked.new.values, strict=True):
+            column_type = resolve(column.type_oid, column.typmod, lambda _: None)
+            cast += len(to_arrow(values, column_type, column.name))
+    return cast
 
 
 def stream_rate(db: PgDatabase, slot: str, rows: int, mode: str) -> float:
@@ -56,6 +75,10 @@ def stream_rate(db: PgDatabase, slot: str, rows: int, mode: str) -> float:
                 first = time.perf_counter()
             if mode == "decode":
                 runs.push(data.payload, data.data_start)
+            elif mode == "decode_typed":
+                for decoded in runs.push(data.payload, data.data_start):
+                    if isinstance(decoded, RowChanges):
+                        typed(decoder, decoded)
             elif mode == "decode_one_by_one":
                 decoder.decode(data.payload, data.data_start)
             elif mode == "decode_assemble":
@@ -75,6 +98,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="best of this many passes each")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
+    tune_garbage_collector()  # as `pgsub run` does
     with running_cluster(args.major) as cluster:
         db = PgDatabase.create(cluster, "bench")
         db.execute(
@@ -104,12 +128,14 @@ def main() -> None:
         "receive_only_rows_per_s": round(receive),
         "receive_decode_rows_per_s": round(decode),
         "decode_share_of_receive": round(decode / receive, 3),
+        "receive_decode_typed_rows_per_s": round(rates["decode_typed"]),
         "receive_decode_one_by_one_rows_per_s": round(rates["decode_one_by_one"]),
         "receive_decode_assemble_rows_per_s": round(rates["decode_assemble"]),
     }
     labels = {
         "receive": "receive only",
         "decode": "receive + decode (runs, Arrow columns)",
+        "decode_typed": "receive + decode + cast to typed Arrow columns",
         "decode_one_by_one": "receive + decode one message at a time",
         "decode_assemble": "receive + decode + assemble transactions (receiver thread)",
     }

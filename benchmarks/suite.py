@@ -6,6 +6,7 @@ own), one after the other, on throwaway PostgreSQL 15 clusters:
 | scenario | pgsub | PostgreSQL subscriber | raw limit |
 |---|---|---|---|
 | initial sync, N rows | rows/s to READY | rows/s to READY | COPY ... TO STDOUT rows/s |
+| stream decode, one N-row transaction | receive + decode rows/s | - | receive-only rows/s |
 | catch-up, one N-row UPDATE | rows/s commit->applied | same | receive-only stream rows/s |
 | steady load, single-row updates at a fixed rate | p50/p99/max lag, kept up? | same | - |
 | large transaction, N rows, streaming on | rows/s commit->applied, peak RSS | same | - |
@@ -69,6 +70,9 @@ def table(
         f"| initial sync, {sync['rows']:,} rows: rows/s to READY | {ours_sync:,.0f}"
         f" | {theirs_sync or 0:,.0f} | COPY read {sync['raw_copy_rows_per_s']:,.0f}"
         f" | {ratio(ours_sync, theirs_sync)} | {ratio(ours_sync, sync['raw_copy_rows_per_s'])} |",
+        f"| stream decode, one {stream['rows']:,}-row transaction: rows/s received and"
+        f" decoded | {stream['receive_decode_rows_per_s']:,.0f} | - | receive-only"
+        f" {receive:,.0f} | - | {ratio(stream['receive_decode_rows_per_s'], receive)} |",
         f"| catch-up, one {int(apply['args']['rows']):,}-row UPDATE: rows/s commit->applied"
         f" | {ours_update:,.0f} | {theirs_update:,.0f} | stream receive-only {receive:,.0f}"
         f" | {ratio(ours_update, theirs_update)} | {ratio(ours_update, receive)} |",

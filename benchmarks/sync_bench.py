@@ -31,6 +31,7 @@ from apply.spark_session import SparkSettings, build_session
 from apply.state_store import CheckpointStore
 from benchmarks.apply_bench import jvm_peak_rss_mb
 from subscriber.config import SubscriptionConfig
+from subscriber.daemon import tune_garbage_collector
 from subscriber.embedded import PgCluster
 from subscriber.metrics import Metrics
 from subscriber.subscription import SubscriptionRunner
@@ -137,6 +138,7 @@ def main() -> None:
         raw = raw_copy(publisher)
         theirs = None if args.skip_native else native(publisher, args.rows)
         spark = build_session(SparkSettings(master="local[*]"))
+        tune_garbage_collector()  # as `pgsub run` does
         ours = pgsub(publisher, args.rows, spark)
     finally:
         publisher.destroy()

@@ -9,13 +9,14 @@ status update and returns 0.
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -31,6 +32,20 @@ log = structlog.get_logger(__name__)
 # A stream silent past its wal_receiver_timeout without reconnecting is dead;
 # /healthz gives the receiver this much slack beyond it.
 HEALTH_SLACK = 30.0
+
+# New container objects between two runs of the cyclic garbage collector
+# (Python's default: 700). pgsub makes a few per row change - the change, its
+# image, its net row in a batch - and at the default pace the collector took
+# a quarter of the receiver thread's time on a large transaction. Row data
+# holds bytes and None, never cycles, so fewer, larger runs lose nothing.
+COLLECTOR_THRESHOLD: Final = 100_000
+
+
+def tune_garbage_collector() -> None:
+    """Fewer collector runs, and none over what startup made (modules, Spark's py4j state)."""
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(COLLECTOR_THRESHOLD, older, oldest)
 
 
 @contextmanager
@@ -110,6 +125,7 @@ class Daemon:
                 master=config.spark.master, remote=config.spark.remote, conf=config.spark.conf
             )
         )
+        tune_garbage_collector()
         checkpoints = CheckpointStore(spark, config.warehouse)
         for sub in config.subscriptions:
             if not sub.enabled:

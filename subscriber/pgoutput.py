@@ -273,35 +273,43 @@ class PgOutputDecoder:
         """
         if len(payloads) != len(lsns):
             raise ValueError("one LSN per message")
-        xids = None
+        walked = self._walk_run(payloads, lsns)
+        if walked is None:
+            everything = self._one_by_one(payloads, lsns, np.arange(len(payloads)))
+            return RowChanges(len(payloads), (everything,))
+        groups, xids = walked
+        return RowChanges(len(payloads), groups, xids)
+
+    def _walk_run(
+        self, payloads: Sequence[bytes], lsns: Sequence[Lsn]
+    ) -> tuple[tuple[ChangeGroup, ...], tuple[int, ...] | None] | None:
+        """Each relation's messages walked (a few decoded one by one); None to decode all so."""
+        if not payloads or not self._in_transaction_or_block():
+            return None
+        buf = RunBuffer(payloads)
+        if not buf.no_empty_message:
+            return None
+        streamed = self._stream_xid is not None
+        oids = buf.relation_oids(streamed)
+        single = bool((oids == oids[0]).all())
         groups: list[ChangeGroup] = []
-        walkable = self._in_transaction_or_block() and all(payloads)
-        if walkable:
-            streamed = self._stream_xid is not None
-            buf = RunBuffer(payloads)
-            oids = buf.relation_oids(streamed)
-            single = bool((oids == oids[0]).all())
-            leftover: list[np.ndarray] = []
-            for oid in (int(oids[0]),) if single else np.unique(oids).tolist():
-                messages = np.arange(len(payloads)) if single else np.flatnonzero(oids == oid)
-                if len(messages) < WALK_AT_LEAST:
-                    leftover.append(messages)
-                    continue
-                relation = self.relations.get(oid)
-                walked = None
-                if relation is not None:
-                    walked = walk_changes(buf, messages, oid, len(relation.columns), streamed)
-                if walked is None:
-                    walkable = False  # decode all in order, for the first error
-                    break
-                groups.append(ChangeGroup(oid, messages, walked))
-            if walkable and leftover:
-                groups.append(self._one_by_one(payloads, lsns, np.sort(np.concatenate(leftover))))
-            if streamed:
-                xids = tuple(buf.xids().tolist())
-        if not walkable:
-            groups = [self._one_by_one(payloads, lsns, np.arange(len(payloads)))]
-        return RowChanges(len(payloads), tuple(groups), xids)
+        leftover: list[np.ndarray] = []
+        for oid in (int(oids[0]),) if single else np.unique(oids).tolist():
+            messages = np.arange(len(payloads)) if single else np.flatnonzero(oids == oid)
+            if len(messages) < WALK_AT_LEAST:
+                leftover.append(messages)
+                continue
+            relation = self.relations.get(oid)
+            if relation is None:
+                return None
+            walked = walk_changes(buf, messages, oid, len(relation.columns), streamed)
+            if walked is None:
+                return None
+            groups.append(ChangeGroup(oid, messages, walked))
+        if leftover:
+            groups.append(self._one_by_one(payloads, lsns, np.sort(np.concatenate(leftover))))
+        xids = tuple(buf.xids().tolist()) if streamed else None
+        return tuple(groups), xids
 
     def _in_transaction_or_block(self) -> bool:
         return self._open is not None or self._stream_xid is not None

@@ -23,6 +23,7 @@ RUN_MESSAGES: Final = 8192
 RUN_BYTES: Final = 32 << 20
 
 Decoded = Message | RowChanges
+_CHANGES: Final = frozenset(bytes([t]) for t in CHANGE_TYPES)
 
 
 class RunDecoder:
@@ -47,11 +48,12 @@ class RunDecoder:
         return len(self._payloads)
 
     def push(self, payload: bytes, lsn: Lsn) -> Sequence[Decoded]:
-        if payload and payload[0] in CHANGE_TYPES:
-            self._payloads.append(payload)
+        if payload[:1] in _CHANGES:
+            held = self._payloads
+            held.append(payload)
             self._lsns.append(lsn)
             self._held += len(payload)
-            if len(self._payloads) < self.max_messages and self._held < self.max_bytes:
+            if len(held) < self.max_messages and self._held < self.max_bytes:
                 return ()
             return self._release()
         if not self._payloads:

@@ -194,6 +194,8 @@ def test_any_run_decodes_as_one_by_one(
     for which, where, byte in mutations:
         index = which % len(payloads)
         payload = bytearray(payloads[index])
+        if not payload:
+            continue
         at = where % len(payload)
         if byte < 0:
             del payload[at:]
