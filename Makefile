@@ -27,7 +27,7 @@ help:
 	@echo "make bench   every scenario beside PostgreSQL's subscriber and the raw limit, one table"
 	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS, LARGE_ROWS;"
 	@echo "             quick: ROWS=100000 SYNC_ROWS=200000 LOAD_SECONDS=15 LARGE_ROWS=500000)"
-	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction (ROWS=...)"
+	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction, best of 3 (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
 	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber"
 	@echo "make bench-large   one 5M-row INSERT with streaming on (LARGE_ROWS=...), beside PostgreSQL's"

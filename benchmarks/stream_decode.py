@@ -95,7 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--major", type=int, default=DEFAULT_MAJOR)
-    parser.add_argument("--rounds", type=int, default=2, help="best of this many passes each")
+    parser.add_argument("--rounds", type=int, default=3, help="best of this many passes each")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     tune_garbage_collector()  # as `pgsub run` does
