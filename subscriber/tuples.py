@@ -128,11 +128,8 @@ class RunBuffer:
         return self.data[at].astype(np.int64)
 
     def u32(self, at: Positions) -> npt.NDArray[np.int64]:
-        return self._big_endian(at, "<u4")
-
-    def _big_endian(self, at: Positions, dtype: str) -> npt.NDArray[np.int64]:
-        # Four byte gathers and shifts: faster than gathering (n, 4) blocks and
-        # viewing them as big-endian integers.
+        """Big-endian unsigned 32-bit integers at ``at``: four byte gathers and shifts
+        (faster than gathering (n, 4) blocks and viewing them as ``>u4``)."""
         d = self.data
         value = (
             (d[at].astype(np.uint32) << 24)
@@ -140,7 +137,7 @@ class RunBuffer:
             | (d[at + 2].astype(np.uint32) << 8)
             | d[at + 3]
         )
-        return value.view(dtype[1:]).astype(np.int64)
+        return value.astype(np.int64)
 
     def relation_oids(self, streamed: bool) -> npt.NDArray[np.int64]:
         """Each message's relation OID (garbage for a message too short to have one)."""
@@ -253,12 +250,15 @@ def _gather(
     Arrow's ``take`` of every other item copies the values out in C.
     """
     rows = len(starts)
-    if buf.size > _MAX_OFFSET:
+    # A NULL's empty range may start a few bytes past its message (in the padding
+    # after the last one): the final gap ends at the very end of the buffer.
+    end = len(buf.data)
+    if end > _MAX_OFFSET:
         return None
     offsets = np.empty(2 * rows + 1, dtype=np.int32)
     offsets[0:-1:2] = starts
     offsets[1::2] = starts + lengths
-    offsets[-1] = buf.size
+    offsets[-1] = end
     validity = None
     nulls = rows - int(np.count_nonzero(present))
     if nulls:

@@ -91,6 +91,10 @@ def test_a_mixed_run_decodes_as_one_by_one_and_is_walked() -> None:
     assert changes.messages() == one_by_one(decoder, payloads)
     walked = {g.relation_oid for g in changes.groups if g.walked is not None}
     assert walked == {16384, 16390}
+    for group in changes.groups:
+        if group.walked is not None:
+            for column in (*group.walked.new.values, *group.walked.old.values):
+                column.validate(full=True)
     assert {type(m) for m in changes.messages()} == {Insert, Update, Delete}
 
 
@@ -100,6 +104,7 @@ def test_values_of_every_kind_come_out_as_sent() -> None:
         b.insert(16390, [bytearray(b"\x00\x01"), "u"]),
         b.insert(16390, [b"", b"x" * 70_000]),
     ] * WALK_AT_LEAST
+    payloads.append(b.insert(16390, [b"2", None]))  # a NULL in the run's very last byte
     decoder = session()
     changes = decoder.decode_changes(payloads, lsns(payloads))
     assert changes.groups[0].walked is not None
@@ -109,6 +114,9 @@ def test_values_of_every_kind_come_out_as_sent() -> None:
         (b"bu", (b"\x00\x01", None)),
         (b"tt", (b"", b"x" * 70_000)),
     ]
+    assert (images[-1].kinds, images[-1].values) == (b"tn", (b"2", None))
+    for column in changes.groups[0].walked.new.values:
+        column.validate(full=True)
 
 
 def test_a_streamed_run_keeps_each_message_xid() -> None:
