@@ -5,9 +5,9 @@ durable at the target - so a lost connection loses nothing, and nothing at or
 below the flush point is decoded twice. Decoded messages go to ``deliver``
 in stream order, on the receiver's thread; consecutive row changes go as
 one ``RowChanges`` run when there are enough of them to decode a column at
-a time. The receiver also keeps the
-pending-work bookkeeping of ``Progress`` (which transactions are open, which
-were handed on), since it sees every transaction boundary.
+a time (``subscriber.runs``). The receiver also keeps the pending-work
+bookkeeping of ``Progress`` (which transactions are open, which were
+handed on), since it sees every transaction boundary.
 """
 
 from __future__ import annotations
