@@ -23,6 +23,7 @@ from apply.collapse import First, KeyedNet
 from apply.delta_origins import ROW_VERSION
 from apply.schema import TargetSchema, quote
 from apply.source import FIRST, PRESENT
+from apply.spark_session import arrow_frame
 from conflicts.kinds import judge
 from subscriber.messages import TupleData
 
@@ -87,7 +88,7 @@ def find_keyed(
     data[FIRST] = [row.first.value for row in rows]
     data[ROW] = list(range(len(rows)))
     ddl = ", ".join([f"{quote(k)} string" for k in keys] + [f"{FIRST} string", f"{ROW} int"])
-    source = session.createDataFrame(pa.table(data), schema=ddl)
+    source = arrow_frame(session, pa.table(data), ddl)
     source = source.select(
         *[fn.col(quote(k)).cast(key_types[k]).alias(f"__pgsub_s{i}") for i, k in enumerate(keys)],
         FIRST,

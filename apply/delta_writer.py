@@ -65,6 +65,7 @@ from apply.source import (
     helper_spark_type,
     keyed_source,
 )
+from apply.spark_session import arrow_frame
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution, judge
 from conflicts.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
 from subscriber.lsn import ZERO, Lsn
@@ -318,7 +319,7 @@ class DeltaTables:
         ddl = ", ".join(
             f"{quote(n)} {types.get(n) or helper_spark_type(n)}" for n in table.column_names
         )
-        return session.createDataFrame(table, schema=struct(ddl))
+        return arrow_frame(session, table, ddl)
 
     def _tracker(self, table: str, path: str) -> OriginTracker:
         with self._lock:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
 JARS_DIR_ENV = "PGSUB_JARS_DIR"
 _REPO_JARS_DIR = Path(__file__).resolve().parent.parent / "jars" / "lib"
@@ -96,3 +97,20 @@ def build_session(settings: SparkSettings, jars_dir: Path | None = None) -> Spar
     if settings.remote is None:
         session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def arrow_frame(session: SparkSession, table: pa.Table, ddl: str) -> DataFrame:
+    """``table`` as a Spark DataFrame of schema ``ddl``: the one way Arrow data enters Spark.
+
+    PySpark (4.2) reads an Arrow table's record batches as a stream that
+    ends at the first empty batch, so every row after an empty chunk is
+    silently dropped (``concat_tables`` of an empty and a non-empty table
+    makes one). Empty batches are left out here, before Spark sees them.
+    """
+    import pyarrow as pa
+
+    batches = table.to_batches()
+    if any(batch.num_rows == 0 for batch in batches):
+        kept = [batch for batch in batches if batch.num_rows]
+        table = pa.Table.from_batches(kept, schema=table.schema)
+    return session.createDataFrame(table, schema=ddl)

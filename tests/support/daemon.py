@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,6 +68,7 @@ class DaemonProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=True,  # its own process group: kill() takes the JVM along
         )
 
     def get(self, route: str) -> tuple[int, Any]:
@@ -104,9 +106,10 @@ class DaemonProcess:
         return self.wait_exit(timeout)
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        """SIGKILL the daemon and everything it started (the Spark JVM)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
     def logs(self) -> str:
         self._log.flush()

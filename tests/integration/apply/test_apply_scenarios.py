@@ -153,8 +153,17 @@ def test_replica_identity_full_keeps_duplicates_exact(
             (1, "y"),
             (3, None),
         ]
+        # A batch that removes the last copy of a row (no copy to put back) and inserts new
+        # rows: the inserts follow an empty Arrow chunk, which Spark once read as the end.
+        publisher.execute(
+            "BEGIN; DELETE FROM bag WHERE a = 3;"
+            " INSERT INTO bag SELECT g, 'new', 1 FROM generate_series(10, 14) g; COMMIT"
+        )
+        rep.caught_up()
+        rep.assert_equal("public.bag", "public.log")
+        assert len(rep.rows("public.bag")) == 7
         # A batch that only removes the last copy of a row and inserts nothing.
-        publisher.execute("DELETE FROM bag WHERE a = 3")
+        publisher.execute("DELETE FROM bag WHERE a = 3 OR b = 'new'")
         rep.caught_up()
         rep.assert_equal("public.bag", "public.log")
         assert sorted((r["a"], r["b"]) for r in rep.rows("public.bag")) == [(1, "x"), (1, "y")]
