@@ -103,6 +103,7 @@ class DeltaTables:
         self._schemas: dict[str, TargetSchema] = {}
         self._origins: dict[str, OriginTracker] = {}
         self._lock = threading.Lock()
+        self.history_peek = HISTORY_PEEK
 
     def path(self, table: str) -> str:
         schema, _, name = table.partition(".")
@@ -124,30 +125,22 @@ class DeltaTables:
 
     def applied_lsn(self, table: str) -> Lsn:
         """The end LSN of the last batch this subscription committed to ``table``."""
-        from delta.tables import DeltaTable
-
-        path = self.path(table)
-        try:
-            session = self.session()
-            if not DeltaTable.isDeltaTable(session, path):
-                return ZERO
-            history = DeltaTable.forPath(session, path).history
-            for limit in (HISTORY_PEEK, None):
-                frame = history(limit) if limit else history()
-                rows = frame.select("version", "userMetadata").orderBy("version").collect()
-                lsns = [lsn_from_metadata(r["userMetadata"], self.subscription) for r in rows]
-                found = [lsn for lsn in lsns if lsn is not None]
-                if found:
-                    return max(found)
-                if limit is not None and len(rows) < limit:
-                    break
-        except SparkErrors as exc:
-            raise TargetTableError(f"cannot read the history of {path}: {exc}") from exc
-        return ZERO
+        metadata = self._latest_mark(table)
+        lsn = lsn_from_metadata(metadata, self.subscription)
+        return ZERO if lsn is None else lsn
 
     def applied_within(self, table: str) -> Within | None:
         """How far into an open transaction the latest commit of this subscription brought
         ``table`` (None: that commit completed its transactions)."""
+        return within_from_metadata(self._latest_mark(table), self.subscription)
+
+    def _latest_mark(self, table: str) -> str | None:
+        """The ``userMetadata`` of this subscription's latest commit to ``table`` with an LSN.
+
+        A subscription's LSNs only grow, so its newest marked commit holds the
+        highest. The last ``history_peek`` commits are read first; the whole
+        history only when other writers (or maintenance) made all of those.
+        """
         from delta.tables import DeltaTable
 
         path = self.path(table)
@@ -155,12 +148,19 @@ class DeltaTables:
             session = self.session()
             if not DeltaTable.isDeltaTable(session, path):
                 return None
-            rows = DeltaTable.forPath(session, path).history(HISTORY_PEEK).collect()
+            history = DeltaTable.forPath(session, path).history
+            for limit in (self.history_peek, None):
+                frame = history(limit) if limit else history()
+                rows = frame.select("version", "userMetadata").collect()
+                rows.sort(key=lambda row: -int(row["version"]))
+                for row in rows:
+                    metadata = row["userMetadata"]
+                    if lsn_from_metadata(metadata, self.subscription) is not None:
+                        return str(metadata)
+                if limit is not None and len(rows) < limit:
+                    break
         except SparkErrors as exc:
             raise TargetTableError(f"cannot read the history of {path}: {exc}") from exc
-        for row in sorted(rows, key=lambda r: -int(r["version"])):
-            if lsn_from_metadata(row["userMetadata"], self.subscription) is not None:
-                return within_from_metadata(row["userMetadata"], self.subscription)
         return None
 
     # -- schema --------------------------------------------------------------
@@ -192,21 +192,53 @@ class DeltaTables:
         from delta.tables import DeltaTable
 
         session = self.session()
-        builder = (
-            DeltaTable.createIfNotExists(session)
-            .location(path)
-            .addColumns(struct(schema.ddl()))
-            .property("delta.columnMapping.mode", "name")
-            .property("delta.enableTypeWidening", "true")
-            .property("pgsub.source", schema.table)
-            .property("pgsub.key", json.dumps(list(schema.key)))
-        )
+        properties = {
+            "delta.columnMapping.mode": "name",
+            "delta.enableTypeWidening": "true",
+            "pgsub.source": schema.table,
+            "pgsub.key": json.dumps(list(schema.key)),
+        }
         if self.track_origin:
-            builder = builder.property(ROW_TRACKING, "true")
-        builder.execute()
+            properties[ROW_TRACKING] = "true"
+        builder = DeltaTable.createIfNotExists(session).location(path)
+        builder = builder.addColumns(struct(schema.ddl()))
+        for name, value in properties.items():
+            builder = builder.property(name, value)
+        try:
+            builder.execute()
+        except SparkErrors as exc:
+            if "DELTA_TABLE_NOT_FOUND" not in str(exc):
+                raise
+            self._create_over_cut_short(schema, path, properties)
         with self._lock:
             self._origins.pop(schema.table, None)
         log.info("target table created", table=schema.table, path=path, key=list(schema.key))
+
+    def _create_over_cut_short(
+        self, schema: TargetSchema, path: str, properties: Mapping[str, str]
+    ) -> None:
+        """A ``_delta_log`` without a commit (a creation killed half-way): create over it.
+
+        Delta's table builder refuses such a folder, a first write does not; a
+        write takes only ``delta.*`` properties, so the others follow in a second commit.
+        """
+        log.warning(
+            "target table creation was cut short before; creating it again",
+            table=schema.table,
+            path=path,
+        )
+        session = self.session()
+        writer = session.createDataFrame([], struct(schema.ddl())).write.format("delta")
+        for name, value in properties.items():
+            if name.startswith("delta."):
+                writer = writer.option(name, value)
+        writer.mode("overwrite").save(path)
+        others = ", ".join(
+            f"{_sql_string(name)} = {_sql_string(value)}"
+            for name, value in properties.items()
+            if not name.startswith("delta.")
+        )
+        session.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({others})")
 
     def _evolve(self, schema: TargetSchema, path: str) -> Evolution:
         session = self.session()

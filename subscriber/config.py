@@ -114,6 +114,32 @@ class SubscriptionConfig(_Strict):
             return "on" if value else "off"
         return value
 
+    @field_validator("connection")
+    @classmethod
+    def _conninfo(cls, value: str) -> str:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            conninfo_to_dict(value)
+        except ProgrammingError:
+            # libpq's message may quote part of the string, and with it a password.
+            raise ValueError(
+                "not a valid libpq connection string: use key=value pairs "
+                "(host=db dbname=app user=replicator) or a postgresql:// URI"
+            ) from None
+        return value
+
+    @field_validator("password_file")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                value.read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read {value}: {exc.strerror}") from None
+        return value
+
     @model_validator(mode="after")
     def _supported(self) -> SubscriptionConfig:
         check_slot_name(self.slot)

@@ -170,7 +170,10 @@ class SyncCoordinator:
 
     def store(self, relid: int, state: TableState, lsn: Lsn | None = None) -> TableStatus:
         with self._cond:
-            moved = self._statuses[relid].moved_to(state, lsn)
+            current = self._statuses[relid]
+            moved = current.moved_to(state, lsn)
+        if moved == current:
+            return current  # a retried copy: DATASYNC again is nothing new to store
         if state.stored:
             self._persist([moved])
         with self._cond:

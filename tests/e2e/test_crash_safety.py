@@ -1,5 +1,6 @@
 """kill -9 at named points of a batch, restart: no loss, no duplicates (DESIGN section 3)."""
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,11 @@ UPDATE keyed SET v = 'after' WHERE id = 1;
     ["apply.after_table_write", "apply.before_checkpoint", "apply.before_flush_report"],
 )
 def test_kill_at_a_failpoint_then_restart(
-    failpoint: str, publisher: PgDatabase, spark: Any, tmp_path: Path
+    failpoint: str,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
 ) -> None:
     publisher.execute(
         "CREATE TABLE keyed (id int PRIMARY KEY, v text);"
@@ -45,18 +50,18 @@ def test_kill_at_a_failpoint_then_restart(
     config = tmp_path / "pgsub.yaml"
     port = write_config(config, publisher, warehouse, batch={"max_delay": "2s"})
 
-    first = DaemonProcess(config, port)  # creates the slot, then is stopped cleanly
+    first = daemons(config, port)  # creates the slot, then is stopped cleanly
     first.wait_ready()
     assert first.terminate() == 0, first.logs()
 
     publisher.execute(WORKLOAD)
-    doomed = DaemonProcess(config, port, failpoints=failpoint)
+    doomed = daemons(config, port, failpoint)
     assert doomed.wait_exit() == -9, doomed.logs()  # SIGKILL at the failpoint
     # More transactions before the restart: the replayed batch ends at a new LSN, so
     # Delta's idempotent-write id alone cannot refuse it; the per-table LSN must.
     publisher.execute(AFTER_CRASH)
 
-    survivor = DaemonProcess(config, port)
+    survivor = daemons(config, port)
     survivor.wait_ready()
     wait_confirmed(publisher)
     assert survivor.terminate() == 0, survivor.logs()
@@ -90,7 +95,12 @@ COMMIT;
     ],
 )
 def test_kill_inside_a_large_transaction_then_resume_with_other_pieces(
-    streaming: str, failpoint: str, publisher: PgDatabase, spark: Any, tmp_path: Path
+    streaming: str,
+    failpoint: str,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
 ) -> None:
     """Killed between the pieces of a spooled transaction, restarted with another piece
     size: each table resumes where its last piece ended, without loss or duplicates."""
@@ -104,23 +114,20 @@ def test_kill_inside_a_large_transaction_then_resume_with_other_pieces(
     config = tmp_path / "pgsub.yaml"
     settings: dict[str, Any] = {"streaming": streaming, "spool_dir": str(tmp_path / "spool")}
     port = write_config(config, publisher, warehouse, batch={"max_changes": 1000}, **settings)
-    first = DaemonProcess(config, port)
+    first = daemons(config, port)
     first.wait_ready()
     assert first.terminate() == 0, first.logs()
 
     publisher.execute(BIG)
-    doomed = DaemonProcess(config, port, failpoints=failpoint)
+    doomed = daemons(config, port, failpoint)
     assert doomed.wait_exit() == -9, doomed.logs()
     publisher.execute(AFTER_CRASH)
 
     port = write_config(config, publisher, warehouse, batch={"max_changes": 700}, **settings)
-    survivor = DaemonProcess(config, port)
-    try:
-        survivor.wait_ready()
-        wait_confirmed(publisher)
-        assert survivor.terminate() == 0, survivor.logs()
-    finally:
-        survivor.kill()  # a failed wait must not leave a daemon running
+    survivor = daemons(config, port)
+    survivor.wait_ready()
+    wait_confirmed(publisher)
+    assert survivor.terminate() == 0, survivor.logs()
     assert "transaction piece applied" in survivor.logs()
 
     with publisher.connect() as conn:

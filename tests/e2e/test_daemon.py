@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,37 @@ def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     assert "subscriptions.0.bacth: unknown key" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("password_file: /nonexistent/pw", "subscriptions.0.password_file: cannot read"),
+        ('connection: "host=db password=\'hunter2"', "subscriptions.0.connection: not a valid"),
+    ],
+)
+def test_bad_connection_settings_exit_2_without_a_traceback(
+    setting: str, named: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        f"subscriptions:\n  - name: s\n    connection: host=db\n    publications: [p]\n"
+        f"    {setting}\n"
+    )
+    result = pgsub("run", "-c", str(config))
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+    assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
+
+
 def test_missing_config_exits_2(tmp_path: Path) -> None:
     result = pgsub("run", "-c", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2 and "cannot read the config file" in result.stderr
 
 
 def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
-    publisher: PgDatabase, spark: Any, tmp_path: Path
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
 ) -> None:
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
@@ -45,7 +70,7 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
         config.read_text().replace("user=postgres", f"user=postgres password={password}")
     )
 
-    daemon = DaemonProcess(config, port)
+    daemon = daemons(config, port)
     daemon.wait_ready()
     publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g")
     publisher.execute("UPDATE t SET v = 'w' WHERE id < 10; DELETE FROM t WHERE id > 90")

@@ -23,6 +23,7 @@ from tests.support.pgdatabase import PgDatabase
 pytestmark = pytest.mark.e2e
 
 ROWS = 20_000
+FAST = 6_000
 SCHEMA = f"""
 CREATE TABLE k (a int PRIMARY KEY, b text);
 CREATE TABLE bag (a int, b text);
@@ -34,7 +35,11 @@ CREATE PUBLICATION pub FOR TABLE k, bag;
 
 
 class Writer(threading.Thread):
-    """One row into each table per autocommit transaction, every 7th also deletes from bag."""
+    """One row into each table per autocommit transaction, every 7th also deletes from bag.
+
+    As fast as it can for its first ``FAST`` rows (through the copy and the catch-up),
+    then 25 rows a second, so that the apply catches up in a bounded time.
+    """
 
     def __init__(self, publisher: PgDatabase) -> None:
         super().__init__(daemon=True, name="writer")
@@ -57,6 +62,8 @@ class Writer(threading.Thread):
                             [n - 3],
                         )
                     self.written = n - ROWS
+                    if self.written > FAST:
+                        self.stopping.wait(0.04)
         except BaseException as exc:
             self.error = exc
 
@@ -98,7 +105,7 @@ def test_copy_and_apply_under_saturating_load_lose_nothing(
     writer = Writer(publisher)
     writer.start()
     try:
-        wait_until(lambda: writer.written >= 2000, timeout=60, what="the writer to start")
+        wait_until(lambda: writer.written >= 1000, timeout=60, what="the writer to start")
         daemon = daemons(config, port)
         wait_until(lambda: all_ready(daemon), timeout=400, interval=1, what="both tables READY")
         after_ready = writer.written

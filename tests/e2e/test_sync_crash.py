@@ -2,6 +2,7 @@
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,11 @@ def ready_states(daemon: DaemonProcess) -> bool:
 
 @pytest.mark.parametrize("failpoint", ["tablesync.after_copy_block", "tablesync.before_syncdone"])
 def test_kill_during_sync_then_restart(
-    failpoint: str, publisher: PgDatabase, spark: Any, tmp_path: Path
+    failpoint: str,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
 ) -> None:
     publisher.execute(SCHEMA)
     warehouse = tmp_path / "warehouse"
@@ -52,9 +57,9 @@ def test_kill_during_sync_then_restart(
     writer = threading.Thread(target=workload, daemon=True)
     writer.start()
     try:
-        doomed = DaemonProcess(config, port, failpoints=failpoint)
+        doomed = daemons(config, port, failpoint)
         assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
-        survivor = DaemonProcess(config, port)
+        survivor = daemons(config, port)
         wait_until(lambda: ready_states(survivor), timeout=300, what="both tables READY")
         stop.set()
         writer.join()

@@ -78,8 +78,23 @@ def test_password_file_goes_into_the_connection_only(tmp_path: Path) -> None:
     assert "s3cret" in sub.conninfo() and "s3cret" not in sub.connection
 
 
+def test_missing_password_file_is_named(tmp_path: Path) -> None:
+    env = {"PGSUB_SUBSCRIPTIONS_0_PASSWORD_FILE": str(tmp_path / "absent")}
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, GOOD), environ=env)
+    assert "subscriptions.0.password_file: cannot read" in str(err.value)
+
+
+def test_malformed_connection_string_is_named_without_echoing_it(tmp_path: Path) -> None:
+    text = GOOD.replace('"host=db dbname=app user=replicator"', '"host=db password=\'s3cret"')
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, text), environ={})
+    assert "subscriptions.0.connection: not a valid libpq connection string" in str(err.value)
+    assert "s3cret" not in str(err.value)
+
+
 def test_duplicate_names_and_bad_slot_names_are_refused(tmp_path: Path) -> None:
-    text = GOOD + "  - {name: sub1, connection: x, publications: [p], copy_data: false}\n"
+    text = GOOD + "  - {name: sub1, connection: host=x, publications: [p], copy_data: false}\n"
     with pytest.raises(ConfigError, match="subscription names must be unique"):
         load(write(tmp_path, text), environ={})
     with pytest.raises(ConfigError, match="invalid replication slot name"):

@@ -1,0 +1,58 @@
+"""Target tables in states a crash or another hand can leave them in."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.pgdatabase import PgDatabase
+from tests.support.replicate import Replication
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_table_whose_creation_was_cut_short_is_created_again(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """kill -9 inside Delta's CREATE leaves ``_delta_log/`` without a commit in it."""
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    log_dir = warehouse / "public" / "t" / "_delta_log"
+    log_dir.mkdir(parents=True)
+    (log_dir / ".00000000000000000000.json.0f1e.tmp").write_text("{")
+    with Replication(publisher, spark, warehouse) as rep:
+        publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")
+        rep.caught_up()
+        rep.assert_equal("public.t", key=("id",))
+    properties = spark.sql(f"DESCRIBE DETAIL delta.`{warehouse}/public/t`").first()["properties"]
+    assert properties["pgsub.source"] == "public.t" and properties["pgsub.key"] == '["id"]'
+
+
+def test_progress_is_found_behind_more_foreign_commits_than_the_peek(
+    spark: Any, warehouse: Path
+) -> None:
+    """A piece's mark, then other writers' commits: the mark is still found (no repeat)."""
+    from apply.batch import TableChange, TableWork
+    from apply.collapse import collapse
+    from apply.delta_commit import CommitMark, Within
+    from apply.delta_writer import DeltaTables
+    from apply.schema import target_schema
+    from subscriber.lsn import Lsn
+    from tests.unit.apply.builders import ins, relation
+
+    rel = relation("id", "v")
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    tables.history_peek = 2
+    schema = target_schema(rel, lambda oid: None, keyed=True)
+    tables.prepare(schema)
+    net = collapse(TableWork(rel, [TableChange(0, ins(rel, 1, "a"))]))
+    tables.write(schema, net, CommitMark("sub1", Lsn(0x100), 0))
+    net = collapse(TableWork(rel, [TableChange(0, ins(rel, 2, "b"))]))
+    tables.write(schema, net, CommitMark("sub1", Lsn(0x100), 0, Within(Lsn(0x500), 1)))
+    for value in range(3):  # another writer
+        spark.createDataFrame([(100 + value, "other")], "id int, v string").write.format(
+            "delta"
+        ).mode("append").save(tables.path("public.t"))
+    assert tables.applied_lsn("public.t") == Lsn(0x100)
+    assert tables.applied_within("public.t") == Within(Lsn(0x500), 1)

@@ -1,0 +1,53 @@
+"""The leader's side of table sync, with an in-memory state store and fake workers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from apply.state_store import StoredTableState
+from subscriber.config import SubscriptionConfig
+from subscriber.lsn import Lsn
+from subscriber.metrics import Metrics
+from tablesync.coordinator import SyncCoordinator
+from tablesync.publication import PublishedTable
+from tablesync.state import TableState
+
+TABLE = PublishedTable(1, "public", "t", ("id",), None, False, 10)
+
+
+class MemoryStore:
+    """The state store's table-state log, in memory: every recorded row kept."""
+
+    def __init__(self) -> None:
+        self.rows: list[StoredTableState] = []
+
+    def record(self, subscription: str, rows: list[StoredTableState]) -> None:
+        self.rows.extend(rows)
+
+    def load(self, subscription: str) -> dict[int, StoredTableState]:
+        latest = {row.relid: row for row in self.rows}
+        return {relid: row for relid, row in latest.items() if row.state}
+
+
+def coordinator(
+    store: MemoryStore, worker: Callable[[threading.Event], None] | None = None
+) -> SyncCoordinator:
+    config = SubscriptionConfig(name="s", connection="", publications=["p"])
+    return SyncCoordinator(
+        config,
+        store,  # type: ignore[arg-type]
+        Metrics(),
+        lambda table: worker or (lambda stop: None),
+    )
+
+
+def test_a_retried_copy_stores_datasync_once() -> None:
+    store = MemoryStore()
+    sync = coordinator(store)
+    sync.load([TABLE], Lsn(0))
+    for _ in range(5):  # a copy that keeps failing starts over from DATASYNC each time
+        sync.store(TABLE.relid, TableState.DATASYNC)
+    assert [row.state for row in store.rows] == ["i", "d"]
+    sync.store(TABLE.relid, TableState.FINISHEDCOPY, Lsn(100))
+    assert [row.state for row in store.rows] == ["i", "d", "f"]
