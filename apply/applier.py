@@ -166,6 +166,18 @@ class BatchApplier:
         within = self._within[table]
         return within.through if within is not None and within.end_lsn == end_lsn else 0
 
+    def _applies(self, relation: Relation, tx: RemoteTransaction) -> bool:
+        """``should_apply``; a table this applier does not apply forgets its cached progress.
+
+        Someone else (a sync worker) writes it meanwhile: once it comes back to
+        this applier, its progress is read again from the table itself.
+        """
+        if self._should_apply is None or self._should_apply(relation, tx):
+            return True
+        self._applied.pop(relation.qualified_name, None)
+        self._within.pop(relation.qualified_name, None)
+        return False
+
     def _mark(self, batch: Batch, table: str) -> CommitMark:
         last = batch.transactions[-1]
         if not last.partial:
@@ -185,7 +197,7 @@ class BatchApplier:
 
     def apply(self, batch: Batch) -> BatchResult:
         """Apply ``batch``; on error nothing is confirmed and the batch may be applied again."""
-        work = batch.tables(self.applied_lsn, self._should_apply, self.applied_through)
+        work = batch.tables(self.applied_lsn, self._applies, self.applied_through)
         jobs = []
         for name, table_work in work.items():
             try:

@@ -84,9 +84,12 @@ class Batch:
             relation: Relation, index: int, ordinal: int, change: RowChange | TruncateChange
         ) -> None:
             name = relation.qualified_name
+            tx = self.transactions[index]
+            # Asked first: a table that a sync worker writes has no applied LSN of ours yet.
+            if should_apply is not None and not should_apply(relation, tx):
+                return
             if name not in applied:
                 applied[name] = applied_lsn(name)
-            tx = self.transactions[index]
             if tx.end_lsn <= applied[name]:
                 return
             if tx.total is not None and applied_through is not None:
@@ -94,8 +97,6 @@ class Batch:
                     through[name] = applied_through(name, tx.end_lsn)
                 if tx.first + ordinal < through[name]:
                     return
-            if should_apply is not None and not should_apply(relation, tx):
-                return
             entry = work.get(name)
             if entry is None:
                 entry = work[name] = TableWork(relation)

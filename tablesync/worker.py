@@ -243,13 +243,17 @@ class SyncWorker:
             wal_receiver_timeout=config.wal_receiver_timeout,
         )
         pipeline.start()
+        reached = False
         try:
             while not (stopping.is_set() or pipeline.done.is_set()):
                 if progress.flushed >= target or (progress.idle and progress.received >= target):
-                    return max(target, progress.flushed)
+                    reached = True
+                    break
                 pipeline.done.wait(0.1)
         finally:
             failures = pipeline.stop()
         if failures:
             raise failures[0]
-        return None
+        # Read only once the apply thread has stopped: it may have committed one more
+        # batch past the target, and SYNCDONE must say everything the table holds.
+        return max(target, progress.flushed) if reached else None
