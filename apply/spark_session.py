@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 JARS_DIR_ENV = "PGSUB_JARS_DIR"
+_LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 _REPO_JARS_DIR = Path(__file__).resolve().parent.parent / "jars" / "lib"
 
 # Settings every pgsub session needs; the user's spark.conf overrides them.
@@ -56,6 +57,7 @@ class SparkSettings:
     remote: str | None = None
     conf: Mapping[str, str] = field(default_factory=dict)
     app_name: str = "pgsub"
+    jvm_traces: bool = False  # Java stack traces in the JVM's log (pgsub's log level debug)
 
 
 def delta_jars(jars_dir: Path | None = None) -> list[Path]:
@@ -76,6 +78,12 @@ def session_conf(settings: SparkSettings, jars_dir: Path | None = None) -> dict[
     conf: dict[str, str] = dict(_DELTA_CONF)
     if settings.remote is None and settings.master.startswith("local"):
         conf.update(_LOCAL_CONF)
+    if settings.remote is None:
+        # The driver JVM's logging: one line per event, stack traces only when asked for.
+        traces = "true" if settings.jvm_traces else "false"
+        conf["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile={_LOG4J_CONFIG} -Dpgsub.jvm.traces={traces}"
+        )
     if settings.remote is None and "spark.jars" not in settings.conf:
         conf["spark.jars"] = ",".join(str(j) for j in delta_jars(jars_dir))
     conf.update(settings.conf)

@@ -70,6 +70,18 @@ class _StateTable:
         except SparkErrors as exc:
             raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
 
+    def forget(self, subscription: str) -> None:
+        """Delete every row of ``subscription`` (``pgsub drop``)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        try:
+            if DeltaTable.isDeltaTable(self._spark, self.path):
+                table = DeltaTable.forPath(self._spark, self.path)
+                table.delete(fn.col("subscription") == subscription)
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot delete from {self.path}: {exc}") from exc
+
     def _append(self, rows: Any) -> None:
         """Append ``rows`` (an Arrow table or a list of tuples in ``ddl`` order)."""
         try:
@@ -198,3 +210,6 @@ class SettingsStore(_StateTable):
 
     def record(self, subscription: str, key: str, value: str) -> None:
         self._append([(subscription, key, value, datetime.now(UTC))])
+
+
+STATE_TABLES: Final = (CheckpointStore, TableStateStore, ConflictStore, SettingsStore)

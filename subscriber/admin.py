@@ -13,12 +13,19 @@ from typing import Any
 import psycopg
 
 from apply.spark_session import SparkSettings, build_session
-from apply.state_store import SettingsStore, TableStateStore
+from apply.state_store import STATE_TABLES, SettingsStore, StoredTableState, TableStateStore
 from subscriber.config import Config, SubscriptionConfig
+from subscriber.errors import SubscriberError, UsageError
 from subscriber.lsn import Lsn
 from subscriber.settings import ENABLED, SKIP_LSN
 from tablesync.coordinator import plan_refresh, record_refresh
 from tablesync.publication import published_tables
+from tablesync.state import TableState
+from tablesync.worker import is_sync_slot
+
+
+class AdminError(SubscriberError):
+    """An administrative command that cannot be carried out as asked."""
 
 
 def _spark(config: Config) -> Any:
@@ -49,18 +56,70 @@ def refresh_publication(
     """REFRESH PUBLICATION; the names of the tables added and removed."""
     with psycopg.connect(subscription.conninfo(), autocommit=True) as conn:
         published = published_tables(conn, list(subscription.publications))
-    spark = build_session(
-        SparkSettings(
-            master=config.spark.master,
-            remote=config.spark.remote,
-            conf=config.spark.conf,
-            app_name="pgsub-admin",
-        )
-    )
-    store = TableStateStore(spark, config.warehouse)
+    store = TableStateStore(_spark(config), config.warehouse)
     refresh = plan_refresh(store.load(subscription.name), published)
     record_refresh(store, subscription, refresh)
     return (
         [t.qualified_name for t in refresh.added],
         [f"{s.schema}.{s.name}" for s in refresh.removed],
     )
+
+
+def resync(config: Config, subscription: SubscriptionConfig, tables: list[str]) -> list[str]:
+    """Copy ``tables`` again from the publisher: each goes back to INIT.
+
+    A running daemon stops applying them, and its sync workers copy them
+    anew (replacing the Delta table's rows) and hand them back, as for a
+    table just added. The qualified names of the tables, as stored.
+    """
+    store = TableStateStore(_spark(config), config.warehouse)
+    known = {f"{s.schema}.{s.name}": s for s in store.load(subscription.name).values()}
+    wanted = [name if "." in name else f"public.{name}" for name in tables]
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise UsageError(
+            f"subscription {subscription.name!r} has no table {', '.join(unknown)} "
+            f"(it has: {', '.join(sorted(known)) or 'none'}); `pgsub refresh` adds newly "
+            "published tables"
+        )
+    rows = [
+        StoredTableState(
+            known[n].relid, known[n].schema, known[n].name, TableState.INIT.value, None
+        )
+        for n in wanted
+    ]
+    store.record(subscription.name, rows)
+    return wanted
+
+
+def drop(config: Config, subscription: SubscriptionConfig, *, keep_slot: bool) -> list[str]:
+    """DROP SUBSCRIPTION: its slots on the publisher and its state; the Delta tables stay.
+
+    Refused while a daemon streams the subscription (its slot is active).
+    The names of the slots dropped.
+    """
+    dropped: list[str] = []
+    if not keep_slot:
+        with psycopg.connect(subscription.conninfo(), autocommit=True) as conn:
+            rows = [
+                (name, is_active)
+                for name, is_active in conn.execute(
+                    "SELECT slot_name, active FROM pg_catalog.pg_replication_slots"
+                    " WHERE database = current_database()"
+                ).fetchall()
+                if name == subscription.slot or is_sync_slot(subscription.name, name)
+            ]
+            active = [name for name, is_active in rows if is_active]
+            if active:
+                raise AdminError(
+                    f"subscription {subscription.name!r} is being streamed (slot "
+                    f"{', '.join(active)} is active): stop the daemon that runs it, or "
+                    f"`pgsub disable -c ... {subscription.name}` and wait until it stops"
+                )
+            for name, _ in rows:
+                conn.execute("SELECT pg_catalog.pg_drop_replication_slot(%s)", [name])
+                dropped.append(str(name))
+    spark = _spark(config)
+    for table in STATE_TABLES:
+        table(spark, config.warehouse).forget(subscription.name)
+    return dropped

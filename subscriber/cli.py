@@ -2,8 +2,11 @@
 
 - ``pgsub run -c pgsub.yaml``: the daemon (DESIGN section 10).
 - ``pgsub refresh -c pgsub.yaml SUB``: REFRESH PUBLICATION; ``pgsub skip
-  ... SUB --lsn X/Y``, ``pgsub enable|disable ... SUB``: ALTER SUBSCRIPTION.
-  They write to the state store; a running daemon picks them up.
+  ... SUB --lsn X/Y``, ``pgsub enable|disable ... SUB``: ALTER SUBSCRIPTION;
+  ``pgsub resync ... SUB TABLE...``: copy tables again. They write to the
+  state store; a running daemon picks them up.
+- ``pgsub drop -c pgsub.yaml SUB``: DROP SUBSCRIPTION (slots and state; the
+  Delta tables stay).
 - ``pgsub demo``: the daemon on embedded defaults (a throwaway publisher,
   local Spark, a local Delta warehouse).
 - ``pgsub peek``: streams a slot and prints the decoded pgoutput messages -
@@ -28,7 +31,7 @@ from subscriber import logs
 from subscriber.commands import Streaming, StreamOptions
 from subscriber.config import ConfigError
 from subscriber.config import load as load_config
-from subscriber.errors import SubscriberError
+from subscriber.errors import SubscriberError, UsageError
 from subscriber.lsn import Lsn
 from subscriber.messages import Message
 from subscriber.pgoutput import PgOutputDecoder
@@ -84,15 +87,52 @@ def _parser() -> argparse.ArgumentParser:
     skip.add_argument("subscription", help="the subscription's name in the config")
     skip.add_argument("--lsn", required=True, help="the transaction's finish LSN, X/Y")
     _config_argument(skip)
-    for verb, text in (("enable", "resume"), ("disable", "stop")):
+    for verb, text, bound in (
+        ("enable", "resume", "starts streaming again within a few seconds"),
+        (
+            "disable",
+            "stop",
+            "stops streaming within 5 seconds, plus the time to finish the batch it is "
+            "writing (a Delta commit is atomic: the batch is committed whole or not at all); "
+            "its slot keeps the publisher's WAL until it is enabled again",
+        ),
+    ):
         toggle = commands.add_parser(
             verb,
             help=f"{text} applying a subscription (ALTER SUBSCRIPTION {verb.upper()})",
-            description=f"{text.capitalize()} applying the subscription; a running daemon "
-            "picks it up within a few seconds.",
+            description=f"{text.capitalize()} applying the subscription. A running daemon "
+            f"{bound}.",
         )
         toggle.add_argument("subscription", help="the subscription's name in the config")
         _config_argument(toggle)
+    resync = commands.add_parser(
+        "resync",
+        help="copy tables again from the publisher (back to INIT)",
+        description="Each TABLE goes back to INIT: a running daemon stops applying it within "
+        "a few seconds, copies it anew under a new snapshot (replacing the Delta table's rows) "
+        "and hands it back to the apply worker. The way out of a type change Delta cannot "
+        "widen, a target table deleted or changed by hand, or a partly applied skipped "
+        "transaction.",
+    )
+    resync.add_argument("subscription", help="the subscription's name in the config")
+    resync.add_argument("tables", nargs="+", metavar="TABLE", help="schema.table (or table)")
+    _config_argument(resync)
+    drop = commands.add_parser(
+        "drop",
+        help="DROP SUBSCRIPTION: drop its slots and its state, keep its Delta tables",
+        description="Drop the subscription's replication slot and sync slots on the publisher "
+        "and everything the state store holds for it (positions, table states, settings, "
+        "conflicts); its Delta tables are kept. Refused while a daemon streams it. Run the "
+        "daemon again afterwards and the subscription starts over: a new slot, every table "
+        "copied anew (copy_data).",
+    )
+    drop.add_argument("subscription", help="the subscription's name in the config")
+    drop.add_argument(
+        "--keep-slot",
+        action="store_true",
+        help="leave the publisher alone (it is gone, or the slot is wanted elsewhere)",
+    )
+    _config_argument(drop)
     demo = commands.add_parser(
         "demo",
         help="run the daemon against a throwaway demo publisher into ./warehouse",
@@ -191,6 +231,27 @@ def _admin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resync_or_drop(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        subscription = config.subscription(args.subscription)
+    except ConfigError as exc:
+        print(f"pgsub {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(config.log.format, config.log.level)
+    from subscriber import admin
+
+    if args.command == "resync":
+        for name in admin.resync(config, subscription, list(args.tables)):
+            print(f"{subscription.name}: {name} will be copied again")
+        return 0
+    dropped = admin.drop(config, subscription, keep_slot=args.keep_slot)
+    for slot in dropped:
+        print(f"{subscription.name}: replication slot {slot} dropped")
+    print(f"{subscription.name}: dropped (its Delta tables are kept)")
+    return 0
+
+
 def _refresh(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
@@ -235,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _refresh(args)
         if args.command in ("skip", "enable", "disable"):
             return _admin(args)
+        if args.command in ("resync", "drop"):
+            return _resync_or_drop(args)
         if args.command == "demo":
             from subscriber.demo import run_demo
 
@@ -244,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _peek(args)
     except SubscriberError as exc:
         print(f"pgsub {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE if isinstance(exc, UsageError) else 1
     return EXIT_USAGE
 
 

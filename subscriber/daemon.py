@@ -122,7 +122,10 @@ class Daemon:
         log.info("http endpoint listening", host=config.metrics.host, port=self.server.port)
         spark = self.spark = build_session(
             SparkSettings(
-                master=config.spark.master, remote=config.spark.remote, conf=config.spark.conf
+                master=config.spark.master,
+                remote=config.spark.remote,
+                conf=config.spark.conf,
+                jvm_traces=config.log.level == "debug",
             )
         )
         tune_garbage_collector()

@@ -49,3 +49,7 @@ class ConnectionLostError(ReplicationError):
 
 class UnsupportedFeatureError(ReplicationError):
     """An option the publisher's server version does not offer."""
+
+
+class UsageError(SubscriberError):
+    """A command asked for something that does not exist (exit code 2, like a bad config)."""

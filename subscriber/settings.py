@@ -1,4 +1,4 @@
-"""What ``ALTER SUBSCRIPTION`` changes at run time: enabled, and the LSN to skip.
+"""What ``ALTER SUBSCRIPTION`` changes at run time (enabled, the LSN to skip), and the publisher.
 
 ``pgsub skip``, ``pgsub enable`` and ``pgsub disable`` write to the state
 store; ``SubscriptionSettings`` is the running daemon's view of it, re-read
@@ -17,11 +17,14 @@ from typing import Protocol
 import structlog
 
 from subscriber.lsn import Lsn
+from subscriber.slot import PublisherIdentity
 
 log = structlog.get_logger(__name__)
 
 SKIP_LSN = "skip_lsn"
 ENABLED = "enabled"
+PUBLISHER_SYSTEM_ID = "publisher_system_id"
+PUBLISHER_TIMELINE = "publisher_timeline"
 REFRESH_INTERVAL = 3.0
 
 
@@ -66,6 +69,32 @@ class SubscriptionSettings:
         with self._lock:
             text = self._values.get(SKIP_LSN)
         return Lsn.parse(text) if text else None
+
+    @property
+    def publisher(self) -> PublisherIdentity | None:
+        """The publisher recorded at the subscription's first start (None: not yet)."""
+        with self._lock:
+            system_id = self._values.get(PUBLISHER_SYSTEM_ID)
+            timeline = self._values.get(PUBLISHER_TIMELINE, "0")
+        return None if system_id is None else PublisherIdentity(system_id, int(timeline))
+
+    def record_publisher(self, identity: PublisherIdentity) -> None:
+        known = self.publisher
+        if known == identity:
+            return
+        if known is None or known.system_id != identity.system_id:
+            self._store.record(self.subscription, PUBLISHER_SYSTEM_ID, identity.system_id)
+        self._store.record(self.subscription, PUBLISHER_TIMELINE, str(identity.timeline))
+        with self._lock:
+            self._values[PUBLISHER_SYSTEM_ID] = identity.system_id
+            self._values[PUBLISHER_TIMELINE] = str(identity.timeline)
+        if known is not None:
+            log.info(
+                "publisher timeline changed",
+                subscription=self.subscription,
+                timeline=identity.timeline,
+                was=known.timeline,
+            )
 
     def set_enabled(self, enabled: bool) -> None:
         self._store.record(self.subscription, ENABLED, "true" if enabled else "false")

@@ -32,12 +32,13 @@ from subscriber.catalog import PublisherCatalog
 from subscriber.commands import StreamOptions, quote_literal
 from subscriber.config import SubscriptionConfig
 from subscriber.errors import ReplicationError, SubscriberError
-from subscriber.lsn import Lsn
+from subscriber.lsn import ZERO, Lsn
 from subscriber.metrics import Metrics
 from subscriber.pipeline import ApplyPipeline
 from subscriber.progress import Progress
 from subscriber.receiver import Receiver
 from subscriber.settings import REFRESH_INTERVAL, SubscriptionSettings
+from subscriber.slot import PublisherIdentity, SlotAction, check_publisher, plan_slot
 from subscriber.stream import ReplicationConnection
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
@@ -152,7 +153,7 @@ class SubscriptionRunner:
                 if flushed is None:
                     flushed = self._checkpoints.origin_lsn(name)
                     log.info("subscription starting", subscription=name, origin_lsn=str(flushed))
-                self._ensure_slot()
+                self._ensure_slot(flushed)
                 self._tables_to_sync(flushed)
                 flushed = self._attempt(flushed, isolate, stopping)
                 isolate = None
@@ -258,33 +259,39 @@ class SubscriptionRunner:
         published = self._published_tables()
         if self._loaded:
             self.coordinator.publish(published)
+            self.coordinator.reload()  # a resync may be the way out of the last error
         else:
             self.coordinator.load(published, position)
             self._loaded = True
 
-    def _ensure_slot(self) -> None:
+    def _ensure_slot(self, flushed: Lsn) -> None:
+        """Check the publisher and the slot; create the slot only on the first start."""
         slot = self.config.slot
         with ReplicationConnection(self._conninfo) as connection:
-            self.system_id = connection.identify_system().system_id
+            system = connection.identify_system()
+            found = PublisherIdentity(system.system_id, system.timeline)
+            recorded = self.settings.publisher
+            check_publisher(self.name, recorded, found)
+            self.system_id = system.system_id
             rows = connection.execute(
                 "SELECT plugin FROM pg_catalog.pg_replication_slots WHERE slot_name = "
                 + quote_literal(slot)
             )
-            if rows:
-                if rows[0]["plugin"] != "pgoutput":
-                    raise ReplicationError(
-                        f'replication slot "{slot}" uses the plugin {rows[0]["plugin"]}, not '
-                        "pgoutput; drop it or choose another slot_name"
-                    )
-                return
-            if not self.config.create_slot:
-                raise ReplicationError(
-                    f'replication slot "{slot}" does not exist on the publisher; create it '
-                    "(pgoutput) or set create_slot: true"
-                )
-            connection.create_slot(
-                slot, two_phase=self.config.two_phase, failover=self.config.failover
+            action = plan_slot(
+                subscription=self.name,
+                slot=slot,
+                exists=bool(rows),
+                plugin=rows[0]["plugin"] if rows else None,
+                first_start=recorded is None and flushed == ZERO,
+                create_slot=self.config.create_slot,
+                confirmed=flushed,
             )
+            if action is SlotAction.CREATE:
+                connection.create_slot(
+                    slot, two_phase=self.config.two_phase, failover=self.config.failover
+                )
+        # Recorded once the slot exists: a crash in between leaves a first start.
+        self.settings.record_publisher(found)
 
     # -- one attempt ---------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -252,8 +252,19 @@ class SyncCoordinator:
                 if relid not in self._statuses
             ]
             removed = [s for relid, s in self._statuses.items() if relid not in stored]
-            for status in added:
+            # pgsub resync: a table stored back at INIT is copied again from scratch.
+            resynced = [
+                replace(s, state=TableState.INIT, lsn=None)
+                for relid, s in self._statuses.items()
+                if relid in stored
+                and stored[relid].state == TableState.INIT.value
+                and s.state is not TableState.INIT
+            ]
+            for status in added + resynced:
                 self._statuses[status.relid] = status
+                running = self._running.get(status.relid)
+                if running is not None:
+                    running.stop.set()
             for status in removed:
                 del self._statuses[status.relid]
                 running = self._running.get(status.relid)
@@ -273,6 +284,15 @@ class SyncCoordinator:
             )
             if self._drop_sync_slot is not None:
                 self._drop_sync_slot(status.relid)
+        for status in resynced:
+            log.info(
+                "table state changed",
+                subscription=self.config.name,
+                table=status.qualified_name,
+                state=TableState.INIT.label,
+                lsn=None,
+                cause="pgsub resync",
+            )
         if added:
             log.info(
                 "tables added to the subscription",
@@ -281,7 +301,7 @@ class SyncCoordinator:
             )
             if self._list_published is not None:
                 self.publish(self._list_published())  # the new tables' columns and filters
-        if added or removed:
+        if added or removed or resynced:
             self._export()
 
     def _wait_sync_done(self, relid: int) -> None:

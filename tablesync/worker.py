@@ -22,6 +22,7 @@ the sync slot, filtered to one table.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -76,6 +77,14 @@ def sync_slot_name(subscription: str, relid: int, system_id: str) -> str:
     """PostgreSQL's ``pg_<subid>_sync_<relid>_<sysid>``, with the subscription's name."""
     tail = f"_sync_{relid}_{system_id}"
     return f"pgsub_{subscription.lower()[: 63 - len('pgsub_') - len(tail)]}{tail}"
+
+
+def is_sync_slot(subscription: str, slot: str) -> bool:
+    """Whether ``slot`` is one of ``subscription``'s sync slots (for ``pgsub drop``)."""
+    found = re.search(r"_sync_(\d+)_(\d+)$", slot)
+    return found is not None and slot == sync_slot_name(
+        subscription, int(found.group(1)), found.group(2)
+    )
 
 
 class SyncWorker:

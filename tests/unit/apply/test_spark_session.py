@@ -39,3 +39,13 @@ def test_remote_session_needs_no_local_jars(tmp_path: Path) -> None:
 def test_missing_jars_say_how_to_get_them(tmp_path: Path) -> None:
     with pytest.raises(SparkSetupError, match="make jars"):
         delta_jars(tmp_path / "absent")
+
+
+def test_jvm_stack_traces_are_logged_only_at_debug(tmp_path: Path) -> None:
+    folder = make_jars(tmp_path / "lib")
+    quiet = session_conf(SparkSettings(master="local[2]"), folder)["spark.driver.extraJavaOptions"]
+    loud = session_conf(SparkSettings(master="local[2]", jvm_traces=True), folder)
+    config = Path(quiet.split("-Dlog4j2.configurationFile=")[1].split()[0])
+    assert config.is_file() and "alwaysWriteExceptions" in config.read_text()
+    assert "-Dpgsub.jvm.traces=false" in quiet
+    assert "-Dpgsub.jvm.traces=true" in loud["spark.driver.extraJavaOptions"]

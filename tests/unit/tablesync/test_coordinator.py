@@ -51,3 +51,27 @@ def test_a_retried_copy_stores_datasync_once() -> None:
     assert [row.state for row in store.rows] == ["i", "d"]
     sync.store(TABLE.relid, TableState.FINISHEDCOPY, Lsn(100))
     assert [row.state for row in store.rows] == ["i", "d", "f"]
+
+
+def test_a_table_stored_back_at_init_is_synchronized_again() -> None:
+    """``pgsub resync``: the running leader stops applying it and a worker copies it."""
+    store = MemoryStore()
+    started = threading.Event()
+    sync = coordinator(store, worker=lambda stop: started.set())
+    sync.load([TABLE], Lsn(0))
+    for state, lsn in (
+        (TableState.DATASYNC, None),
+        (TableState.FINISHEDCOPY, Lsn(10)),
+        (TableState.SYNCWAIT, Lsn(10)),
+        (TableState.CATCHUP, Lsn(20)),
+        (TableState.SYNCDONE, Lsn(20)),
+        (TableState.READY, Lsn(30)),
+    ):
+        sync.store(TABLE.relid, state, lsn)
+    assert sync.status(TABLE.relid).applies(Lsn(40))
+    store.record("s", [StoredTableState(TABLE.relid, "public", "t", "i", None)])
+    sync.reload()
+    status = sync.status(TABLE.relid)
+    assert status.state is TableState.INIT and not status.applies(Lsn(40))
+    sync.process(Lsn(40))
+    assert started.wait(5), "no sync worker started for the resynced table"
