@@ -237,15 +237,18 @@ class ApplyWorker:
         started = time.monotonic()
         result = self._applier.apply(batch)
         failpoint("apply.before_checkpoint")
-        if result.tables and self._checkpoints is not None:
+        skipped = self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at
+        # A skipped transaction writes nothing, but its checkpoint is what makes the skip
+        # durable: below the origin LSN, it is never sent again (see SubscriptionRunner).
+        if (result.tables or skipped) and self._checkpoints is not None:
             self._checkpoints.record(
                 self.subscription, batch.end_lsn, batch.commit_time, result.versions
             )
         failpoint("apply.before_flush_report")
         self._progress.confirm_flushed(batch.end_lsn)
-        if self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at:
+        if skipped:
             assert self._settings is not None
-            self._settings.clear_skip()  # only once the skip is durable, as PostgreSQL does
+            self._settings.clear_skip()  # tidying: the checkpoint above already made it so
             self._clear_skip_at = None
             log.info(
                 "logical replication completed skipping transaction",

@@ -100,8 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         toggle = commands.add_parser(
             verb,
             help=f"{text} applying a subscription (ALTER SUBSCRIPTION {verb.upper()})",
-            description=f"{text.capitalize()} applying the subscription. A running daemon "
-            f"{bound}.",
+            description=f"{text.capitalize()} applying the subscription. A running daemon {bound}.",
         )
         toggle.add_argument("subscription", help="the subscription's name in the config")
         _config_argument(toggle)

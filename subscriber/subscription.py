@@ -153,6 +153,7 @@ class SubscriptionRunner:
                 if flushed is None:
                     flushed = self._checkpoints.origin_lsn(name)
                     log.info("subscription starting", subscription=name, origin_lsn=str(flushed))
+                self._forget_done_skip(flushed)
                 self._ensure_slot(flushed)
                 self._tables_to_sync(flushed)
                 flushed = self._attempt(flushed, isolate, stopping)
@@ -179,6 +180,22 @@ class SubscriptionRunner:
         self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
+
+    def _forget_done_skip(self, origin: Lsn) -> None:
+        """A skip below the origin LSN was done: its transaction is never sent again.
+
+        The skip's checkpoint and the clearing of the setting are two commits; a
+        crash between them leaves the setting, which must not skip anything else.
+        """
+        skip = self.settings.skip_lsn
+        if skip is not None and skip < origin:
+            self.settings.clear_skip()
+            log.info(
+                "logical replication completed skipping transaction",
+                subscription=self.name,
+                skip_lsn=str(skip),
+                origin_lsn=str(origin),
+            )
 
     def _disable(self, cause: str) -> None:
         """disable_on_error: PostgreSQL disables the subscription instead of retrying."""

@@ -1,0 +1,78 @@
+"""The apply loop with in-memory stand-ins: skips, checkpoints, flush confirmation."""
+
+from __future__ import annotations
+
+import threading
+
+from apply.applier import BatchApplier
+from apply.batch import Batcher
+from apply.worker import ApplyWorker, TransactionQueue
+from subscriber.lsn import Lsn
+from subscriber.metrics import Metrics
+from subscriber.progress import Progress
+from subscriber.settings import SKIP_LSN, SubscriptionSettings
+from tests.unit.apply.builders import ins, relation, tx
+from tests.unit.apply.test_applier import MemoryTables
+
+T = relation("id", "v")
+
+
+class MemoryLog:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def load(self, subscription: str) -> dict[str, str]:
+        return {k: v for k, v in self.values.items() if v}
+
+    def record(self, subscription: str, key: str, value: str) -> None:
+        self.values[key] = value
+
+
+class MemoryCheckpoints:
+    def __init__(self) -> None:
+        self.recorded: list[Lsn] = []
+
+    def record(self, subscription: str, lsn: Lsn, commit_time: int, versions: object) -> None:
+        self.recorded.append(lsn)
+
+
+def run_until_flushed(worker: ApplyWorker, progress: Progress, lsn: Lsn) -> None:
+    stopping = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stopping,))
+    thread.start()
+    try:
+        for _ in range(200):
+            if progress.flushed >= lsn:
+                break
+            threading.Event().wait(0.02)
+    finally:
+        stopping.set()
+        thread.join()
+    assert progress.flushed >= lsn
+
+
+def test_a_skipped_transaction_is_made_durable_by_its_own_checkpoint() -> None:
+    """Nothing is written for it, yet its position is recorded: it is never resent."""
+    settings_log = MemoryLog()
+    settings_log.values[SKIP_LSN] = str(Lsn(200 - 8))
+    settings = SubscriptionSettings("s", settings_log)
+    settings.refresh(force=True)
+    tables = MemoryTables()
+    checkpoints = MemoryCheckpoints()
+    progress = Progress(Lsn(100))
+    queue = TransactionQueue(1000)
+    worker = ApplyWorker(
+        "s",
+        queue,
+        applier=BatchApplier("s", tables, lambda oid: None),
+        checkpoints=checkpoints,  # type: ignore[arg-type]
+        progress=progress,
+        batcher=Batcher(1, 0.0),
+        metrics=Metrics(),
+        settings=settings,
+    )
+    queue.put(tx(ins(T, 5, "conflicting"), end=200), timeout=1)
+    run_until_flushed(worker, progress, Lsn(200))
+    assert tables.rows == {}
+    assert checkpoints.recorded == [Lsn(200)]
+    assert settings.skip_lsn is None
