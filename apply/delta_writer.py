@@ -69,6 +69,7 @@ from apply.spark_session import arrow_frame
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution, judge
 from conflicts.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
 from subscriber.lsn import ZERO, Lsn
+from subscriber.names import table_folder
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -106,8 +107,7 @@ class DeltaTables:
         self.history_peek = HISTORY_PEEK
 
     def path(self, table: str) -> str:
-        schema, _, name = table.partition(".")
-        return f"{self.warehouse}/{schema}/{name}"
+        return f"{self.warehouse}/{table_folder(table)}"
 
     def session(self) -> SparkSession:
         session: SparkSession | None = getattr(self._local, "session", None)

@@ -17,6 +17,7 @@ from apply.state_store import STATE_TABLES, SettingsStore, StoredTableState, Tab
 from subscriber.config import Config, SubscriptionConfig
 from subscriber.errors import SubscriberError, UsageError
 from subscriber.lsn import Lsn
+from subscriber.names import qualified_name, split_qualified
 from subscriber.settings import ENABLED, SKIP_LSN
 from tablesync.coordinator import plan_refresh, record_refresh
 from tablesync.publication import published_tables
@@ -61,7 +62,7 @@ def refresh_publication(
     record_refresh(store, subscription, refresh)
     return (
         [t.qualified_name for t in refresh.added],
-        [f"{s.schema}.{s.name}" for s in refresh.removed],
+        [qualified_name(s.schema, s.name) for s in refresh.removed],
     )
 
 
@@ -73,8 +74,11 @@ def resync(config: Config, subscription: SubscriptionConfig, tables: list[str]) 
     table just added. The qualified names of the tables, as stored.
     """
     store = TableStateStore(_spark(config), config.warehouse)
-    known = {f"{s.schema}.{s.name}": s for s in store.load(subscription.name).values()}
-    wanted = [name if "." in name else f"public.{name}" for name in tables]
+    known = {qualified_name(s.schema, s.name): s for s in store.load(subscription.name).values()}
+    try:
+        wanted = [qualified_name(*split_qualified(name)) for name in tables]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     unknown = [name for name in wanted if name not in known]
     if unknown:
         raise UsageError(

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Final
 
 from subscriber.lsn import Lsn
+from subscriber.names import qualified_name
 
 
 class ReplicaIdentity(Enum):
@@ -57,7 +58,7 @@ class Relation:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.namespace}.{self.name}"
+        return qualified_name(self.namespace, self.name)
 
     @property
     def key_columns(self) -> tuple[Column, ...]:

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 
 from subscriber.messages import Column, Relation, ReplicaIdentity
+from subscriber.names import qualified_name
 
 
 class PublicationError(Exception):
@@ -39,7 +40,7 @@ class PublishedTable:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.schema}.{self.name}"
+        return qualified_name(self.schema, self.name)
 
     def copy_query(self) -> sql.Composed:
         """``COPY (SELECT cols FROM [ONLY] t WHERE f) TO STDOUT`` in CSV, as tablesync does."""

@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Final
 
 from subscriber.lsn import Lsn
+from subscriber.names import qualified_name
 
 
 class TableState(Enum):
@@ -67,7 +68,7 @@ class TableStatus:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.schema}.{self.name}"
+        return qualified_name(self.schema, self.name)
 
     def moved_to(self, state: TableState, lsn: Lsn | None = None) -> TableStatus:
         if state not in ALLOWED[self.state]:

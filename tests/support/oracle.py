@@ -28,6 +28,7 @@ from psycopg import sql
 from apply import typemap
 from apply.typemap import ColumnType
 from subscriber.catalog import fetch_type_rows
+from subscriber.names import split_qualified
 
 Row = tuple[Any, ...]
 MAX_REPORTED = 20
@@ -176,10 +177,10 @@ def _select_expr(column: Column) -> sql.Composable:
 def read_publisher(
     conn: psycopg.Connection[Any], table: str, columns: Sequence[Column]
 ) -> list[Row]:
-    schema, _, name = table.rpartition(".")
+    schema, name = split_qualified(table)
     query = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(_select_expr(c) for c in columns),
-        sql.Identifier(schema or "public", name),
+        sql.Identifier(schema, name),
     )
     return [tuple(r) for r in conn.execute(query).fetchall()]
 

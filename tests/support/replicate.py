@@ -17,6 +17,7 @@ from apply.state_store import CheckpointStore
 from subscriber.config import SubscriptionConfig
 from subscriber.lsn import Lsn
 from subscriber.metrics import Metrics
+from subscriber.names import table_folder
 from subscriber.subscription import SubscriptionRunner
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
@@ -122,8 +123,7 @@ class Replication:
         admin.skip(config, self.config, lsn)
 
     def path(self, table: str) -> str:
-        schema, _, name = table.partition(".")
-        return str(self.warehouse / schema / name)
+        return str(self.warehouse / table_folder(table))
 
     def assert_equal(self, *tables: str, key: tuple[str, ...] = ()) -> None:
         with self.publisher.connect() as conn:

@@ -56,3 +56,30 @@ def test_progress_is_found_behind_more_foreign_commits_than_the_peek(
         ).mode("append").save(tables.path("public.t"))
     assert tables.applied_lsn("public.t") == Lsn(0x100)
     assert tables.applied_within("public.t") == Within(Lsn(0x500), 1)
+
+
+def test_tables_whose_names_once_shared_a_folder_replicate_apart(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    publisher.execute(
+        'CREATE SCHEMA "a.b"; CREATE SCHEMA a; CREATE SCHEMA "_pgsub";'
+        'CREATE TABLE "a.b".c (id int PRIMARY KEY, v text);'
+        'CREATE TABLE a."b.c" (id int PRIMARY KEY, v text);'
+        'CREATE TABLE "_pgsub".checkpoints (id int PRIMARY KEY, v text);'
+        'CREATE TABLE public."../../escape" (id int PRIMARY KEY, v text);'
+        'CREATE PUBLICATION pub FOR TABLE "a.b".c, a."b.c", "_pgsub".checkpoints,'
+        ' public."../../escape"'
+    )
+    names = ['"a.b".c', 'a."b.c"', "_pgsub.checkpoints", 'public."../../escape"']
+    with Replication(publisher, spark, warehouse) as rep:
+        for number, name in enumerate(names):
+            publisher.execute(
+                f"INSERT INTO {name} SELECT g, '{number}' FROM generate_series(1, 5) g"
+            )
+        rep.caught_up()
+        for name in names:
+            rep.assert_equal(name, key=("id",))
+    folders = sorted(str(p.relative_to(warehouse)) for p in warehouse.glob("*/*"))
+    assert "a%2Eb/c" in folders and "a/b%2Ec" in folders and "%5Fpgsub/checkpoints" in folders
+    assert "public/%2E%2E%2F%2E%2E%2Fescape" in folders
+    assert not (warehouse.parent / "escape").exists()
