@@ -80,9 +80,10 @@ def session_conf(settings: SparkSettings, jars_dir: Path | None = None) -> dict[
         conf.update(_LOCAL_CONF)
     if settings.remote is None:
         # The driver JVM's logging: one line per event, stack traces only when asked for.
-        traces = "true" if settings.jvm_traces else "false"
+        traces, tasks = ("true", "warn") if settings.jvm_traces else ("false", "error")
         conf["spark.driver.extraJavaOptions"] = (
-            f"-Dlog4j2.configurationFile={_LOG4J_CONFIG} -Dpgsub.jvm.traces={traces}"
+            f"-Dlog4j2.configurationFile={_LOG4J_CONFIG} -Dpgsub.jvm.traces={traces} "
+            f"-Dpgsub.jvm.task_failures={tasks}"
         )
     if settings.remote is None and "spark.jars" not in settings.conf:
         conf["spark.jars"] = ",".join(str(j) for j in delta_jars(jars_dir))

@@ -123,6 +123,7 @@ class ApplyWorker:
         self._wall_clock = wall_clock
         self.last_commit_time: int | None = None
         self.in_flight: Batch | None = None
+        self.in_flight_since: float | None = None  # Unix time the batch in flight began
 
     def run(self, stopping: threading.Event) -> None:
         batcher = self._batcher
@@ -208,10 +209,12 @@ class ApplyWorker:
     def _apply_piece(self, batch: Batch) -> None:
         """A piece that leaves its transaction open: committed per table, confirmed nowhere."""
         self.in_flight = batch
+        self.in_flight_since = self._wall_clock()
         started = time.monotonic()
         self._applier.apply(batch)
         failpoint("apply.after_piece")
         self.in_flight = None
+        self.in_flight_since = None
         if self._report:
             piece = batch.transactions[0]
             self._count_changes(batch)
@@ -234,6 +237,7 @@ class ApplyWorker:
 
     def _apply(self, batch: Batch) -> None:
         self.in_flight = batch
+        self.in_flight_since = self._wall_clock()
         started = time.monotonic()
         result = self._applier.apply(batch)
         failpoint("apply.before_checkpoint")
@@ -256,6 +260,7 @@ class ApplyWorker:
                 end_lsn=str(batch.end_lsn),
             )
         self.in_flight = None
+        self.in_flight_since = None
         if self._isolate_through is not None and batch.end_lsn >= self._isolate_through:
             self._isolate_through = None
         seconds = time.monotonic() - started

@@ -103,6 +103,10 @@ class SubscriptionConfig(_Strict):
     spool_dir: Path | None = None
     conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
     wal_retrieve_retry_interval: Duration = 5.0
+    # Failed attempts in a row wait twice as long each time, up to this.
+    max_retry_interval: Duration = 300.0
+    # A batch still being written after this long fails /healthz (a hung MERGE).
+    apply_timeout: Duration = 1800.0
     wal_receiver_timeout: Duration = 60.0
     status_interval: Duration = 10.0
 

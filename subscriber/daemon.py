@@ -29,9 +29,8 @@ from subscriber.subscription import SubscriptionRunner
 
 log = structlog.get_logger(__name__)
 
-# A stream silent past its wal_receiver_timeout without reconnecting is dead;
-# /healthz gives the receiver this much slack beyond it.
-HEALTH_SLACK = 30.0
+# How often the main thread checks that the Spark JVM still answers.
+JVM_CHECK_INTERVAL = 5.0
 
 # New container objects between two runs of the cyclic garbage collector
 # (Python's default: 700). pgsub makes a few per row change - the change, its
@@ -77,6 +76,7 @@ class Daemon:
         self.server: StatusServer | None = None
         self.spark: Any = None
         self.started_at = time.time()
+        self.jvm_lost = False
 
     def run(self) -> int:
         with captured_signals(self.stop_requested):
@@ -90,7 +90,14 @@ class Daemon:
                 ]
                 for thread in threads:
                     thread.start()
-                self.stop_requested.wait()
+                while not self.stop_requested.wait(JVM_CHECK_INTERVAL):
+                    if not self._spark_alive():
+                        self.jvm_lost = True
+                        log.error(
+                            "the Spark JVM is gone; exiting so that pgsub is restarted",
+                            hint="see the JVM's last log lines above (often: out of memory)",
+                        )
+                        self.stop_requested.set()
                 if self.before_stop is not None:
                     self.before_stop()
                 self.stopping.set()
@@ -99,7 +106,16 @@ class Daemon:
             finally:
                 self._shutdown()
         log.info("pgsub stopped")
-        return 0
+        return 1 if self.jvm_lost else 0
+
+    def _spark_alive(self) -> bool:
+        """A local or cluster Spark driver answers (Spark Connect: the server's own business)."""
+        if self.spark is None or self.config.spark.remote is not None:
+            return True
+        try:
+            return not self.spark.sparkContext._jsc.sc().isStopped()
+        except Exception:  # noqa: BLE001 - any failure to reach the JVM means it is gone
+            return False
 
     def _startup(self) -> None:
         config = self.config
@@ -146,15 +162,12 @@ class Daemon:
     # -- probes --------------------------------------------------------------
 
     def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether this process can make progress (liveness): a subscription that is failing
+        and retrying, or disabled, can; a hung thread or a batch that never ends cannot."""
         now = time.time()
-        stuck = []
-        for runner in self.runners:
-            receiver = runner.receiver
-            limit = runner.config.wal_receiver_timeout + runner.config.wal_retrieve_retry_interval
-            last = receiver.last_receipt if receiver is not None else None
-            since = now - (last if last is not None else self.started_at)
-            if since > limit + HEALTH_SLACK and not runner.ready:
-                stuck.append(runner.name)
+        stuck = {r.name: why for r in self.runners if (why := r.stuck(now)) is not None}
+        if self.jvm_lost:
+            stuck["spark"] = "the Spark JVM is gone"
         return not stuck, {"stuck": stuck}
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:

@@ -32,6 +32,12 @@ class Metrics:
             SUB,
             registry=r,
         )
+        self.consecutive_failures = Gauge(
+            "pgsub_consecutive_failures",
+            "Attempts of the apply worker that failed in a row (0 once it makes progress)",
+            SUB,
+            registry=r,
+        )
         self.apply_lag = Gauge(
             "pgsub_apply_lag_seconds",
             "Now minus the commit time of the last applied transaction (0 when caught up)",

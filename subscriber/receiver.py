@@ -16,7 +16,6 @@ import contextlib
 import random
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -208,9 +207,9 @@ class Receiver:
         try:
             while not self._stopping.is_set():
                 data = stream.read()
+                self.last_receipt = stream.last_message_time  # keepalives count, as in PostgreSQL
                 if data is None:
                     continue
-                self.last_receipt = time.time()
                 for decoded in runs.push(data.payload, data.data_start):
                     self._backoff.reset()
                     self._tracker.observe(decoded)

@@ -306,6 +306,7 @@ class ReplicationStream:
         self._write_pending = False  # a moved `write` not reported yet
         self.last_server_time = 0
         self.last_wal_end: Lsn | None = None  # the server's WAL end, as last reported
+        self.last_message_time: float | None = None  # Unix time of any frame, keepalives too
         self.ended = False
 
     def read(self, timeout: float | None = None) -> XLogData | None:
@@ -318,6 +319,7 @@ class ReplicationStream:
             frame = self._next_frame()
             if frame is not None:
                 self._last_receipt = self._clock()
+                self.last_message_time = time.time()
                 self._pinged = False
                 message = parse_frame(frame)
                 self.last_server_time = message.send_time

@@ -3,9 +3,10 @@
 Two threads per attempt: the receiver (stream, decode, assemble complete
 transactions, put them on the queue) and the apply worker (batches into
 Delta, then confirms the flush position). When either fails, both stop;
-the error is logged and counted, and a new attempt starts after
-``wal_retrieve_retry_interval`` from the last confirmed position - what
-PostgreSQL's launcher does for a failed apply worker.
+the error is logged and counted, and a new attempt starts from the last
+confirmed position after ``wal_retrieve_retry_interval`` - what PostgreSQL's
+launcher does for a failed apply worker - doubled with each further failure
+that made no progress, up to ``max_retry_interval`` (``subscriber.backoff``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from apply.spool import SpoolDirectory
 from apply.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
+from subscriber.backoff import retry_delay
 from subscriber.catalog import PublisherCatalog
 from subscriber.commands import StreamOptions, quote_literal
 from subscriber.config import SubscriptionConfig
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
+
+# A supervising thread that has not gone round its loop for this long is hung.
+HEARTBEAT_LIMIT = 120.0
 
 _FAILURES = (
     ApplyError,
@@ -70,6 +75,8 @@ class SubscriptionStatus:
     last_error: str | None = None
     last_error_at: float | None = None
     error_count: int = 0
+    consecutive_failures: int = 0  # attempts that failed in a row, with no progress between
+    retry_at: float | None = None  # unix time of the next attempt after a failure
     extra: dict[str, object] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
@@ -82,6 +89,8 @@ class SubscriptionStatus:
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
             "error_count": self.error_count,
+            "consecutive_failures": self.consecutive_failures,
+            "retry_at": self.retry_at,
             **self.extra,
         }
 
@@ -128,8 +137,11 @@ class SubscriptionRunner:
         )
         self._loaded = False
         self.status = SubscriptionStatus(config.name)
+        # Unix time the supervising thread last went round its loop (liveness).
+        self.heartbeat = time.time()
         self.progress: Progress | None = None
         self.receiver: Receiver | None = None
+        self._worker: ApplyWorker | None = None
         self.options = StreamOptions(
             tuple(config.publications),
             binary=config.binary,
@@ -145,8 +157,10 @@ class SubscriptionRunner:
         self._metrics.subscription_enabled.labels(name).set(1)
         flushed: Lsn | None = None
         isolate: Lsn | None = None
+        failures = 0
         while not stopping.is_set():
             failed = False
+            started_at = flushed
             try:
                 if not self._wait_enabled(stopping):
                     break
@@ -176,10 +190,47 @@ class SubscriptionRunner:
                 flushed = self.progress.flushed
             if stopping.is_set():
                 break
-            stopping.wait(self.config.wal_retrieve_retry_interval)
+            moved = flushed is not None and started_at is not None and flushed > started_at
+            failures = failures + 1 if failed and not moved else int(failed)
+            self.status.consecutive_failures = failures
+            self._metrics.consecutive_failures.labels(name).set(failures)
+            delay = retry_delay(
+                failures, self.config.wal_retrieve_retry_interval, self.config.max_retry_interval
+            )
+            self.status.retry_at = time.time() + delay if failed else None
+            self._pause(stopping, delay if failed else self.config.wal_retrieve_retry_interval)
+            self.status.retry_at = None
         self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
+
+    def _pause(self, stopping: threading.Event, seconds: float) -> bool:
+        """Wait ``seconds`` (alive all along); True when stopping."""
+        deadline = time.monotonic() + seconds
+        while not stopping.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
+            self.heartbeat = time.time()
+            if time.monotonic() >= deadline:
+                return False
+        return True
+
+    def stuck(self, now: float) -> str | None:
+        """Why this subscription cannot make progress, if it cannot (``/healthz``)."""
+        if now - self.heartbeat > HEARTBEAT_LIMIT:
+            return f"its supervising thread has not run for {now - self.heartbeat:.0f} s"
+        worker = self._worker
+        in_flight = worker.in_flight_since if worker is not None else None
+        if in_flight is not None and now - in_flight > self.config.apply_timeout:
+            return (
+                f"a batch has been in flight for {now - in_flight:.0f} s "
+                f"(apply_timeout {self.config.apply_timeout:.0f} s)"
+            )
+        receiver = self.receiver
+        if receiver is not None and receiver.streaming.is_set() and receiver.last_receipt:
+            silent = now - receiver.last_receipt
+            # The stream itself gives up after wal_receiver_timeout and reconnects.
+            if silent > 2 * self.config.wal_receiver_timeout + 30:
+                return f"the publisher has been silent for {silent:.0f} s and no reconnect began"
+        return None
 
     def _forget_done_skip(self, origin: Lsn) -> None:
         """A skip below the origin LSN was done: its transaction is never sent again.
@@ -223,7 +274,7 @@ class SubscriptionRunner:
             self._metrics.subscription_enabled.labels(self.name).set(0)
             log.info("subscription disabled", subscription=self.name)
             while not self.settings.enabled:
-                if stopping.wait(REFRESH_INTERVAL):
+                if self._pause(stopping, REFRESH_INTERVAL):
                     return False
                 self.settings.refresh(force=True)
             log.info("subscription enabled", subscription=self.name)
@@ -243,7 +294,7 @@ class SubscriptionRunner:
             error=str(exc),
             error_type=type(exc).__name__,
             finish_lsn=_text(finish_lsn),
-            retry_in=self.config.wal_retrieve_retry_interval,
+            attempt=self.status.consecutive_failures + 1,
         )
 
     def _sync_worker(self, table: PublishedTable) -> Callable[[threading.Event], None]:
@@ -358,8 +409,10 @@ class SubscriptionRunner:
         self.progress, self.receiver = progress, pipeline.receiver
         pipeline.start()
         self._metrics.workers.labels(self.name, "apply").set(1)
+        self._worker = pipeline.worker
         try:
             while not pipeline.done.wait(0.5):
+                self.heartbeat = time.time()
                 self._sample(pipeline.receiver, progress, pipeline.worker)
                 if stopping.is_set():
                     break
@@ -368,6 +421,7 @@ class SubscriptionRunner:
                     break  # pgsub disable: stop, then wait to be enabled
         finally:
             failures = pipeline.stop()
+            self._worker = None
             self._metrics.workers.labels(self.name, "apply").set(0)
         self._sample(pipeline.receiver, progress, pipeline.worker)
         if failures:
