@@ -7,7 +7,6 @@ commit; on a cluster each block is its own commit (see ``copy_into``).
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +23,11 @@ if TYPE_CHECKING:
 
 
 def copy_into(
-    tables: DeltaTables, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark
+    tables: DeltaTables,
+    schema: TargetSchema,
+    blocks: Iterator[pa.Table],
+    mark: CommitMark,
+    staging: Path,
 ) -> tuple[int, int | None]:
     """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
 
@@ -38,7 +41,7 @@ def copy_into(
     path = tables.path(schema.table)
     try:
         if _local_master(tables):
-            return _copy_staged(tables, schema, blocks, mark, path)
+            return _copy_staged(tables, schema, blocks, mark, path=path, staging=staging)
         return _copy_by_block(tables, schema, blocks, mark, path)
     except SparkErrors as exc:
         raise TargetTableError(f"copying {schema.table} into {path} failed: {exc}") from exc
@@ -56,11 +59,14 @@ def _copy_staged(
     schema: TargetSchema,
     blocks: Iterator[pa.Table],
     mark: CommitMark,
+    *,
     path: str,
+    staging: Path,
 ) -> tuple[int, int | None]:
     import pyarrow.parquet as pq
 
-    staging = Path(tempfile.mkdtemp(prefix="pgsub-copy-"))
+    shutil.rmtree(staging, ignore_errors=True)  # what a killed attempt left
+    staging.mkdir(parents=True, mode=0o700)
     try:
         rows = 0
         for number, block in enumerate(blocks):

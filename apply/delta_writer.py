@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
@@ -520,10 +521,13 @@ class DeltaTables:
             )
 
     def copy_into(
-        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark
+        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]:
-        """Replace the table's rows with ``blocks`` (the initial copy); (rows, version)."""
-        return copy_into(self, schema, blocks, mark)
+        """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
+
+        ``staging``: a local directory for the blocks (emptied before and after).
+        """
+        return copy_into(self, schema, blocks, mark, staging)
 
     def _conflict(self, schema: TargetSchema, net: KeyedNet, kind: str, path: str) -> ConflictError:
         """The MERGE raised: find every conflicting chain, against the unchanged table."""

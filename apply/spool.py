@@ -323,6 +323,27 @@ class SpooledTransaction:
         self._release(self.path)
 
 
+def private_directory(path: Path) -> Path:
+    """``path`` as a directory only this user can enter, made if missing.
+
+    Spool files hold row data. A directory made by someone else first (a
+    predictable name under a shared /tmp) or opened to others is refused,
+    not used.
+    """
+    try:
+        path.mkdir(parents=True, mode=0o700, exist_ok=True)
+        info = path.stat()
+    except OSError as exc:
+        raise SpoolError(f"cannot create the spool directory {path}: {exc}") from exc
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise SpoolError(
+            f"the spool directory {path} belongs to uid {info.st_uid} with mode "
+            f"{info.st_mode & 0o777:o}; it must be this user's ({os.getuid()}) with mode 700: "
+            "remove it, or set spool_dir to a directory of this user's"
+        )
+    return path
+
+
 class SpoolDirectory:
     """The spool files of one pipeline, and how many bytes they hold."""
 
@@ -332,10 +353,7 @@ class SpoolDirectory:
         self._lock = threading.Lock()
         self._sizes: dict[Path, int] = {}
         shutil.rmtree(root, ignore_errors=True)  # what an earlier run left is sent again
-        try:
-            root.mkdir(parents=True, mode=0o700)
-        except OSError as exc:
-            raise SpoolError(f"cannot create the spool directory {root}: {exc}") from exc
+        private_directory(root)
 
     def open(self, name: str, xid: int) -> Spool:
         path = self.root / name

@@ -80,7 +80,8 @@ def load(tables: DeltaTables, schema: TargetSchema, rows: int) -> None:
             "amount": pa.array([i / 100 for i in range(1, rows + 1)]),
         }
     ).cast(layout)
-    tables.copy_into(schema, iter([block]), CommitMark("bench", Lsn(1), 0))
+    with tempfile.TemporaryDirectory() as staging:
+        tables.copy_into(schema, iter([block]), CommitMark("bench", Lsn(1), 0), Path(staging))
 
 
 def updates(first: int, count: int, n: int) -> KeyedNet:

@@ -98,8 +98,9 @@ class SubscriptionConfig(_Strict):
     # Off by default, as PostgreSQL's track_commit_timestamp: it costs MERGE time.
     track_origin: bool = False
     batch: BatchConfig = Field(default_factory=BatchConfig)
-    # Local scratch for streamed transactions and those larger than a batch (default:
-    # <system temp>/pgsub-spool/<name>); emptied at start, as the publisher resends them.
+    # Local scratch for streamed transactions, those larger than a batch and the staged
+    # initial copy (default: <system temp>/pgsub-<uid>/<name>, mode 700); emptied at start,
+    # as the publisher resends what it held.
     spool_dir: Path | None = None
     conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
     wal_retrieve_retry_interval: Duration = 5.0
@@ -155,7 +156,9 @@ class SubscriptionConfig(_Strict):
 
     @property
     def spool_path(self) -> Path:
-        return self.spool_dir or Path(tempfile.gettempdir()) / "pgsub-spool" / self.name
+        # Per user, as tmux does: another local user cannot make it first.
+        default = Path(tempfile.gettempdir()) / f"pgsub-{os.getuid()}" / self.name
+        return self.spool_dir or default
 
     @property
     def slot(self) -> str:

@@ -11,6 +11,7 @@ that made no progress, up to ``max_retry_interval`` (``subscriber.backoff``).
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from apply.assembly import UnsupportedStreamError
 from apply.batch import Batcher
 from apply.delta_writer import DeltaTables
 from apply.errors import ApplyError
-from apply.spool import SpoolDirectory
+from apply.spool import SpoolDirectory, private_directory
 from apply.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
@@ -44,7 +45,7 @@ from subscriber.slot import PublisherIdentity, SlotAction, check_publisher, plan
 from subscriber.stream import ReplicationConnection
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
-from tablesync.worker import SyncWorker, sync_slot_name
+from tablesync.worker import COPY_STAGING, SyncWorker, sync_slot_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -142,6 +143,7 @@ class SubscriptionRunner:
         self.progress: Progress | None = None
         self.receiver: Receiver | None = None
         self._worker: ApplyWorker | None = None
+        self._spool_cleaned = False
         self.options = StreamOptions(
             tuple(config.publications),
             binary=config.binary,
@@ -168,6 +170,7 @@ class SubscriptionRunner:
                     flushed = self._checkpoints.origin_lsn(name)
                     log.info("subscription starting", subscription=name, origin_lsn=str(flushed))
                 self._forget_done_skip(flushed)
+                self._prepare_spool()
                 self._ensure_slot(flushed)
                 self._tables_to_sync(flushed)
                 flushed = self._attempt(flushed, isolate, stopping)
@@ -203,6 +206,15 @@ class SubscriptionRunner:
         self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
+
+    def _prepare_spool(self) -> None:
+        """The spool directory, private to this user; copies a killed run staged, removed."""
+        base = self.config.spool_path
+        for directory in ([base.parent] if self.config.spool_dir is None else []) + [base]:
+            private_directory(directory)
+        if not self._spool_cleaned:
+            shutil.rmtree(base / COPY_STAGING, ignore_errors=True)
+            self._spool_cleaned = True
 
     def _pause(self, stopping: threading.Event, seconds: float) -> bool:
         """Wait ``seconds`` (alive all along); True when stopping."""

@@ -73,6 +73,10 @@ class Handoff(Protocol):
     def copy_progress(self, relid: int, copied: int, estimated: int) -> None: ...
 
 
+# Under spool_dir: the Parquet files of a copy before they land in Delta.
+COPY_STAGING = "copy"
+
+
 def sync_slot_name(subscription: str, relid: int, system_id: str) -> str:
     """PostgreSQL's ``pg_<subid>_sync_<relid>_<sysid>``, with the subscription's name."""
     tail = f"_sync_{relid}_{system_id}"
@@ -162,7 +166,8 @@ class SyncWorker:
             rows = connection.copy_out(table.copy_query().as_string(None))
             blocks = self._progress(arrow_blocks(rows, schema))
             mark = CommitMark(self.config.name, slot.consistent_point, 0)
-            copied, _ = self._tables.copy_into(schema, blocks, mark)
+            staging = self.config.spool_path / COPY_STAGING / str(table.relid)
+            copied, _ = self._tables.copy_into(schema, blocks, mark, staging)
             connection.execute("COMMIT")
         self._handoff.store(table.relid, TableState.FINISHEDCOPY, slot.consistent_point)
         log.info(
