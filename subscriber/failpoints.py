@@ -23,6 +23,7 @@ NAMES: Final = frozenset(
         "apply.after_piece",  # a piece of a spooled transaction committed, the rest not
         "tablesync.after_copy_block",  # rows of a copy written, FINISHEDCOPY not stored
         "tablesync.before_syncdone",  # catch-up reached its LSN, SYNCDONE not stored
+        "tablesync.after_syncdone",  # SYNCDONE stored, the sync slot not dropped yet
     }
 )
 

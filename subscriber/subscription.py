@@ -45,7 +45,14 @@ from subscriber.slot import PublisherIdentity, SlotAction, check_publisher, plan
 from subscriber.stream import ReplicationConnection
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
-from tablesync.worker import COPY_STAGING, SyncWorker, sync_slot_name
+from tablesync.state import TableState
+from tablesync.worker import (
+    COPY_STAGING,
+    SyncWorker,
+    is_sync_slot,
+    sync_slot_name,
+    sync_slot_relid,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -343,6 +350,25 @@ class SubscriptionRunner:
         else:
             self.coordinator.load(published, position)
             self._loaded = True
+            self._drop_leftover_sync_slots()
+
+    def _drop_leftover_sync_slots(self) -> None:
+        """Sync slots of tables past their copy: a crash after SYNCDONE left them holding WAL."""
+        copying = {
+            s.relid
+            for s in self.coordinator.statuses
+            if s.state not in (TableState.SYNCDONE, TableState.READY)
+        }
+        with ReplicationConnection(self._conninfo) as connection:
+            rows = connection.execute(
+                "SELECT slot_name FROM pg_catalog.pg_replication_slots"
+                " WHERE database = current_database() AND NOT active"
+            )
+            for row in rows:
+                slot = str(row["slot_name"])
+                if is_sync_slot(self.name, slot) and sync_slot_relid(slot) not in copying:
+                    connection.drop_slot(slot)
+                    log.info("leftover sync slot dropped", subscription=self.name, slot=slot)
 
     def _ensure_slot(self, flushed: Lsn) -> None:
         """Check the publisher and the slot; create the slot only on the first start."""

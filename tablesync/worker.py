@@ -83,6 +83,12 @@ def sync_slot_name(subscription: str, relid: int, system_id: str) -> str:
     return f"pgsub_{subscription.lower()[: 63 - len('pgsub_') - len(tail)]}{tail}"
 
 
+def sync_slot_relid(slot: str) -> int | None:
+    """The table a sync slot was made for (None: not a sync slot's name)."""
+    found = re.search(r"_sync_(\d+)_(\d+)$", slot)
+    return int(found.group(1)) if found else None
+
+
 def is_sync_slot(subscription: str, slot: str) -> bool:
     """Whether ``slot`` is one of ``subscription``'s sync slots (for ``pgsub drop``)."""
     found = re.search(r"_sync_(\d+)_(\d+)$", slot)
@@ -138,6 +144,7 @@ class SyncWorker:
             return
         failpoint("tablesync.before_syncdone")
         self._handoff.store(relid, TableState.SYNCDONE, reached)
+        failpoint("tablesync.after_syncdone")
         self._drop_slot()
         log.info("table synchronized", table=self.table.qualified_name, lsn=str(reached))
 

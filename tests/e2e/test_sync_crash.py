@@ -31,7 +31,10 @@ def ready_states(daemon: DaemonProcess) -> bool:
     return ready == {"public.a", "public.bag"}
 
 
-@pytest.mark.parametrize("failpoint", ["tablesync.after_copy_block", "tablesync.before_syncdone"])
+@pytest.mark.parametrize(
+    "failpoint",
+    ["tablesync.after_copy_block", "tablesync.before_syncdone", "tablesync.after_syncdone"],
+)
 def test_kill_during_sync_then_restart(
     failpoint: str,
     publisher: PgDatabase,

@@ -19,5 +19,5 @@ def test_a_directory_open_to_others_is_refused(tmp_path: Path) -> None:
     shared = tmp_path / "pgsub-1000"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    with pytest.raises(SpoolError, match="must be this user's .* with mode 700"):
+    with pytest.raises(SpoolError, match=r"must be this user.s .* with mode 700"):
         private_directory(shared)
