@@ -203,8 +203,9 @@ class BatchApplier:
             try:
                 schema = self._schema(table_work)
                 net = collapse(table_work)
-            except ApplyError as exc:
-                raise TransactionError(exc, self.subscription, name, None, batch) from exc
+            except Exception as exc:
+                cause = _as_apply_error(exc)
+                raise TransactionError(cause, self.subscription, name, None, batch) from exc
             if _nothing_to_do(net):
                 continue
             mark = self._mark(batch, name)
@@ -227,8 +228,9 @@ class BatchApplier:
                 tx = batch.transactions[exc.tx_index]
                 failure = failure or TransactionError(exc, self.subscription, name, tx, batch)
                 continue
-            except ApplyError as exc:
-                failure = failure or TransactionError(exc, self.subscription, name, None, batch)
+            except Exception as exc:  # noqa: BLE001 - re-raised with its table and transactions
+                cause = _as_apply_error(exc)
+                failure = failure or TransactionError(cause, self.subscription, name, None, batch)
                 continue
             if mark.within is None:
                 self._applied[name] = batch.end_lsn
@@ -319,3 +321,10 @@ def _nothing_to_do(net: Net) -> bool:
     if isinstance(net, KeyedNet):
         return not net.rows
     return not net.rows
+
+
+def _as_apply_error(exc: Exception) -> ApplyError:
+    """Any failure of a table's write, as an apply error (a bug's type stays in its text)."""
+    if isinstance(exc, ApplyError):
+        return exc
+    return ApplyError(f"{type(exc).__name__}: {exc}")

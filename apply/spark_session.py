@@ -10,6 +10,7 @@ starting a session never downloads anything. A Spark Connect server
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,3 +124,8 @@ def arrow_frame(session: SparkSession, table: pa.Table, ddl: str) -> DataFrame:
         kept = [batch for batch in batches if batch.num_rows]
         table = pa.Table.from_batches(kept, schema=table.schema)
     return session.createDataFrame(table, schema=ddl)
+
+
+def masked_spark_url(url: str) -> str:
+    """``url`` fit for a log: a Spark Connect URL's token (``;token=...``) is masked."""
+    return re.sub(r"(;\s*token\s*=)[^;]*", r"\1***", url, flags=re.IGNORECASE)

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import structlog
 
-from apply.spark_session import SparkSettings, build_session
+from apply.spark_session import SparkSettings, build_session, masked_spark_url
 from apply.state_store import CheckpointStore
 from subscriber.config import Config
 from subscriber.http import StatusServer
@@ -123,7 +123,7 @@ class Daemon:
         log.info(
             "pgsub starting",
             warehouse=config.warehouse,
-            spark=config.spark.remote or config.spark.master,
+            spark=masked_spark_url(config.spark.remote or config.spark.master),
             subscriptions=[s.name for s in enabled],
         )
         self.server = StatusServer(

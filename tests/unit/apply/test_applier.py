@@ -74,3 +74,20 @@ def test_progress_is_read_once_per_table_while_the_applier_applies_it() -> None:
     for end in (100, 200, 300):
         applier.apply(Batch([tx(ins(T, end, "a"), end=end)]))
     assert tables.reads == 1
+
+
+def test_an_unexpected_failure_keeps_its_table_and_transaction() -> None:
+    import pytest
+
+    from apply.applier import TransactionError
+
+    class Broken(MemoryTables):
+        def write(self, *args: object, **kwargs: object) -> WriteResult:
+            raise KeyError("a bug")
+
+    applier = BatchApplier("s", Broken(), lambda oid: None)
+    with pytest.raises(TransactionError) as err:
+        applier.apply(Batch([tx(ins(T, 1, "a"), end=0x1000, xid=731)]))
+    message = str(err.value)
+    assert "KeyError" in message and 'relation "public.t"' in message
+    assert "in transaction 731 finished at 0/FF8" in message

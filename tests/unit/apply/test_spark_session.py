@@ -49,3 +49,11 @@ def test_jvm_stack_traces_are_logged_only_at_debug(tmp_path: Path) -> None:
     assert config.is_file() and "alwaysWriteExceptions" in config.read_text()
     assert "-Dpgsub.jvm.traces=false" in quiet
     assert "-Dpgsub.jvm.traces=true" in loud["spark.driver.extraJavaOptions"]
+
+
+def test_a_spark_connect_token_never_reaches_the_log() -> None:
+    from apply.spark_session import masked_spark_url
+
+    url = "sc://spark.example:443/;use_ssl=true;token=dapi-s3cr3t;user_id=pgsub"
+    assert masked_spark_url(url) == "sc://spark.example:443/;use_ssl=true;token=***;user_id=pgsub"
+    assert masked_spark_url("local[*]") == "local[*]"
