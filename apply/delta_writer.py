@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -84,6 +84,24 @@ LAST_VERSION: Final = "spark.databricks.delta.lastCommitVersionInSession"
 HISTORY_PEEK: Final = 100
 
 
+class CreatedTables(Protocol):
+    """Which target tables a subscription created (``subscriber.settings``), durably."""
+
+    def was_created(self, table: str) -> bool: ...
+
+    def record_created(self, table: str) -> None: ...
+
+
+class _Forgetful:
+    """No record of created tables (benchmarks, tools): every missing table is created."""
+
+    def was_created(self, table: str) -> bool:
+        return False
+
+    def record_created(self, table: str) -> None:
+        return None
+
+
 class DeltaTables:
     """The target tables of one subscription."""
 
@@ -95,8 +113,10 @@ class DeltaTables:
         *,
         create_tables: bool = True,
         track_origin: bool = False,
+        created: CreatedTables | None = None,
     ) -> None:
         self._spark = spark
+        self.created = created or _Forgetful()
         self.warehouse = warehouse.rstrip("/")
         self.subscription = subscription
         self.create_tables = create_tables
@@ -166,8 +186,13 @@ class DeltaTables:
 
     # -- schema --------------------------------------------------------------
 
-    def prepare(self, schema: TargetSchema) -> Evolution | None:
-        """Create the table, or evolve it to ``schema``; None when nothing changed."""
+    def prepare(self, schema: TargetSchema, *, recreate: bool = False) -> Evolution | None:
+        """Create the table, or evolve it to ``schema``; None when nothing changed.
+
+        A table this subscription created once and that is gone now (deleted by
+        someone else) is not created again empty - that would lose its rows
+        silently - unless ``recreate`` (a copy that fills it anew).
+        """
         with self._lock:
             if self._schemas.get(schema.table) == schema:
                 return None
@@ -179,7 +204,15 @@ class DeltaTables:
                         f"no Delta table at {path} for {schema.table} and create_tables is off;"
                         " create it, or turn create_tables on"
                     )
+                if not recreate and self.created.was_created(schema.table):
+                    raise TargetTableError(
+                        f"the Delta table of {schema.table} at {path} is gone, though "
+                        f'subscription "{self.subscription}" created it: deleted by someone '
+                        "else? Its changes are not applied to an empty table. Copy it again: "
+                        f"`pgsub resync -c <config> {self.subscription} {schema.table}`"
+                    )
                 self._create(schema, path)
+                self.created.record_created(schema.table)
                 evolution = Evolution(add=schema.columns)
             else:
                 evolution = self._evolve(schema, path)
@@ -338,6 +371,8 @@ class DeltaTables:
         except ConflictError:
             raise
         except SparkErrors as exc:
+            with self._lock:
+                self._schemas.pop(schema.table, None)  # the next attempt looks at it again
             kind = conflict_in(str(exc))
             if kind is not None and isinstance(net, KeyedNet):
                 raise self._conflict(schema, net, kind, path) from None

@@ -25,6 +25,7 @@ SKIP_LSN = "skip_lsn"
 ENABLED = "enabled"
 PUBLISHER_SYSTEM_ID = "publisher_system_id"
 PUBLISHER_TIMELINE = "publisher_timeline"
+CREATED = "created:"  # + a table's qualified name: its Delta table was created
 REFRESH_INTERVAL = 3.0
 
 
@@ -95,6 +96,18 @@ class SubscriptionSettings:
                 timeline=identity.timeline,
                 was=known.timeline,
             )
+
+    def was_created(self, table: str) -> bool:
+        """Whether this subscription created ``table``'s Delta table (it must not vanish)."""
+        with self._lock:
+            return self._values.get(CREATED + table) == "true"
+
+    def record_created(self, table: str) -> None:
+        if self.was_created(table):
+            return
+        self._store.record(self.subscription, CREATED + table, "true")
+        with self._lock:
+            self._values[CREATED + table] = "true"
 
     def set_enabled(self, enabled: bool) -> None:
         self._store.record(self.subscription, ENABLED, "true" if enabled else "false")

@@ -123,17 +123,18 @@ class SubscriptionRunner:
         self._conninfo = config.conninfo()
         self._checkpoints = checkpoints
         self._metrics = metrics
+        self.settings = SubscriptionSettings(config.name, SettingsStore(spark, warehouse))
         self.tables = DeltaTables(
             spark,
             warehouse,
             config.name,
             create_tables=config.create_tables,
             track_origin=config.track_origin,
+            created=self.settings,
         )
         self.catalog = PublisherCatalog(self._conninfo)
         self.system_id = ""
         self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))
-        self.settings = SubscriptionSettings(config.name, SettingsStore(spark, warehouse))
         self.coordinator = SyncCoordinator(
             config,
             TableStateStore(spark, warehouse),

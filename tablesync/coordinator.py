@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from apply.errors import ApplyError
 from apply.state_store import StoredTableState, TableStateStore
 from apply.transactions import RemoteTransaction
 from subscriber.config import SubscriptionConfig
@@ -35,6 +36,11 @@ from tablesync.publication import PublishedTable
 from tablesync.state import TableState, TableStatus
 
 log = structlog.get_logger(__name__)
+
+
+class TableRenamedError(ApplyError):
+    """A table was renamed on the publisher while the subscription applied it."""
+
 
 WorkerFactory = Callable[[PublishedTable], Callable[[threading.Event], None]]
 # How often a running leader looks for tables added or removed by ``pgsub refresh``.
@@ -155,7 +161,17 @@ class SyncCoordinator:
 
     def should_apply(self, relation: Relation, tx: RemoteTransaction) -> bool:
         status = self._statuses.get(relation.oid)
-        return status is not None and status.applies(tx.final_lsn)
+        if status is None or not status.applies(tx.final_lsn):
+            return False
+        if status.qualified_name != relation.qualified_name:
+            # Its changes would land in a new, empty Delta table under the new name.
+            raise TableRenamedError(
+                f"table {status.qualified_name} was renamed to {relation.qualified_name} on "
+                f'the publisher; subscription "{self.config.name}" stops rather than apply '
+                "its changes to a new, empty table. Copy it again under its new name: "
+                f"`pgsub resync -c <config> {self.config.name} {status.qualified_name}`"
+            )
+        return True
 
     def status(self, relid: int) -> TableStatus:
         with self._cond:
@@ -254,7 +270,7 @@ class SyncCoordinator:
             removed = [s for relid, s in self._statuses.items() if relid not in stored]
             # pgsub resync: a table stored back at INIT is copied again from scratch.
             resynced = [
-                replace(s, state=TableState.INIT, lsn=None)
+                self._renamed_as_published(replace(s, state=TableState.INIT, lsn=None))
                 for relid, s in self._statuses.items()
                 if relid in stored
                 and stored[relid].state == TableState.INIT.value
@@ -303,6 +319,13 @@ class SyncCoordinator:
                 self.publish(self._list_published())  # the new tables' columns and filters
         if added or removed or resynced:
             self._export()
+
+    def _renamed_as_published(self, status: TableStatus) -> TableStatus:
+        """A table copied again takes the name the publication gives it now."""
+        published = self._published.get(status.relid)
+        if published is None:
+            return status
+        return replace(status, schema=published.schema, name=published.name)
 
     def _wait_sync_done(self, relid: int) -> None:
         """Hold the leader until the worker is SYNCDONE (or gone: it will be retried)."""

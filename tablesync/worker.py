@@ -157,7 +157,7 @@ class SyncWorker:
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
             relation = describe(conn, table)
         schema = target_schema(relation, self._catalog.type_row, is_keyed(relation))
-        self._tables.prepare(schema)
+        self._tables.prepare(schema, recreate=True)  # the copy fills it
         labels = (self.config.name, table.qualified_name)
         self._metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
         started = time.monotonic()

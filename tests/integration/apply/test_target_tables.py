@@ -83,3 +83,57 @@ def test_tables_whose_names_once_shared_a_folder_replicate_apart(
     assert "a%2Eb/c" in folders and "a/b%2Ec" in folders and "%5Fpgsub/checkpoints" in folders
     assert "public/%2E%2E%2F%2E%2E%2Fescape" in folders
     assert not (warehouse.parent / "escape").exists()
+
+
+def test_a_renamed_or_deleted_table_stops_until_resync_copies_it_again(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    import shutil
+
+    from subscriber import admin
+    from subscriber.config import Config
+    from tests.support.pgcluster import wait_until
+
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);"
+        "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 20) g;"
+        "CREATE PUBLICATION pub FOR TABLE t"
+    )
+    with Replication(publisher, spark, warehouse, copy_data=True) as rep:
+        runner = rep.runner
+        assert runner is not None
+        config = Config(warehouse=str(warehouse), subscriptions=[rep.config])
+
+        def state(name: str) -> str | None:
+            found = [s for s in runner.coordinator.statuses if s.qualified_name == name]
+            return found[0].state.label if found else None
+
+        def resync(table: str, now_named: str) -> None:
+            admin.resync(config, rep.config, [table])
+            wait_until(lambda: state(table) != "ready", timeout=60, what=f"{table} to leave READY")
+            wait_until(lambda: state(now_named) == "ready", timeout=180, what=f"{now_named} READY")
+
+        def failing_with(text: str) -> bool:
+            return runner.status.state == "error" and text in (runner.status.last_error or "")
+
+        wait_until(lambda: state("public.t") == "ready", timeout=180, what="t READY")
+        publisher.execute("INSERT INTO t VALUES (21, 'x')")
+        rep.caught_up()
+
+        # Deleted by someone else: not recreated empty.
+        shutil.rmtree(warehouse / "public" / "t")
+        publisher.execute("UPDATE t SET v = 'after the delete' WHERE id = 1")
+        wait_until(lambda: failing_with("is gone"), timeout=120, what="the deleted table's error")
+        assert "pgsub resync -c <config> sub1 public.t" in (runner.status.last_error or "")
+        assert not (warehouse / "public" / "t").exists()
+        resync("public.t", "public.t")
+        rep.caught_up()
+        rep.assert_equal("public.t", key=("id",))
+
+        # Renamed on the publisher: its changes do not start a new, empty table.
+        publisher.execute("ALTER TABLE t RENAME TO t2; INSERT INTO t2 VALUES (22, 'renamed')")
+        wait_until(lambda: failing_with("renamed to public.t2"), timeout=120, what="rename error")
+        assert not (warehouse / "public" / "t2").exists()
+        resync("public.t", "public.t2")
+        rep.caught_up()
+        rep.assert_equal("public.t2", key=("id",))
