@@ -133,13 +133,21 @@ class Receiver:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self.connections = 0
         self.streaming = threading.Event()
-        self.last_receipt: float | None = None  # Unix time of the last message
+        self._last_receipt: float | None = None  # of the streams before the current one
         self._stream: ReplicationStream | None = None
 
     @property
     def wal_end(self) -> Lsn | None:
         stream = self._stream
         return None if stream is None else stream.last_wal_end
+
+    @property
+    def last_receipt(self) -> float | None:
+        """Unix time of the last message from the publisher, keepalives included (as
+        PostgreSQL's last_msg_receipt_time): read while the stream waits inside ``read``."""
+        stream = self._stream
+        current = stream.last_message_time if stream is not None else None
+        return current or self._last_receipt
 
     def hold(self) -> None:
         """Called by ``deliver`` while it waits for room: keeps the stream alive."""
@@ -207,7 +215,6 @@ class Receiver:
         try:
             while not self._stopping.is_set():
                 data = stream.read()
-                self.last_receipt = stream.last_message_time  # keepalives count, as in PostgreSQL
                 if data is None:
                     continue
                 for decoded in runs.push(data.payload, data.data_start):
@@ -216,5 +223,6 @@ class Receiver:
                     self._deliver(decoded, data)
         finally:
             self.streaming.clear()
+            self._last_receipt = stream.last_message_time or self._last_receipt
             self._stream = None
             stream.stop()
