@@ -166,9 +166,11 @@ def test_resync_copies_a_table_again_and_drop_removes_the_subscription(
 
 def table_state(daemon: DaemonProcess, table: str = "public.kv") -> str | None:
     try:
-        tables = subscription(daemon, "sub1").get("tables") or []
+        body = daemon.get("/status")[1]
     except OSError:
-        return None
+        return None  # not serving yet
+    subscriptions = [s for s in body.get("subscriptions", []) if s["name"] == "sub1"]
+    tables = (subscriptions[0].get("tables") or []) if subscriptions else []
     return next((t["state"] for t in tables if t["table"] == table), None)
 
 
