@@ -1,4 +1,4 @@
-"""``pgsub skip`` and ``pgsub disable`` reach a running daemon, as ALTER SUBSCRIPTION does."""
+"""Admin commands against a running daemon: skip, disable/enable, resync, drop; a lost slot."""
 
 from __future__ import annotations
 
@@ -94,39 +94,6 @@ def test_skip_reaches_a_daemon_stuck_on_the_transaction(
         other.drop()
 
 
-def test_disable_stops_the_subscription_within_its_bound(
-    publisher: PgDatabase, spark: Any, tmp_path: Path, daemons: Callable[..., DaemonProcess]
-) -> None:
-    from tests.support.daemon import write_config
-
-    publisher.execute(KV)
-    warehouse = tmp_path / "warehouse"
-    config = tmp_path / "pgsub.yaml"
-    port = write_config(config, publisher, warehouse)
-    daemon = daemons(config, port)
-    daemon.wait_ready()
-    publisher.execute("INSERT INTO kv VALUES (1, 'before')")
-    wait_confirmed(publisher)
-    assert pgsub("disable", "-c", str(config), "sub1").returncode == 0
-    wait_until(
-        lambda: subscription(daemon, "sub1")["state"] == "disabled",
-        timeout=10,
-        what="the subscription to stop (pgsub disable --help: within 10 s)",
-    )
-    assert daemon.get("/healthz")[0] == 200  # disabled on purpose: alive
-    publisher.execute("INSERT INTO kv VALUES (2, 'while disabled')")
-    slot_active = "SELECT active FROM pg_replication_slots WHERE slot_name = 'sub1'"
-    wait_until(lambda: publisher.fetchval(slot_active) is False, timeout=10, what="slot idle")
-    assert delta_keys(spark, warehouse) == [1]
-    assert pgsub("enable", "-c", str(config), "sub1").returncode == 0
-    wait_confirmed(publisher, timeout=120)
-    with publisher.connect() as conn:
-        assert_delta_equals_publisher(
-            conn, "public.kv", spark, str(warehouse / "public" / "kv"), ("k",)
-        )
-    assert daemon.terminate() == 0
-
-
 def test_resync_copies_a_table_again_and_drop_removes_the_subscription(
     publisher: PgDatabase, spark: Any, tmp_path: Path, daemons: Callable[..., DaemonProcess]
 ) -> None:
@@ -140,6 +107,23 @@ def test_resync_copies_a_table_again_and_drop_removes_the_subscription(
     daemon.wait_ready()
     wait_until(lambda: table_state(daemon) == "ready", timeout=180, what="kv READY")
     path = str(warehouse / "public" / "kv")
+
+    # pgsub disable: streaming stops within its bound, nothing arrives until enabled.
+    assert pgsub("disable", "-c", str(config), "sub1").returncode == 0
+    wait_until(
+        lambda: subscription(daemon, "sub1")["state"] == "disabled",
+        timeout=10,
+        what="the subscription to stop (pgsub disable --help: within 5 s)",
+    )
+    publisher.execute("INSERT INTO kv VALUES (301, 'while disabled')")
+    slot_active = "SELECT active FROM pg_replication_slots WHERE slot_name = 'sub1'"
+    wait_until(lambda: publisher.fetchval(slot_active) is False, timeout=10, what="slot idle")
+    assert 301 not in delta_keys(spark, warehouse)
+    assert pgsub("enable", "-c", str(config), "sub1").returncode == 0
+    wait_confirmed(publisher, timeout=120)
+    assert 301 in delta_keys(spark, warehouse)
+
+    # pgsub resync: someone deleted rows by hand; the copy puts every row back.
     spark.sql(f"DELETE FROM delta.`{path}` WHERE k <= 100")  # someone else's hand
     result = pgsub("resync", "-c", str(config), "sub1", "kv")
     assert result.returncode == 0, result.stderr
@@ -159,7 +143,7 @@ def test_resync_copies_a_table_again_and_drop_removes_the_subscription(
     dropped = pgsub("drop", "-c", str(config), "sub1")
     assert dropped.returncode == 0, dropped.stderr
     assert publisher.slots() == []
-    assert spark.read.format("delta").load(path).count() == 300  # the data stays
+    assert spark.read.format("delta").load(path).count() == 301  # the data stays
     states = spark.read.format("delta").load(str(warehouse / "_pgsub" / "table_states"))
     assert states.where("subscription = 'sub1'").count() == 0
 
