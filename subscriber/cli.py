@@ -29,7 +29,7 @@ from types import FrameType
 
 from subscriber import logs
 from subscriber.commands import Streaming, StreamOptions
-from subscriber.config import ConfigError
+from subscriber.config import Config, ConfigError, SubscriptionConfig
 from subscriber.config import load as load_config
 from subscriber.errors import SubscriberError, UsageError
 from subscriber.lsn import Lsn
@@ -210,15 +210,20 @@ def _peek(args: argparse.Namespace) -> int:
     return 0
 
 
+def _subscription(args: argparse.Namespace) -> tuple[Config, SubscriptionConfig]:
+    """The config and the subscription a command names (ConfigError: exit 2)."""
+    config = load_config(args.config)
+    subscription = config.subscription(args.subscription)
+    logs.configure(config.log.format, config.log.level)
+    return config, subscription
+
+
 def _admin(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
-        subscription = config.subscription(args.subscription)
         lsn = Lsn.parse(args.lsn) if args.command == "skip" else None
-    except (ConfigError, ValueError) as exc:
-        print(f"pgsub {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    logs.configure(config.log.format, config.log.level)
+    except ValueError as exc:
+        raise ConfigError(f"--lsn: {exc}") from None
+    config, subscription = _subscription(args)
     from subscriber import admin
 
     if lsn is not None:
@@ -231,13 +236,7 @@ def _admin(args: argparse.Namespace) -> int:
 
 
 def _resync_or_drop(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-        subscription = config.subscription(args.subscription)
-    except ConfigError as exc:
-        print(f"pgsub {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    logs.configure(config.log.format, config.log.level)
+    config, subscription = _subscription(args)
     from subscriber import admin
 
     if args.command == "resync":
@@ -252,13 +251,7 @@ def _resync_or_drop(args: argparse.Namespace) -> int:
 
 
 def _refresh(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-        subscription = config.subscription(args.subscription)
-    except ConfigError as exc:
-        print(f"pgsub refresh: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    logs.configure(config.log.format, config.log.level)
+    config, subscription = _subscription(args)
     from subscriber.admin import refresh_publication
 
     added, removed = refresh_publication(config, subscription)
@@ -304,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(args.warehouse.resolve(), seconds=args.seconds, port=args.port)
         if args.command == "peek":
             return _peek(args)
+    except ConfigError as exc:
+        print(f"pgsub {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except SubscriberError as exc:
         print(f"pgsub {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, UsageError) else 1

@@ -8,37 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed
+from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed, write_subscriptions
 from tests.support.oracle import assert_delta_equals_publisher
-from tests.support.pgcluster import free_port, wait_until
+from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 
 pytestmark = pytest.mark.e2e
 
 KV = "CREATE TABLE kv (k int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE kv"
-
-
-def two_subscriptions(path: Path, warehouse: Path, a: PgDatabase, b: PgDatabase) -> int:
-    port = free_port()
-    common = {
-        "publications": ["pub"],
-        "copy_data": False,
-        "status_interval": "1s",
-        "wal_retrieve_retry_interval": "1s",
-    }
-    config = {
-        "warehouse": str(warehouse),
-        "spark": {"master": "local[2]"},
-        "metrics": {"host": "127.0.0.1", "port": port},
-        "subscriptions": [
-            {"name": "sa", "connection": a.dsn, **common},
-            {"name": "sb", "connection": b.dsn, **common},
-        ],
-    }
-    path.write_text(yaml.safe_dump(config))
-    return port
 
 
 def subscription(daemon: DaemonProcess, name: str) -> dict[str, Any]:
@@ -61,7 +39,7 @@ def test_skip_reaches_a_daemon_stuck_on_the_transaction(
         other.execute(KV)
         warehouse = tmp_path / "warehouse"
         config = tmp_path / "pgsub.yaml"
-        port = two_subscriptions(config, warehouse, publisher, other)
+        port = write_subscriptions(config, warehouse, {"sa": publisher, "sb": other})
         daemon = daemons(config, port)
         daemon.wait_ready()
         publisher.execute("INSERT INTO kv VALUES (5, 'from a')")

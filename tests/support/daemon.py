@@ -33,22 +33,32 @@ def pgsub(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 
 def write_config(path: Path, publisher: PgDatabase, warehouse: Path, **subscription: Any) -> int:
     """A config for one subscription ``sub1`` of publication ``pub``; returns the metrics port."""
+    return write_subscriptions(path, warehouse, {"sub1": publisher}, **subscription)
+
+
+def write_subscriptions(
+    path: Path, warehouse: Path, publishers: dict[str, PgDatabase], **settings: Any
+) -> int:
+    """A config with one subscription of publication ``pub`` per (name, publisher); the port."""
     port = free_port()
-    sub = {
-        "name": "sub1",
-        "connection": publisher.dsn,
-        "publications": ["pub"],
-        "copy_data": False,
-        "status_interval": "1s",
-        "wal_retrieve_retry_interval": "1s",
-        **subscription,
-    }
+    subscriptions = [
+        {
+            "name": name,
+            "connection": publisher.dsn,
+            "publications": ["pub"],
+            "copy_data": False,
+            "status_interval": "1s",
+            "wal_retrieve_retry_interval": "1s",
+            **settings,
+        }
+        for name, publisher in publishers.items()
+    ]
     config = {
         "warehouse": str(warehouse),
         "spark": {"master": "local[2]"},
         "metrics": {"host": "127.0.0.1", "port": port},
         "log": {"format": "json", "level": "info"},
-        "subscriptions": [sub],
+        "subscriptions": subscriptions,
     }
     path.write_text(yaml.safe_dump(config))
     return port
