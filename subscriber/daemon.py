@@ -171,7 +171,8 @@ class Daemon:
         return not stuck, {"stuck": stuck}
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        waiting = [r.name for r in self.runners if not r.ready]
+        """Every enabled subscription streams (one disabled on purpose is not waited for)."""
+        waiting = [r.name for r in self.runners if not r.ready and r.status.state != "disabled"]
         return bool(self.runners) and not waiting, {"not_streaming": waiting}
 
     def status(self) -> dict[str, Any]:
