@@ -80,6 +80,7 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     status, body = daemon.get("/status")
     assert status == 200 and body["subscriptions"][0]["state"] == "streaming"
     metrics = daemon.get("/metrics")[1]
+    assert password not in metrics and password not in str(body)
     for name in (
         "pgsub_received_lsn",
         "pgsub_flushed_lsn",

@@ -1,0 +1,124 @@
+"""Faults while streaming: the publisher restarts, the connection is cut mid-transaction.
+
+After each, the Delta tables equal the publisher's, rows written during the
+fault included: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from subscriber.embedded import PgCluster
+from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
+from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgcluster import wait_until
+from tests.support.pgdatabase import PgDatabase
+from tests.support.tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.e2e
+
+SCHEMA = """
+CREATE TABLE k (id int PRIMARY KEY, v text);
+CREATE TABLE bag (a int, b text);
+ALTER TABLE bag REPLICA IDENTITY FULL;
+CREATE PUBLICATION pub FOR TABLE k, bag;
+"""
+
+
+class Writer(threading.Thread):
+    """Small transactions into both tables until stopped; survives the publisher's restart."""
+
+    def __init__(self, publisher: PgDatabase) -> None:
+        super().__init__(daemon=True, name="writer")
+        self._publisher = publisher
+        self.stopping = threading.Event()
+        self.committed = 0
+
+    def run(self) -> None:
+        n = 0
+        while not self.stopping.is_set():
+            try:
+                with self._publisher.connect() as conn:
+                    while not self.stopping.is_set():
+                        n += 1
+                        with conn.transaction():
+                            conn.execute("INSERT INTO k VALUES (%s, 'w')", [n])
+                            conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n % 7])
+                        self.committed = n
+                        self.stopping.wait(0.02)
+            except psycopg.OperationalError:  # the server went down; write on once it is back
+                self.stopping.wait(0.5)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+
+
+def assert_equal(publisher: PgDatabase, spark: Any, warehouse: Path) -> None:
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(conn, "public.k", spark, str(warehouse / "public/k"), ("id",))
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public/bag"))
+
+
+def test_publisher_restart_mid_stream(
+    pg_cluster: Callable[..., PgCluster],
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    publisher = PgDatabase.create(pg_cluster(), "pub")
+    publisher.execute(SCHEMA)
+    warehouse, config = tmp_path / "warehouse", tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, warehouse, batch={"max_changes": 300})
+    daemon = daemons(config, port)
+    daemon.wait_ready()
+    writer = Writer(publisher)
+    writer.start()
+    try:
+        wait_until(lambda: writer.committed >= 300, timeout=60, what="writes before the restart")
+        publisher.cluster.restart()
+        wait_until(lambda: writer.committed >= 900, timeout=120, what="writes after the restart")
+    finally:
+        writer.stop()
+    wait_confirmed(publisher, timeout=300)
+    assert_equal(publisher, spark, warehouse)
+    assert daemon.terminate() == 0
+
+
+def test_connection_cut_in_the_middle_of_a_large_transaction(
+    publisher: PgDatabase, spark: Any, tmp_path: Path, daemons: Callable[..., DaemonProcess]
+) -> None:
+    publisher.execute(SCHEMA)
+    proxy = TcpProxy(publisher.cluster.port)
+    try:
+        warehouse, config = tmp_path / "warehouse", tmp_path / "pgsub.yaml"
+        port = write_config(config, publisher, warehouse, batch={"max_changes": 5000})
+        proxied = publisher.dsn.replace(f"port={publisher.cluster.port}", f"port={proxy.port}")
+        assert proxied != publisher.dsn
+        config.write_text(config.read_text().replace(publisher.dsn, proxied))
+        daemon = daemons(config, port)
+        daemon.wait_ready()
+        publisher.execute(
+            "INSERT INTO k SELECT g, 'big' FROM generate_series(1, 40000) g;"
+            "INSERT INTO bag SELECT g % 11, 'big' FROM generate_series(1, 40000) g"
+        )
+        publisher.execute(
+            "BEGIN; UPDATE k SET v = 'changed' WHERE id % 3 = 0;"
+            " DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag WHERE a = 3 LIMIT 500); COMMIT"
+        )
+        connections = proxy.accepted
+        wait_until(lambda: proxy.cut() > 0, timeout=30, interval=0.2, what="a connection to cut")
+        wait_until(lambda: proxy.accepted > connections, timeout=120, what="a reconnect")
+        proxy.cut()  # and once more, while the large transactions are being resent
+        publisher.execute("INSERT INTO k VALUES (40001, 'after the cuts')")
+        wait_confirmed(publisher, timeout=300)
+        assert_equal(publisher, spark, warehouse)
+        assert daemon.terminate() == 0
+    finally:
+        proxy.close()
