@@ -457,6 +457,7 @@ class SubscriptionRunner:
                     break
                 self.settings.refresh()
                 if not self.settings.enabled:
+                    self.status.state = "disabled"  # said at once; the stop follows
                     break  # pgsub disable: stop, then wait to be enabled
         finally:
             failures = pipeline.stop()
