@@ -27,8 +27,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from apply.spool import Spool, SpoolDirectory, SpooledTransaction
-from apply.transactions import Change, Op, RemoteTransaction, RowChange, TruncateChange
+from apply.transactions import (
+    Bounds,
+    Change,
+    Op,
+    RemoteTransaction,
+    RowChange,
+    TruncateChange,
+    change_size,
+)
 from subscriber.lsn import Lsn
 from subscriber.messages import (
     Begin,
@@ -61,6 +72,7 @@ class UnsupportedStreamError(Exception):
 class _Open:
     begin: Begin
     changes: list[Change] = field(default_factory=list)
+    size: int = 0  # bytes of row data in ``changes``
     origin: Origin | None = None
     spool: Spool | None = None  # once the transaction outgrew memory
 
@@ -75,10 +87,10 @@ class TransactionAssembler:
     """Turns one session's messages into complete transactions, in commit order."""
 
     def __init__(
-        self, spools: SpoolDirectory | None = None, spill_after: int | None = None
+        self, spools: SpoolDirectory | None = None, spill_after: Bounds | None = None
     ) -> None:
-        if spill_after is not None and (spill_after < 1 or spools is None):
-            raise ValueError("spill_after needs a spool directory and a positive bound")
+        if spill_after is not None and spools is None:
+            raise ValueError("spill_after needs a spool directory")
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
         self._spools = spools
@@ -167,6 +179,7 @@ class TransactionAssembler:
             open_.spool.append(change)
             return
         open_.changes.append(change)
+        open_.size += change_size(change)
         self._spill_when_over(open_)
 
     def _add_rows(self, changes: RowChanges) -> None:
@@ -184,6 +197,7 @@ class TransactionAssembler:
             ops = map(_OPS.__getitem__, group.walked.types)
             relation_of_all = repeat(self._relation(group.relation_oid))
             open_.changes.extend(map(RowChange, relation_of_all, ops, new, old))
+            open_.size += _column_bytes(group.walked.new.values + group.walked.old.values)
             self._spill_when_over(open_)
             return
         relation = self._relation
@@ -192,18 +206,22 @@ class TransactionAssembler:
         open_ = self._open
         if self._block is None and open_ is not None and open_.spool is None:
             open_.changes.extend(made)
+            open_.size += sum(map(change_size, made))
             self._spill_when_over(open_)
             return
         for change, row in zip(made, rows, strict=True):
             self._add(change, row[5])
 
     def _spill_when_over(self, open_: _Open) -> None:
-        if self._spill_after is not None and len(open_.changes) > self._spill_after:
+        """A transaction past a batch's bounds goes on in a spool file, not in memory."""
+        bound = self._spill_after
+        if bound is not None and (len(open_.changes) > bound.changes or open_.size > bound.size):
             assert self._spools is not None
             spool = self._spools.open(f"tx-{open_.begin.xid}", open_.begin.xid)
             for held in open_.changes:
                 spool.append(held)
             open_.changes = []
+            open_.size = 0
             open_.spool = spool
 
     def _commit(self, commit: Commit) -> AssembledTransaction:
@@ -218,6 +236,7 @@ class TransactionAssembler:
             changes=tuple(open_.changes),
             origin=origin.name if origin else None,
             origin_lsn=origin.origin_lsn if origin else None,
+            size=open_.size,
         )
         if open_.spool is None:
             return head
@@ -291,3 +310,8 @@ class TransactionAssembler:
     def _discard(self, spool: Spool) -> None:
         assert self._spools is not None
         self._spools.discard(spool)
+
+
+def _column_bytes(columns: tuple[pa.BinaryArray, ...]) -> int:
+    """The bytes of the values in ``columns`` (Arrow sums them in C)."""
+    return sum(int(pc.sum(pc.binary_length(column)).as_py() or 0) for column in columns)

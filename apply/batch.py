@@ -1,8 +1,9 @@
 """Batches of complete transactions, in commit order, split by target table.
 
-Pure. ``Batcher`` collects transactions until ``max_changes`` row changes
-or ``max_delay`` seconds since the first one; a transaction is never split,
-so one larger than the bound makes a batch of its own. ``Batch.tables``
+Pure. ``Batcher`` collects transactions until its bounds - ``max_changes``
+row changes or ``max_bytes`` of row data - or ``max_delay`` seconds since
+the first one; a transaction is never split, so one larger than the bounds
+makes a batch of its own. ``Batch.tables``
 splits a batch into per-table work, dropping for each table what it has
 already applied (its applied LSN, read back from Delta after a crash) and
 what the leader does not apply for that table (a table still being
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from apply.transactions import RemoteTransaction, RowChange, TruncateChange
+from apply.transactions import Bounds, RemoteTransaction, RowChange, TruncateChange
 from subscriber.lsn import ZERO, Lsn
 from subscriber.messages import Relation
 
@@ -113,22 +114,26 @@ class Batch:
         return work
 
 
+DEFAULT_BOUNDS = Bounds(100_000)
+
+
 class Batcher:
     """Collects transactions until a batch is due."""
 
     def __init__(
         self,
-        max_changes: int = 100_000,
+        bounds: Bounds = DEFAULT_BOUNDS,
         max_delay: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_changes < 1 or max_delay < 0:
-            raise ValueError("batch bounds must be positive")
-        self.max_changes = max_changes
+        if max_delay < 0:
+            raise ValueError("max_delay must not be negative")
+        self.bounds = bounds
         self.max_delay = max_delay
         self._clock = clock
         self._transactions: list[RemoteTransaction] = []
         self._changes = 0
+        self._size = 0
         self._started: float | None = None
 
     def __len__(self) -> int:
@@ -143,9 +148,10 @@ class Batcher:
             self._started = self._clock()
         self._transactions.append(tx)
         self._changes += len(tx.changes)
+        self._size += tx.size
 
     def full(self) -> bool:
-        return self._changes >= self.max_changes
+        return self.bounds.reached(self._changes, self._size)
 
     def due(self) -> bool:
         if not self._transactions:
@@ -162,5 +168,6 @@ class Batcher:
         batch = Batch(self._transactions)
         self._transactions = []
         self._changes = 0
+        self._size = 0
         self._started = None
         return batch

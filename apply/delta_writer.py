@@ -47,6 +47,7 @@ from apply.delta_moved import fill_moved
 from apply.delta_multiset import write_multiset
 from apply.delta_origins import ROW_TRACKING, OriginTracker
 from apply.errors import TargetTableError
+from apply.features import PORTABLE, Gain, TableFeatures, creation_properties, gains
 from apply.merge_plan import (
     ClauseKind,
     MergePlan,
@@ -82,6 +83,8 @@ TXN_VERSION: Final = "spark.databricks.delta.write.txnVersion"
 USER_METADATA: Final = "spark.databricks.delta.commitInfo.userMetadata"
 LAST_VERSION: Final = "spark.databricks.delta.lastCommitVersionInSession"
 HISTORY_PEEK: Final = 100
+# The table property naming the subscription that writes a target table.
+WRITER: Final = "pgsub.subscription"
 
 
 class CreatedTables(Protocol):
@@ -113,6 +116,8 @@ class DeltaTables:
         *,
         create_tables: bool = True,
         track_origin: bool = False,
+        features: TableFeatures = PORTABLE,
+        shared_tables: bool = False,
         created: CreatedTables | None = None,
     ) -> None:
         self._spark = spark
@@ -121,6 +126,8 @@ class DeltaTables:
         self.subscription = subscription
         self.create_tables = create_tables
         self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)
+        self.features = features
+        self.shared_tables = shared_tables  # may write tables another subscription writes
         self._local = threading.local()
         self._schemas: dict[str, TargetSchema] = {}
         self._origins: dict[str, OriginTracker] = {}
@@ -226,12 +233,14 @@ class DeltaTables:
         from delta.tables import DeltaTable
 
         session = self.session()
-        properties = {
-            "delta.columnMapping.mode": "name",
-            "delta.enableTypeWidening": "true",
-            "pgsub.source": schema.table,
-            "pgsub.key": json.dumps(list(schema.key)),
-        }
+        properties, needed = creation_properties(
+            [c.name for c in schema.columns], self.features, schema.table
+        )
+        for gain in needed:
+            _warn_gained(schema.table, gain)
+        properties["pgsub.source"] = schema.table
+        properties["pgsub.key"] = json.dumps(list(schema.key))
+        properties[WRITER] = self.subscription
         if self.track_origin:
             properties[ROW_TRACKING] = "true"
         builder = DeltaTable.createIfNotExists(session).location(path)
@@ -282,6 +291,20 @@ class DeltaTables:
         }
         evolution = plan_evolution(existing, schema, self.subscription)
         table = f"delta.{quote(path)}"
+        properties = self._properties(path)
+        self._check_writer(schema.table, path, properties)
+        for gain in gains(
+            properties,
+            [c.name for c in evolution.add],
+            [column for column, _, _ in evolution.widen],
+            self.features,
+            schema.table,
+        ):
+            session.sql(
+                f"ALTER TABLE {table} SET TBLPROPERTIES "
+                f"({_sql_string(gain.property)} = {_sql_string(gain.value)})"
+            )
+            _warn_gained(schema.table, gain)
         if evolution.add:
             columns = ", ".join(f"{quote(c.name)} {c.spark_type}" for c in evolution.add)
             session.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
@@ -301,7 +324,6 @@ class DeltaTables:
                 columns=list(evolution.dropped),
                 note="kept in the Delta table; NULL in rows inserted from now on",
             )
-        properties = self._properties(path)
         if properties.get("pgsub.key") != json.dumps(list(schema.key)):
             session.sql(
                 f"ALTER TABLE {table} SET TBLPROPERTIES ('pgsub.key' = "
@@ -309,6 +331,32 @@ class DeltaTables:
             )
             log.info("target table key recorded", table=schema.table, key=list(schema.key))
         return evolution
+
+    def _check_writer(self, table: str, path: str, properties: Mapping[str, str]) -> None:
+        """One subscription per target table, unless ``shared_tables`` says otherwise.
+
+        Two subscriptions that write one table by mistake (two publications that
+        both publish it) would interleave their changes and judge each other's rows
+        as conflicts. A table no subscription claims yet (made by an older pgsub, or
+        by hand) becomes this one's.
+        """
+        writer = properties.get(WRITER)
+        if writer == self.subscription:
+            return
+        if writer is None:
+            self.session().sql(
+                f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES "
+                f"({_sql_string(WRITER)} = {_sql_string(self.subscription)})"
+            )
+            return
+        if not self.shared_tables:
+            raise TargetTableError(
+                f'{table} at {path} is written by subscription "{writer}" (its table property '
+                f'{WRITER}), and subscription "{self.subscription}" would write it too. If '
+                "several publishers feed this table on purpose, or that subscription was "
+                f'dropped, set shared_tables: true for "{self.subscription}"; otherwise take '
+                "the table out of one of the publications"
+            )
 
     def _properties(self, path: str) -> Mapping[str, str]:
         from delta.tables import DeltaTable
@@ -576,6 +624,17 @@ def _prune_replaced(
     """The batch wrote over other writers' rows: some of their versions may be gone."""
     if any(ConflictKind(f.kind) in ORIGIN for f in findings):
         origins.prune(session)
+
+
+def _warn_gained(table: str, gain: Gain) -> None:
+    log.warning(
+        "target table gains a reader feature",
+        table=table,
+        feature=gain.feature,
+        reason=gain.reason,
+        detail="readers without this feature (delta-rs 1.6, polars) cannot open the table; "
+        "docs/tables.md lists which readers can",
+    )
 
 
 def _sql_string(text: str) -> str:

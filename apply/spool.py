@@ -43,7 +43,15 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from apply.errors import ApplyError
-from apply.transactions import Change, Op, RemoteTransaction, RowChange, TruncateChange
+from apply.transactions import (
+    Bounds,
+    Change,
+    Op,
+    RemoteTransaction,
+    RowChange,
+    TruncateChange,
+    change_size,
+)
 from subscriber.lsn import Lsn
 from subscriber.messages import Column, Relation, ReplicaIdentity, TupleData
 
@@ -297,27 +305,29 @@ class SpooledTransaction:
     def commit_time(self) -> int:
         return self.head.commit_time
 
-    def pieces(self, max_changes: int) -> Iterator[RemoteTransaction]:
-        """The transaction as consecutive pieces of at most ``max_changes`` changes.
+    def pieces(self, bounds: Bounds) -> Iterator[RemoteTransaction]:
+        """The transaction as consecutive pieces within ``bounds`` (one change at least).
 
         Each piece is a RemoteTransaction with the transaction's xid and
         LSNs and ``first`` set to the position of its first change in the
         whole transaction (what a partly applied table resumes from).
         """
         buffer: list[Change] = []
+        size = 0
         first, total = 0, self.change_count
         for change in read_changes(self.path):
             buffer.append(change)
-            if len(buffer) == max_changes and first + len(buffer) < total:
-                yield replace(self.head, changes=tuple(buffer), first=first, total=total)
+            size += change_size(change)
+            if bounds.reached(len(buffer), size) and first + len(buffer) < total:
+                yield replace(self.head, changes=tuple(buffer), first=first, total=total, size=size)
                 first += len(buffer)
-                buffer = []
+                buffer, size = [], 0
         if first + len(buffer) != self.change_count:
             raise SpoolError(
                 f"spool file {self.path} holds {first + len(buffer)} changes of transaction "
                 f"{self.xid}, expected {self.change_count}"
             )
-        yield replace(self.head, changes=tuple(buffer), first=first, total=total)
+        yield replace(self.head, changes=tuple(buffer), first=first, total=total, size=size)
 
     def discard(self) -> None:
         self._release(self.path)

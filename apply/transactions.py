@@ -41,6 +41,37 @@ class TruncateChange:
 Change = RowChange | TruncateChange
 
 
+def change_size(change: Change) -> int:
+    """The bytes of row data ``change`` holds (its values; what ``batch.max_bytes`` counts)."""
+    if not isinstance(change, RowChange):
+        return 0
+    size = 0
+    for image in (change.new, change.old):
+        if image is not None:
+            size += sum(map(len, filter(None, image.values)))
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """How much row data one holder - a batch, the queue, a transaction in memory - takes.
+
+    ``changes`` row changes or ``size`` bytes of values, whichever is reached
+    first: the count bounds the per-change overhead, the bytes wide or
+    TOASTed rows.
+    """
+
+    changes: int
+    size: int = 2**62
+
+    def __post_init__(self) -> None:
+        if self.changes < 1 or self.size < 1:
+            raise ValueError("bounds must be positive")
+
+    def reached(self, changes: int, size: int) -> bool:
+        return changes >= self.changes or size >= self.size
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteTransaction:
     """A committed remote transaction, ready to apply."""
@@ -56,6 +87,7 @@ class RemoteTransaction:
     # transaction and the whole transaction's change count (None: all of it is here).
     first: int = 0
     total: int | None = None
+    size: int = 0  # bytes of row data in ``changes`` (see change_size)
 
     @property
     def partial(self) -> bool:

@@ -2,7 +2,7 @@
 
 The receiver thread assembles transactions and puts them on a
 ``TransactionQueue``; ``ApplyWorker`` takes them in commit order, forms
-batches (``batch.max_changes`` / ``batch.max_delay``), applies each to
+batches (``batch.max_changes``, ``max_bytes``, ``max_delay``), applies each to
 Delta, records the checkpoint and only then confirms the batch's end LSN to
 ``Progress`` - the position the receiver reports upstream as flushed. The
 queue is bounded by changes, so a slow apply holds back reading (the
@@ -13,7 +13,7 @@ to the failed batch's end, so that the error names exactly one remote
 transaction - the one ``pgsub skip`` would skip.
 
 A spooled transaction (streamed, or larger than a batch) is applied alone,
-a piece of ``batch.max_changes`` changes at a time read back from its file:
+a piece within the batch bounds at a time read back from its file:
 each piece is one Delta commit per table it touches, marked with how far
 into the transaction the table is, so that after a crash the resent
 transaction resumes per table where it stopped. Only its last piece
@@ -35,7 +35,7 @@ from apply.assembly import AssembledTransaction
 from apply.batch import Batch, Batcher
 from apply.spool import SpooledTransaction
 from apply.state_store import CheckpointStore
-from apply.transactions import RemoteTransaction, RowChange
+from apply.transactions import Bounds, RemoteTransaction, RowChange
 from subscriber.failpoints import failpoint
 from subscriber.lsn import Lsn
 from subscriber.metrics import Metrics
@@ -46,35 +46,40 @@ from subscriber.wire import PG_EPOCH_OFFSET
 log = structlog.get_logger(__name__)
 
 
-def _in_memory(tx: AssembledTransaction) -> int:
-    """The changes ``tx`` holds in memory (a spooled one counts as one)."""
-    return len(tx.changes) if isinstance(tx, RemoteTransaction) else 1
+def _in_memory(tx: AssembledTransaction) -> tuple[int, int]:
+    """The changes and bytes of row data ``tx`` holds in memory (a spooled one: one, none)."""
+    return (len(tx.changes), tx.size) if isinstance(tx, RemoteTransaction) else (1, 0)
 
 
 class TransactionQueue:
-    """Transactions from the receiver to the apply worker, bounded by row changes in memory.
+    """Transactions from the receiver to the apply worker, bounded by row data in memory.
 
-    A transaction larger than the bound is still accepted when the queue is
+    A transaction larger than the bounds is still accepted when the queue is
     empty, so that any transaction can pass.
     """
 
-    def __init__(self, max_changes: int) -> None:
-        self._max = max_changes
+    def __init__(self, bounds: Bounds) -> None:
+        self._bounds = bounds
         self._items: deque[AssembledTransaction] = deque()
         self._changes = 0
+        self._size = 0
         self._cond = threading.Condition()
+
+    def _room_for(self, changes: int, size: int) -> bool:
+        bounds = self._bounds
+        return not self._items or (
+            self._changes + changes <= bounds.changes and self._size + size <= bounds.size
+        )
 
     def put(self, tx: AssembledTransaction, timeout: float) -> bool:
         """False when there was no room within ``timeout`` seconds."""
-        size = _in_memory(tx)
+        changes, size = _in_memory(tx)
         with self._cond:
-            ok = self._cond.wait_for(
-                lambda: not self._items or self._changes + size <= self._max, timeout
-            )
-            if not ok:
+            if not self._cond.wait_for(lambda: self._room_for(changes, size), timeout):
                 return False
             self._items.append(tx)
-            self._changes += size
+            self._changes += changes
+            self._size += size
             self._cond.notify_all()
             return True
 
@@ -83,7 +88,9 @@ class TransactionQueue:
             if not self._cond.wait_for(lambda: bool(self._items), timeout):
                 return None
             tx = self._items.popleft()
-            self._changes -= _in_memory(tx)
+            changes, size = _in_memory(tx)
+            self._changes -= changes
+            self._size -= size
             self._cond.notify_all()
             return tx
 
@@ -136,7 +143,9 @@ class ApplyWorker:
                 self._apply_spooled(tx, stopping)
                 continue
             if tx is not None:
-                batcher.add(replace(tx, changes=()) if self._skipping(tx, len(tx.changes)) else tx)
+                batcher.add(
+                    replace(tx, changes=(), size=0) if self._skipping(tx, len(tx.changes)) else tx
+                )
             elif self._settings is not None:
                 self._settings.refresh()
             if len(batcher) and (batcher.due() or self._isolating(tx)):
@@ -173,7 +182,7 @@ class ApplyWorker:
             tx.discard()
             self._apply(Batch([tx.head]))
             return
-        for piece in tx.pieces(self._batcher.max_changes):
+        for piece in tx.pieces(self._batcher.bounds):
             if stopping.is_set():
                 return  # not confirmed: the publisher sends it again
             if not piece.partial:
@@ -186,7 +195,7 @@ class ApplyWorker:
         """Pieces committed before the error that led to the skip stay: a Delta commit is final."""
         tables = {
             relation.qualified_name
-            for piece in tx.pieces(self._batcher.max_changes)
+            for piece in tx.pieces(self._batcher.bounds)
             for change in piece.changes
             for relation in (
                 (change.relation,) if isinstance(change, RowChange) else change.relations

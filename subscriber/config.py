@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from apply.features import FeatureMode, TableFeatures
+from apply.transactions import Bounds
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.commands import Streaming, check_slot_name
 
@@ -38,6 +40,9 @@ ENV_PREFIX = "PGSUB_"
 _NOT_CONFIG = re.compile(r"^PGSUB_(DSN|JARS_DIR|CONFIG|FAILPOINTS|TEST_.*|PG\d+_BIN)$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+# PostgreSQL's memory units: kB, MB, GB and TB are multiples of 1024 (KiB, MiB, ... too).
+_SIZE_UNITS = {None: 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 class ConfigError(Exception):
@@ -56,13 +61,36 @@ def _seconds(value: Any) -> Any:
 Duration = Annotated[float, BeforeValidator(_seconds), Field(ge=0)]
 
 
+def _bytes(value: Any) -> Any:
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match is None:
+            raise ValueError(f"not a size: {value!r} (use e.g. 64MB, 1GB, 65536)")
+        unit = match.group(2)
+        return int(match.group(1)) * _SIZE_UNITS[unit[0].lower() if unit else None]
+    return value
+
+
+ByteSize = Annotated[int, BeforeValidator(_bytes), Field(ge=1)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class BatchConfig(_Strict):
     max_changes: int = Field(100_000, ge=1)
+    # Row data (values' bytes) in a batch; a transaction past it is spooled to disk and
+    # applied in pieces. The receive queue holds up to twice these bounds.
+    max_bytes: ByteSize = 64 * 1024**2
     max_delay: Duration = 1.0
+
+    def bounds(self) -> Bounds:
+        return Bounds(self.max_changes, self.max_bytes)
+
+    def queue_bounds(self) -> Bounds:
+        """What the queue from the receiver to the apply worker holds at most."""
+        return Bounds(max(2 * self.max_changes, 10_000), 2 * self.max_bytes)
 
 
 class ConflictsConfig(_Strict):
@@ -75,6 +103,17 @@ class ConflictsConfig(_Strict):
 
     def resolutions(self) -> dict[ConflictKind, Resolution]:
         return {kind: getattr(self, kind.value) for kind in ConflictKind}
+
+
+class TableFeaturesConfig(_Strict):
+    """Delta reader features of the target tables (docs/tables.md): each auto|always|never."""
+
+    column_mapping: FeatureMode = FeatureMode.AUTO  # auto: when a column name needs it
+    type_widening: FeatureMode = FeatureMode.AUTO  # auto: when a column's type first widens
+    deletion_vectors: bool = False  # cheaper MERGEs of scattered keys; delta-rs cannot read
+
+    def features(self) -> TableFeatures:
+        return TableFeatures(self.column_mapping, self.type_widening, self.deletion_vectors)
 
 
 class SubscriptionConfig(_Strict):
@@ -97,6 +136,10 @@ class SubscriptionConfig(_Strict):
     # Create target tables with Delta row tracking, so that *_origin_differs is detected.
     # Off by default, as PostgreSQL's track_commit_timestamp: it costs MERGE time.
     track_origin: bool = False
+    # True: target tables may also be written by other subscriptions (several publishers
+    # feeding one table on purpose); otherwise such a table stops the apply with an error.
+    shared_tables: bool = False
+    table_features: TableFeaturesConfig = Field(default_factory=TableFeaturesConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     # Local scratch for streamed transactions, those larger than a batch and the staged
     # initial copy (default: <system temp>/pgsub-<uid>/<name>, mode 700); emptied at start,

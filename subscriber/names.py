@@ -10,10 +10,11 @@ as a path can leave the warehouse (``..``). Here:
   pair has its own text; ``split_qualified`` reads it back.
 - ``path_part`` keeps ASCII letters, digits, ``_``, ``-`` and ``$`` as they
   are (plain names keep the folders they always had) and writes every
-  other byte of the UTF-8 name as ``%XX``, so ``.``, ``/`` and ``%`` can
+  other byte of the UTF-8 name as ``~XX``, so ``.``, ``/`` and ``~`` can
   never form another name's folder or leave the warehouse. The schema
   ``_pgsub`` would collide with pgsub's own state folder and becomes
-  ``%5Fpgsub``.
+  ``~5Fpgsub``. Not ``%XX``: delta-rs reads a local path as a URL and
+  decodes it, so it could not open a folder with ``%`` in its name.
 """
 
 from __future__ import annotations
@@ -77,9 +78,9 @@ def split_qualified(text: str) -> tuple[str, str]:
 def path_part(part: str) -> str:
     """One name as one folder name (see the module's docstring)."""
     encoded = "".join(
-        chr(byte) if byte in _SAFE_BYTES else f"%{byte:02X}" for byte in part.encode("utf-8")
+        chr(byte) if byte in _SAFE_BYTES else f"~{byte:02X}" for byte in part.encode("utf-8")
     )
-    return "%5F" + encoded[1:] if encoded == STATE_FOLDER else encoded
+    return "~5F" + encoded[1:] if encoded == STATE_FOLDER else encoded
 
 
 def table_folder(qualified: str) -> str:

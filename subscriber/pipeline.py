@@ -15,6 +15,7 @@ from collections.abc import Callable
 from apply.applier import BatchApplier
 from apply.assembly import TransactionAssembler
 from apply.spool import SpoolDirectory, SpooledTransaction
+from apply.transactions import Bounds
 from apply.worker import ApplyWorker, TransactionQueue
 from subscriber.commands import StreamOptions
 from subscriber.messages import Message
@@ -39,16 +40,16 @@ class ApplyPipeline:
         progress: Progress,
         applier: BatchApplier,
         make_worker: Callable[[TransactionQueue], ApplyWorker],
-        queue_changes: int,
+        queue: Bounds,
         spools: SpoolDirectory,
-        spill_after: int,
+        spill_after: Bounds,
         status_interval: float,
         wal_receiver_timeout: float,
     ) -> None:
         self.name = name
         self.progress = progress
         self._applier = applier
-        self._queue = TransactionQueue(queue_changes)
+        self._queue = TransactionQueue(queue)
         self.worker = make_worker(self._queue)
         self.spools = spools
         self._assembler = TransactionAssembler(spools, spill_after)

@@ -130,6 +130,8 @@ class SubscriptionRunner:
             config.name,
             create_tables=config.create_tables,
             track_origin=config.track_origin,
+            features=config.table_features.features(),
+            shared_tables=config.shared_tables,
             created=self.settings,
         )
         self.catalog = PublisherCatalog(self._conninfo)
@@ -421,7 +423,7 @@ class SubscriptionRunner:
                 applier=applier,
                 checkpoints=self._checkpoints,
                 progress=progress,
-                batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
+                batcher=Batcher(config.batch.bounds(), config.batch.max_delay),
                 metrics=self._metrics,
                 isolate_through=isolate,
                 sync_tables=self.coordinator.process,
@@ -436,12 +438,12 @@ class SubscriptionRunner:
             progress=progress,
             applier=applier,
             make_worker=make_worker,
-            queue_changes=max(2 * config.batch.max_changes, 10_000),
+            queue=config.batch.queue_bounds(),
             spools=SpoolDirectory(
                 config.spool_path / "apply",
                 on_size=self._metrics.spill_bytes.labels(self.name).set,
             ),
-            spill_after=config.batch.max_changes,
+            spill_after=config.batch.bounds(),
             status_interval=config.status_interval,
             wal_receiver_timeout=config.wal_receiver_timeout,
         )

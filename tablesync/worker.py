@@ -244,7 +244,7 @@ class SyncWorker:
                 applier=applier,
                 checkpoints=None,
                 progress=progress,
-                batcher=Batcher(config.batch.max_changes, config.batch.max_delay),
+                batcher=Batcher(config.batch.bounds(), config.batch.max_delay),
                 metrics=self._metrics,
                 observe=False,  # the subscription's gauges are the leader's
             )
@@ -257,9 +257,9 @@ class SyncWorker:
             progress=progress,
             applier=applier,
             make_worker=make_worker,
-            queue_changes=max(2 * config.batch.max_changes, 10_000),
+            queue=config.batch.queue_bounds(),
             spools=SpoolDirectory(config.spool_path / f"sync-{relid}"),
-            spill_after=config.batch.max_changes,
+            spill_after=config.batch.bounds(),
             status_interval=1.0,
             wal_receiver_timeout=config.wal_receiver_timeout,
         )

@@ -39,7 +39,9 @@ def test_skip_reaches_a_daemon_stuck_on_the_transaction(
         other.execute(KV)
         warehouse = tmp_path / "warehouse"
         config = tmp_path / "pgsub.yaml"
-        port = write_subscriptions(config, warehouse, {"sa": publisher, "sb": other})
+        port = write_subscriptions(
+            config, warehouse, {"sa": publisher, "sb": other}, shared_tables=True
+        )
         daemon = daemons(config, port)
         daemon.wait_ready()
         publisher.execute("INSERT INTO kv VALUES (5, 'from a')")

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -196,18 +197,51 @@ def read_delta(spark: Any, path: str, columns: Sequence[Column]) -> list[Row]:
     return [tuple(row[c.name] for c in columns) for row in table.to_pylist()]
 
 
+def read_delta_rs(path: str, columns: Sequence[Column]) -> list[Row]:
+    """The Delta table's rows as delta-rs (Python's ``deltalake``, polars) reads them.
+
+    A reader that is not Spark: it refuses a table with a reader feature it
+    lacks (column mapping, type widening, deletion vectors in 1.6), which
+    is what the tables pgsub writes by default must never have.
+    """
+    import deltalake
+
+    if not (Path(path) / "_delta_log").is_dir():
+        return []
+    table = deltalake.DeltaTable(path).to_pyarrow_table(columns=[c.name for c in columns])
+    return [tuple(row[c.name] for c in columns) for row in table.to_pylist()]
+
+
+# The readers a test can check a table with: Spark (needs a session) and delta-rs.
+SPARK, DELTA_RS = "spark", "delta-rs"
+
+
 def diff_delta_against_publisher(
-    conn: psycopg.Connection[Any], table: str, spark: Any, path: str, key: Sequence[str] = ()
+    conn: psycopg.Connection[Any],
+    table: str,
+    spark: Any,
+    path: str,
+    key: Sequence[str] = (),
+    reader: str = SPARK,
 ) -> TableDiff:
     columns = publisher_columns(conn, table)
-    return compare_rows(
-        read_publisher(conn, table, columns), read_delta(spark, path, columns), columns, key
-    )
+    actual = read_delta(spark, path, columns) if reader == SPARK else read_delta_rs(path, columns)
+    return compare_rows(read_publisher(conn, table, columns), actual, columns, key)
 
 
 def assert_delta_equals_publisher(
-    conn: psycopg.Connection[Any], table: str, spark: Any, path: str, key: Sequence[str] = ()
+    conn: psycopg.Connection[Any],
+    table: str,
+    spark: Any,
+    path: str,
+    key: Sequence[str] = (),
+    readers: Sequence[str] = (SPARK, DELTA_RS),
 ) -> None:
-    diff = diff_delta_against_publisher(conn, table, spark, path, key)
-    if diff:
-        raise AssertionError(f"Delta table {path} differs from {table}:\n{diff.report()}")
+    """Both readers by default: Spark, and delta-rs, which must open every table pgsub writes
+    with its default ``table_features``."""
+    for reader in readers:
+        diff = diff_delta_against_publisher(conn, table, spark, path, key, reader)
+        if diff:
+            raise AssertionError(
+                f"Delta table {path}, read by {reader}, differs from {table}:\n{diff.report()}"
+            )

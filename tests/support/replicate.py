@@ -10,6 +10,7 @@ position.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from subscriber.lsn import Lsn
 from subscriber.metrics import Metrics
 from subscriber.names import table_folder
 from subscriber.subscription import SubscriptionRunner
-from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.oracle import DELTA_RS, SPARK, assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 
@@ -125,10 +126,15 @@ class Replication:
     def path(self, table: str) -> str:
         return str(self.warehouse / table_folder(table))
 
-    def assert_equal(self, *tables: str, key: tuple[str, ...] = ()) -> None:
+    def assert_equal(
+        self, *tables: str, key: tuple[str, ...] = (), readers: Sequence[str] = (SPARK, DELTA_RS)
+    ) -> None:
+        """Each table equals the publisher's, read by Spark and by delta-rs (by default)."""
         with self.publisher.connect() as conn:
             for table in tables:
-                assert_delta_equals_publisher(conn, table, self.spark, self.path(table), key)
+                assert_delta_equals_publisher(
+                    conn, table, self.spark, self.path(table), key, readers
+                )
 
     def rows(self, table: str) -> list[dict[str, Any]]:
         return [

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.oracle import SPARK
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
@@ -220,7 +221,8 @@ def test_added_column_mid_stream(publisher: PgDatabase, spark: Any, warehouse: P
         )
         publisher.execute("INSERT INTO t VALUES (4, 'd', 40)")
         rep.caught_up()
-        rep.assert_equal("public.t", key=("id",))
+        # The widening gave the table the typeWidening reader feature, which delta-rs lacks.
+        rep.assert_equal("public.t", key=("id",), readers=(SPARK,))
         schema = {
             f.name: f.dataType.simpleString()
             for f in spark.read.format("delta").load(rep.path("public.t")).schema.fields

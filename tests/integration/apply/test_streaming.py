@@ -151,3 +151,22 @@ def test_skip_of_a_transaction_applied_in_pieces_keeps_its_first_pieces_and_says
         partly = "skipped transaction was partly applied before"
         (warning,) = [e for e in logs if e["event"] == partly]
         assert warning["table"] == "public.keyed" and warning["applied_through"] == 4
+
+
+def test_wide_rows_are_bounded_by_bytes_not_by_their_count(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """200 rows of 32,000 bytes and ``max_bytes: 1MB``: spilled, and applied 33 rows a piece
+    (the first 33 pass 1 MiB), however high ``max_changes`` is."""
+    publisher.execute(SCHEMA)
+    settings = {"batch": {"max_changes": 100_000, "max_bytes": "1MB", "max_delay": "300ms"}}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        publisher.execute(
+            "INSERT INTO keyed SELECT g, repeat(md5(g::text), 1000), 0"
+            " FROM generate_series(1, 200) g"
+        )
+        rep.caught_up()
+        rep.assert_equal("public.keyed", key=("id",))
+    marks = commits(spark, rep.path("public.keyed"))
+    throughs = sorted(m["within"]["through"] for m in marks if "within" in m)
+    assert throughs == [33, 66, 99, 132, 165, 198], marks

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
 
@@ -80,8 +81,8 @@ def test_tables_whose_names_once_shared_a_folder_replicate_apart(
         for name in names:
             rep.assert_equal(name, key=("id",))
     folders = sorted(str(p.relative_to(warehouse)) for p in warehouse.glob("*/*"))
-    assert "a%2Eb/c" in folders and "a/b%2Ec" in folders and "%5Fpgsub/checkpoints" in folders
-    assert "public/%2E%2E%2F%2E%2E%2Fescape" in folders
+    assert "a~2Eb/c" in folders and "a/b~2Ec" in folders and "~5Fpgsub/checkpoints" in folders
+    assert "public/~2E~2E~2F~2E~2E~2Fescape" in folders
     assert not (warehouse.parent / "escape").exists()
 
 
@@ -137,3 +138,91 @@ def test_a_renamed_or_deleted_table_stops_until_resync_copies_it_again(
         resync("public.t", "public.t2")
         rep.caught_up()
         rep.assert_equal("public.t2", key=("id",))
+
+
+def _reader_features(path: Path) -> set[str]:
+    """The reader features a Delta table's latest protocol action lists."""
+    import json
+
+    features: set[str] = set()
+    for commit in sorted((path / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            protocol = json.loads(line).get("protocol")
+            if protocol is not None:
+                features = set(protocol.get("readerFeatures") or ())
+                if protocol["minReaderVersion"] == 2:  # the legacy protocol's own feature
+                    features.add("columnMapping")
+    return features
+
+
+def test_tables_carry_only_the_reader_features_their_data_needs(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """Plain tables open in delta-rs; a name or a widening that needs a feature gains it."""
+    from structlog.testing import capture_logs
+
+    from tests.support.oracle import SPARK
+
+    publisher.execute(
+        "CREATE TABLE plain (id int PRIMARY KEY, n int, at timestamp, v text);"
+        'CREATE TABLE odd (id int PRIMARY KEY, "a b" text);'
+        "CREATE PUBLICATION pub FOR TABLE plain, odd"
+    )
+    with Replication(publisher, spark, warehouse) as rep, capture_logs() as logs:
+        publisher.execute(
+            "INSERT INTO plain SELECT g, g, '2024-01-01'::timestamp + g * interval '1 h', 'v'"
+            " FROM generate_series(1, 20) g;"
+            "INSERT INTO odd SELECT g, 'x' || g FROM generate_series(1, 5) g"
+        )
+        rep.caught_up()
+        rep.assert_equal("public.plain", key=("id",))  # Spark and delta-rs
+        rep.assert_equal("public.odd", key=("id",), readers=(SPARK,))
+        assert _reader_features(warehouse / "public" / "plain") <= {"timestampNtz"}
+        assert "columnMapping" in _reader_features(warehouse / "public" / "odd")
+
+        publisher.execute(
+            "ALTER TABLE plain ALTER COLUMN n TYPE bigint;"
+            "INSERT INTO plain VALUES (21, 5000000000, NULL, 'wide')"
+        )
+        rep.caught_up()
+        rep.assert_equal("public.plain", key=("id",), readers=(SPARK,))
+        assert "typeWidening" in _reader_features(warehouse / "public" / "plain")
+    gained = {
+        (e["table"], e["feature"])
+        for e in logs
+        if e["event"] == "target table gains a reader feature"
+    }
+    assert gained == {("public.odd", "columnMapping"), ("public.plain", "typeWidening")}
+
+
+def test_a_second_subscription_on_a_table_is_refused_unless_shared(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """Two publishers feed ``public.t``: the second subscription stops, naming the first,
+    until ``shared_tables: true`` says it is meant (the multi-origin case)."""
+    other = PgDatabase.create(publisher.cluster, "pub")
+    schema = "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    try:
+        publisher.execute(schema)
+        other.execute(schema)
+        with Replication(publisher, spark, warehouse, name="sa") as first:
+            publisher.execute("INSERT INTO t VALUES (1, 'a')")
+            first.caught_up()
+            with Replication(other, spark, warehouse, name="sb") as second:
+                other.execute("INSERT INTO t VALUES (2, 'b')")
+                runner = second.runner
+                assert runner is not None
+                wait_until(
+                    lambda: "written by subscription" in (runner.status.last_error or ""),
+                    timeout=120,
+                    what="the second subscription to be refused",
+                )
+                error = runner.status.last_error or ""
+                assert '"sa"' in error and '"sb"' in error and "shared_tables: true" in error
+            first.assert_equal("public.t", key=("id",))  # nothing of sb's
+            with Replication(other, spark, warehouse, name="sb", shared_tables=True) as shared:
+                shared.caught_up()
+        rows = spark.read.format("delta").load(str(warehouse / "public" / "t")).collect()
+        assert sorted((r["id"], r["v"]) for r in rows) == [(1, "a"), (2, "b")]
+    finally:
+        other.drop()

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from apply.batch import Batch
-from apply.transactions import Change, Op, RemoteTransaction, RowChange, TruncateChange
+from apply.transactions import (
+    Change,
+    Op,
+    RemoteTransaction,
+    RowChange,
+    TruncateChange,
+    change_size,
+)
 from subscriber.lsn import Lsn
 from subscriber.messages import (
     NULL,
@@ -57,7 +64,8 @@ def trunc(*rels: Relation) -> TruncateChange:
 
 
 def tx(*changes: Change, end: int = 100, xid: int = 700) -> RemoteTransaction:
-    return RemoteTransaction(xid, Lsn(end - 8), Lsn(end), 0, tuple(changes))
+    size = sum(map(change_size, changes))  # as the assembler counts it
+    return RemoteTransaction(xid, Lsn(end - 8), Lsn(end), 0, tuple(changes), size=size)
 
 
 def batch(*transactions: RemoteTransaction) -> Batch:

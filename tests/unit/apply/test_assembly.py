@@ -10,7 +10,14 @@ import pytest
 
 from apply.assembly import TransactionAssembler, UnsupportedStreamError
 from apply.spool import FRAME, SpoolDirectory, SpooledTransaction, SpoolError, read_changes
-from apply.transactions import Op, RemoteTransaction, RowChange, TruncateChange
+from apply.transactions import (
+    Bounds,
+    Op,
+    RemoteTransaction,
+    RowChange,
+    TruncateChange,
+    change_size,
+)
 from subscriber.lsn import Lsn
 from subscriber.messages import (
     Begin,
@@ -52,7 +59,7 @@ def ids(tx: RemoteTransaction) -> list[int]:
 
 
 def spooled_ids(tx: SpooledTransaction) -> list[int]:
-    return [v for piece in tx.pieces(1_000_000) for v in ids(piece)]
+    return [v for piece in tx.pieces(Bounds(1_000_000)) for v in ids(piece)]
 
 
 @pytest.fixture
@@ -66,7 +73,7 @@ def commit(at: int) -> Commit:
 
 def whole(spools: SpoolDirectory, spill_after: int, rows: int) -> object:
     """A transaction of ``rows`` inserts sent whole (not streamed), as assembled."""
-    assembler = TransactionAssembler(spools, spill_after)
+    assembler = TransactionAssembler(spools, Bounds(spill_after))
     assembler.feed(rel("id", "v"))
     assembler.feed(Begin(Lsn(100), 0, 700))
     for value in range(rows):
@@ -87,7 +94,7 @@ def test_a_transaction_larger_than_a_batch_is_spooled_and_read_back_in_pieces(
     tx = whole(spools, spill_after=2, rows=5)
     assert isinstance(tx, SpooledTransaction)
     assert tx.change_count == 5 and tx.xid == 700 and tx.end_lsn == Lsn(108)
-    pieces = list(tx.pieces(2))
+    pieces = list(tx.pieces(Bounds(2)))
     assert [(p.first, len(p.changes), p.total, p.partial) for p in pieces] == [
         (0, 2, 5, True),
         (2, 2, 5, True),
@@ -104,7 +111,7 @@ def test_pieces_cut_exactly_at_the_end_leave_no_empty_last_piece(
 ) -> None:
     tx = whole(spools, spill_after=1, rows=4)
     assert isinstance(tx, SpooledTransaction)
-    assert [(p.first, len(p.changes), p.partial) for p in tx.pieces(2)] == [
+    assert [(p.first, len(p.changes), p.partial) for p in tx.pieces(Bounds(2))] == [
         (0, 2, True),
         (2, 2, False),
     ]
@@ -187,13 +194,13 @@ def test_a_relation_inside_a_stream_holds_for_its_transaction_until_commit(
     assert isinstance(whole.changes[0], RowChange) and whole.changes[0].relation == old
     tx = assembler.feed(StreamCommit(700, 0, Lsn(300), Lsn(308), 0))
     assert isinstance(tx, SpooledTransaction)
-    (piece,) = tx.pieces(10)
+    (piece,) = tx.pieces(Bounds(10))
     assert isinstance(piece.changes[0], RowChange) and piece.changes[0].relation == new
     assert assembler.relations[OID] == new  # replayed at commit, as PostgreSQL does
 
 
 def test_an_aborted_stream_and_a_reconnect_leave_no_files(spools: SpoolDirectory) -> None:
-    assembler = TransactionAssembler(spools, spill_after=1)
+    assembler = TransactionAssembler(spools, spill_after=Bounds(1))
     assembler.feed(rel("id", "v"))
     assembler.feed(StreamStart(700, True))
     assembler.feed(ins(1, 700))
@@ -232,7 +239,7 @@ def test_a_truncated_spool_file_is_an_error_not_a_short_transaction(
     data = tx.path.read_bytes()
     tx.path.write_bytes(data[:-3])
     with pytest.raises(SpoolError, match="ends inside a frame"):
-        list(tx.pieces(10))
+        list(tx.pieces(Bounds(10)))
 
 
 def test_every_change_shape_reads_back_equal_and_relations_stay_one_object(
@@ -259,7 +266,7 @@ def test_every_change_shape_reads_back_equal_and_relations_stay_one_object(
 def _assembled(spools: SpoolDirectory, payloads: list[bytes], runs: bool) -> list[list[object]]:
     """Each transaction the stream makes, as its changes, decoded in runs or one by one."""
     decoder = PgOutputDecoder(2)
-    assembler = TransactionAssembler(spools, spill_after=150)
+    assembler = TransactionAssembler(spools, spill_after=Bounds(150))
     made: list[list[object]] = []
     run_decoder = RunDecoder(decoder, max_messages=64)
     for at, payload in enumerate(payloads):
@@ -268,7 +275,7 @@ def _assembled(spools: SpoolDirectory, payloads: list[bytes], runs: bool) -> lis
         for message in decoded:
             tx = assembler.feed(message)
             if isinstance(tx, SpooledTransaction):
-                made.append([c for piece in tx.pieces(1_000) for c in piece.changes])
+                made.append([c for piece in tx.pieces(Bounds(1_000)) for c in piece.changes])
                 tx.discard()
             elif tx is not None:
                 made.append(list(tx.changes))
@@ -308,3 +315,50 @@ def test_runs_of_changes_assemble_as_changes_decoded_one_by_one(
     assert [len(tx) for tx in one_by_one][:2] == [100, 400]
     assert len(one_by_one[2]) == 120  # subtransaction 703 dropped
     assert _assembled(spools, stream, runs=True) == one_by_one
+
+
+def test_a_transaction_past_the_byte_bound_is_spooled_and_cut_by_bytes(
+    spools: SpoolDirectory,
+) -> None:
+    """Few changes, wide values: the bytes bound spills it and cuts its pieces."""
+    wide = "w" * 500
+    assembler = TransactionAssembler(spools, Bounds(1000, size=1200))
+    assembler.feed(rel("id", "v"))
+    assembler.feed(Begin(Lsn(100), 0, 700))
+    for value in range(5):
+        assert assembler.feed(Insert(OID, row(value, wide))) is None
+    tx = assembler.feed(commit(100))
+    assert isinstance(tx, SpooledTransaction) and tx.change_count == 5
+    pieces = list(tx.pieces(Bounds(1000, size=1000)))
+    assert [len(p.changes) for p in pieces] == [2, 2, 1]
+    assert [p.size for p in pieces] == [1002, 1002, 501]
+
+
+def test_runs_count_the_bytes_that_changes_decoded_one_by_one_hold(
+    spools: SpoolDirectory,
+) -> None:
+    """The size a run adds in C equals the sum of its changes' sizes."""
+    rng = random.Random(5)
+    stream = [pgb.relation(OID, "public", "t", [("id", 23, True), ("v", 25, False)])]
+    stream.append(pgb.begin(0x900, 700))
+    for n in range(300):
+        value = rng.choice([b"x" * rng.randint(0, 40), None, "u"])
+        if n % 3 == 0:
+            stream.append(pgb.update(OID, [str(n).encode(), value], [b"1", b"old"]))
+        else:
+            stream.append(pgb.insert(OID, [str(n).encode(), value]))
+    stream.append(pgb.commit(0x900, 0x908))
+    decoder, sizes = PgOutputDecoder(2), []
+    for runs in (True, False):
+        assembler = TransactionAssembler(spools, Bounds(10_000))
+        run_decoder = RunDecoder(decoder, max_messages=64)
+        for at, payload in enumerate(stream):
+            lsn = Lsn(0x1000 + at)
+            decoded = run_decoder.push(payload, lsn) if runs else [decoder.decode(payload, lsn)]
+            for message in decoded:
+                tx = assembler.feed(message)
+                if tx is not None:
+                    assert isinstance(tx, RemoteTransaction)
+                    assert tx.size == sum(map(change_size, tx.changes))
+                    sizes.append(tx.size)
+    assert sizes[0] == sizes[1] > 0

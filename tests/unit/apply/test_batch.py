@@ -1,13 +1,14 @@
 """Batch bounds: complete transactions only, bounded by changes and delay."""
 
 from apply.batch import Batcher
+from apply.transactions import Bounds
 from tests.unit.apply.builders import ins, relation, tx
 
 T = relation("id", "v")
 
 
 def test_batch_is_due_by_changes() -> None:
-    batcher = Batcher(max_changes=3, max_delay=60, clock=lambda: 0.0)
+    batcher = Batcher(Bounds(3), max_delay=60, clock=lambda: 0.0)
     batcher.add(tx(ins(T, 1, "a"), ins(T, 2, "b")))
     assert not batcher.due()
     batcher.add(tx(ins(T, 3, "c"), end=200))
@@ -18,7 +19,7 @@ def test_batch_is_due_by_changes() -> None:
 
 def test_batch_is_due_by_delay() -> None:
     now = [0.0]
-    batcher = Batcher(max_changes=1000, max_delay=1.0, clock=lambda: now[0])
+    batcher = Batcher(Bounds(1000), max_delay=1.0, clock=lambda: now[0])
     assert not batcher.due()  # empty: never due
     batcher.add(tx(ins(T, 1, "a")))
     now[0] = 0.5
@@ -28,6 +29,16 @@ def test_batch_is_due_by_delay() -> None:
 
 
 def test_a_transaction_larger_than_the_bound_is_one_batch() -> None:
-    batcher = Batcher(max_changes=2, max_delay=60, clock=lambda: 0.0)
+    batcher = Batcher(Bounds(2), max_delay=60, clock=lambda: 0.0)
     batcher.add(tx(*(ins(T, i, "x") for i in range(10))))
     assert batcher.due() and batcher.take().change_count == 10
+
+
+def test_batch_is_due_by_bytes_of_row_data() -> None:
+    """Wide rows close a batch long before its change count does (``batch.max_bytes``)."""
+    wide = "x" * 1000
+    batcher = Batcher(Bounds(1000, size=2500), max_delay=60, clock=lambda: 0.0)
+    batcher.add(tx(ins(T, 1, wide), ins(T, 2, wide)))
+    assert not batcher.due()
+    batcher.add(tx(ins(T, 3, wide), end=200))
+    assert batcher.due() and batcher.take().change_count == 3

@@ -6,6 +6,7 @@ import threading
 
 from apply.applier import BatchApplier
 from apply.batch import Batcher
+from apply.transactions import Bounds
 from apply.worker import ApplyWorker, TransactionQueue
 from subscriber.lsn import Lsn
 from subscriber.metrics import Metrics
@@ -60,14 +61,14 @@ def test_a_skipped_transaction_is_made_durable_by_its_own_checkpoint() -> None:
     tables = MemoryTables()
     checkpoints = MemoryCheckpoints()
     progress = Progress(Lsn(100))
-    queue = TransactionQueue(1000)
+    queue = TransactionQueue(Bounds(1000))
     worker = ApplyWorker(
         "s",
         queue,
         applier=BatchApplier("s", tables, lambda oid: None),
         checkpoints=checkpoints,  # type: ignore[arg-type]
         progress=progress,
-        batcher=Batcher(1, 0.0),
+        batcher=Batcher(Bounds(1), 0.0),
         metrics=Metrics(),
         settings=settings,
     )
@@ -76,3 +77,17 @@ def test_a_skipped_transaction_is_made_durable_by_its_own_checkpoint() -> None:
     assert tables.rows == {}
     assert checkpoints.recorded == [Lsn(200)]
     assert settings.skip_lsn is None
+
+
+def test_the_queue_holds_back_wide_transactions_by_bytes() -> None:
+    """A full queue by bytes refuses the next transaction until one is taken."""
+    queue = TransactionQueue(Bounds(1000, size=3000))
+    wide = "x" * 1000
+    assert queue.put(tx(ins(T, 1, wide), ins(T, 2, wide)), timeout=0)
+    assert not queue.put(tx(ins(T, 3, wide), ins(T, 4, wide), end=200), timeout=0)
+    assert queue.get(timeout=0) is not None
+    assert queue.put(tx(ins(T, 3, wide), ins(T, 4, wide), end=200), timeout=0)
+    assert not queue.put(tx(ins(T, 5, wide), end=300), timeout=0.01)
+    # Any transaction passes an empty queue, however large.
+    assert queue.get(timeout=0) is not None
+    assert queue.put(tx(*(ins(T, n, wide) for n in range(10)), end=400), timeout=0)

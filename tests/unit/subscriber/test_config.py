@@ -109,3 +109,29 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_other_pgsub_variables_are_not_config(tmp_path: Path) -> None:
     env = {"PGSUB_FAILPOINTS": "x", "PGSUB_JARS_DIR": "/j", "PGSUB_TEST_PG_MAJORS": "15"}
     assert load(write(tmp_path, GOOD), environ=env).warehouse == "/data/wh"
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("65536", 65536), ("64MB", 64 * 2**20), ("1 GiB", 2**30), ("512kB", 512 * 1024)],
+)
+def test_max_bytes_takes_postgresql_memory_units(tmp_path: Path, text: str, size: int) -> None:
+    config = load(write(tmp_path, GOOD.replace("max_delay", f"max_bytes: {text}, max_delay")), {})
+    bounds = config.subscriptions[0].batch.bounds()
+    assert bounds.size == size and bounds.changes == 5000
+
+
+def test_max_bytes_defaults_to_64mb_and_a_bad_size_is_named(tmp_path: Path) -> None:
+    assert load(write(tmp_path, GOOD), {}).subscriptions[0].batch.max_bytes == 64 * 2**20
+    with pytest.raises(ConfigError, match=r"subscriptions.0.batch.max_bytes: not a size"):
+        load(write(tmp_path, GOOD.replace("max_delay", "max_bytes: lots, max_delay")), {})
+
+
+def test_table_features_default_to_what_every_reader_opens(tmp_path: Path) -> None:
+    from apply.features import PORTABLE, FeatureMode
+
+    sub = load(write(tmp_path, GOOD), {}).subscriptions[0]
+    assert sub.table_features.features() == PORTABLE
+    text = GOOD.replace("copy_data: false", "table_features: {column_mapping: always}")
+    sub = load(write(tmp_path, text), {}).subscriptions[0]
+    assert sub.table_features.features().column_mapping is FeatureMode.ALWAYS

@@ -18,10 +18,10 @@ def test_plain_names_keep_their_text_and_their_folders() -> None:
 def test_names_that_once_collided_have_their_own_folders() -> None:
     one, other = qualified_name("a.b", "c"), qualified_name("a", "b.c")
     assert one == '"a.b".c' and other == 'a."b.c"'
-    assert table_folder(one) == "a%2Eb/c" and table_folder(other) == "a/b%2Ec"
+    assert table_folder(one) == "a~2Eb/c" and table_folder(other) == "a/b~2Ec"
 
 
-@pytest.mark.parametrize("name", ["..", "../../etc", "x/y", "%2E", "_pgsub"])
+@pytest.mark.parametrize("name", ["..", "../../etc", "x/y", "~2E", "_pgsub"])
 def test_no_name_leaves_the_warehouse_or_takes_the_state_folder(name: str) -> None:
     folder = table_folder(qualified_name(name, name))
     assert "/" not in path_part(name) and ".." not in folder

@@ -1,0 +1,137 @@
+"""Which Delta table features a target table carries: only those its data needs. Pure.
+
+A Delta reader must understand every *reader* feature a table lists, or it
+refuses the whole table. Spark reads them all; delta-rs 1.6 (Python's
+``deltalake``, polars) reads ``timestampNtz`` but neither column mapping,
+type widening nor deletion vectors (docs/tables.md keeps the table of
+readers). So a target table starts with none of those three unless the
+subscription asks for them (``table_features``), and gains one only when
+its data needs it:
+
+- column mapping, when a column name is one Delta cannot store without it
+  (a space or one of ``,;{}()=``, a tab or a newline);
+- type widening, the first time a column's type widens on the publisher
+  (int -> bigint, ...);
+- deletion vectors only when configured (a speed feature; the benchmark
+  in docs/tables.md says what it pays).
+
+Each mode is ``auto`` (as above), ``always`` (from creation) or ``never``
+(a table that would need it stops with an error naming the column).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from apply.errors import ApplyError
+
+COLUMN_MAPPING: Final = "delta.columnMapping.mode"
+TYPE_WIDENING: Final = "delta.enableTypeWidening"
+DELETION_VECTORS: Final = "delta.enableDeletionVectors"
+
+# Delta refuses these characters in a column name unless column mapping is on.
+_UNSTORABLE: Final = re.compile(r"[ ,;{}()\n\t=]")
+
+
+class FeatureMode(StrEnum):
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+@dataclass(frozen=True, slots=True)
+class TableFeatures:
+    """The subscription's choice (config ``table_features``)."""
+
+    column_mapping: FeatureMode = FeatureMode.AUTO
+    type_widening: FeatureMode = FeatureMode.AUTO
+    deletion_vectors: bool = False
+
+
+PORTABLE: Final = TableFeatures()  # the default: no reader feature the data does not need
+
+
+class FeatureRefusedError(ApplyError):
+    """A table needs a feature the subscription's ``table_features`` says never to use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gain:
+    """A reader feature a table takes on, with why."""
+
+    feature: str  # Delta's name: columnMapping, typeWidening
+    property: str
+    value: str
+    reason: str
+
+
+def needs_column_mapping(name: str) -> bool:
+    return _UNSTORABLE.search(name) is not None
+
+
+def creation_properties(
+    columns: Sequence[str], features: TableFeatures, table: str
+) -> tuple[dict[str, str], list[Gain]]:
+    """The ``delta.*`` properties a new table of ``columns`` is created with, and the reader
+    features among them that its data needs (``auto``), to be logged."""
+    needed = gains({}, columns, (), features, table)
+    properties = {gain.property: gain.value for gain in needed}
+    if features.column_mapping is FeatureMode.ALWAYS:
+        properties[COLUMN_MAPPING] = "name"
+    if features.type_widening is FeatureMode.ALWAYS:
+        properties[TYPE_WIDENING] = "true"
+    if features.deletion_vectors:
+        properties[DELETION_VECTORS] = "true"
+    return properties, needed
+
+
+def gains(
+    properties: Mapping[str, str],
+    added: Sequence[str],
+    widened: Sequence[str],
+    features: TableFeatures,
+    table: str,
+) -> list[Gain]:
+    """The reader features an existing table must take on before adding ``added`` columns
+    and widening ``widened`` ones (``properties``: the table's current ones)."""
+    found: list[Gain] = []
+    mapping = _column_mapping(added, features, table, properties)
+    if mapping is not None:
+        found.append(mapping)
+    if widened and properties.get(TYPE_WIDENING) != "true":
+        if features.type_widening is FeatureMode.NEVER:
+            raise FeatureRefusedError(
+                f"column {widened[0]!r} of {table} widened its type on the publisher, and "
+                "widening a Delta column in place needs the typeWidening reader feature, "
+                "which table_features.type_widening says never to use; set it to auto, or "
+                "resync the table (`pgsub resync`) after moving the old Delta table away"
+            )
+        found.append(
+            Gain("typeWidening", TYPE_WIDENING, "true", f"column {widened[0]!r} widened its type")
+        )
+    return found
+
+
+def _column_mapping(
+    columns: Sequence[str],
+    features: TableFeatures,
+    table: str,
+    properties: Mapping[str, str],
+) -> Gain | None:
+    if properties.get(COLUMN_MAPPING, "none") != "none":
+        return None
+    unstorable = [name for name in columns if needs_column_mapping(name)]
+    if not unstorable:
+        return None
+    if features.column_mapping is FeatureMode.NEVER:
+        raise FeatureRefusedError(
+            f"column {unstorable[0]!r} of {table} has a name Delta stores only with column "
+            "mapping (it holds a space or one of ,;{}()= or a tab or newline), which "
+            "table_features.column_mapping says never to use; set it to auto, or rename the "
+            "column on the publisher"
+        )
+    return Gain("columnMapping", COLUMN_MAPPING, "name", f"column name {unstorable[0]!r} needs it")
