@@ -1,7 +1,7 @@
-"""Faults while streaming: the publisher restarts, the connection is cut mid-transaction.
+"""Faults while streaming and copying: the publisher restarts, connections are cut.
 
-After each, the Delta tables equal the publisher's, rows written during the
-fault included: nothing lost, nothing twice.
+After each, the Delta tables equal the publisher's, read by Spark and by
+delta-rs, rows written during the fault included: nothing lost, nothing twice.
 """
 
 from __future__ import annotations
@@ -91,6 +91,70 @@ def test_publisher_restart_mid_stream(
     assert daemon.terminate() == 0
 
 
+def proxied_config(
+    config: Path, publisher: PgDatabase, warehouse: Path, proxy: TcpProxy, **settings: Any
+) -> int:
+    """A config whose subscription reaches the publisher through ``proxy``; the metrics port."""
+    port = write_config(config, publisher, warehouse, **settings)
+    proxied = publisher.dsn.replace(f"port={publisher.cluster.port}", f"port={proxy.port}")
+    assert proxied != publisher.dsn
+    config.write_text(config.read_text().replace(publisher.dsn, proxied))
+    return port
+
+
+def table_states(daemon: DaemonProcess) -> set[str]:
+    try:
+        status, body = daemon.get("/status")
+    except OSError:
+        return set()
+    subscriptions = body.get("subscriptions") or [{}] if status == 200 else [{}]
+    return {t["state"] for t in subscriptions[0].get("tables") or []}
+
+
+def test_connections_cut_during_the_copy_and_the_catch_up_under_load(
+    publisher: PgDatabase, spark: Any, tmp_path: Path, daemons: Callable[..., DaemonProcess]
+) -> None:
+    """A writer commits all along; every connection (the leader's, the sync workers') is cut
+    while a table is being copied - the copy fails and starts over - and again once the
+    tables are handed over."""
+    publisher.execute(
+        SCHEMA + "INSERT INTO k SELECT g, 'old' FROM generate_series(-60000, -1) g;"
+        "INSERT INTO bag SELECT g % 13, 'old' FROM generate_series(1, 60000) g;"
+    )
+    proxy = TcpProxy(publisher.cluster.port)
+    warehouse, config = tmp_path / "warehouse", tmp_path / "pgsub.yaml"
+    port = proxied_config(
+        config, publisher, warehouse, proxy, copy_data=True, batch={"max_changes": 500}
+    )
+    writer = Writer(publisher)
+    writer.start()
+    try:
+        daemon = daemons(config, port)
+        # The copy's connection stays open (its snapshot) until the rows are in Delta.
+        wait_until(
+            lambda: any(e.get("event") == "table copy started" for e in daemon.events()),
+            timeout=180,
+            interval=0.1,
+            what="a table copy under way",
+        )
+        assert proxy.cut() > 0
+        wait_until(lambda: table_states(daemon) == {"ready"}, timeout=400, what="both tables READY")
+        connections = proxy.accepted
+        assert proxy.cut() > 0
+        wait_until(lambda: proxy.accepted > connections, timeout=120, what="a reconnect")
+        committed = writer.committed
+        wait_until(lambda: writer.committed > committed + 100, timeout=60, what="more writes")
+        writer.stop()
+        wait_confirmed(publisher, timeout=300)
+        assert_equal(publisher, spark, warehouse)
+        assert daemon.terminate() == 0
+    finally:
+        writer.stop()
+        proxy.close()
+    failed = "logical replication table synchronization worker failed"
+    assert any(e.get("event") == failed for e in daemon.events()), "the cut failed no copy"
+
+
 def test_connection_cut_in_the_middle_of_a_large_transaction(
     publisher: PgDatabase, spark: Any, tmp_path: Path, daemons: Callable[..., DaemonProcess]
 ) -> None:
@@ -98,10 +162,7 @@ def test_connection_cut_in_the_middle_of_a_large_transaction(
     proxy = TcpProxy(publisher.cluster.port)
     try:
         warehouse, config = tmp_path / "warehouse", tmp_path / "pgsub.yaml"
-        port = write_config(config, publisher, warehouse, batch={"max_changes": 5000})
-        proxied = publisher.dsn.replace(f"port={publisher.cluster.port}", f"port={proxy.port}")
-        assert proxied != publisher.dsn
-        config.write_text(config.read_text().replace(publisher.dsn, proxied))
+        port = proxied_config(config, publisher, warehouse, proxy, batch={"max_changes": 5000})
         daemon = daemons(config, port)
         daemon.wait_ready()
         publisher.execute(
