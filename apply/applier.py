@@ -24,25 +24,25 @@ import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
-from apply.delta_commit import CommitMark, ConflictError, Within, WriteResult
-from apply.delta_conflicts import Finding
+from apply.delta.findings import Finding
 from apply.errors import ApplyError
+from apply.failpoints import failpoint
+from apply.records import CommitMark, ConflictError, Within, WriteResult
 from apply.schema import Evolution, TargetSchema, target_schema
 from apply.transactions import RemoteTransaction
 from apply.typemap import TypeLookup
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from conflicts.report import Conflict
 from conflicts.reporter import ConflictReporter
-from subscriber.failpoints import failpoint
-from subscriber.lsn import Lsn
-from subscriber.messages import UNCHANGED, Relation
-from subscriber.wire import pg_timestamp
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import UNCHANGED, Relation
+from subscriber.replication.wire import pg_timestamp
 
 log = structlog.get_logger(__name__)
 
 
 class Tables(Protocol):
-    """The Delta side, as the applier needs it (``apply.delta_writer.DeltaTables``)."""
+    """The Delta side, as the applier needs it (``apply.delta.tables.DeltaTables``)."""
 
     def applied_lsn(self, table: str) -> Lsn: ...
 

@@ -40,8 +40,8 @@ from apply.transactions import (
     TruncateChange,
     change_size,
 )
-from subscriber.lsn import Lsn
-from subscriber.messages import (
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import (
     Begin,
     Commit,
     Delete,
@@ -58,7 +58,7 @@ from subscriber.messages import (
     Type,
     Update,
 )
-from subscriber.tuples import DELETE, INSERT, UPDATE, RowChanges
+from subscriber.replication.tuples import DELETE, INSERT, UPDATE, RowChanges
 
 AssembledTransaction = RemoteTransaction | SpooledTransaction
 _OPS = {INSERT: Op.INSERT, UPDATE: Op.UPDATE, DELETE: Op.DELETE}

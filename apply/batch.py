@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from apply.transactions import Bounds, RemoteTransaction, RowChange, TruncateChange
-from subscriber.lsn import ZERO, Lsn
-from subscriber.messages import Relation
+from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.messages import Relation
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from enum import Enum
 from apply.batch import TableChange, TableWork
 from apply.errors import ApplyError
 from apply.transactions import Op, RowChange
-from subscriber.messages import NULL, UNCHANGED, Relation, ReplicaIdentity, TupleData
+from subscriber.replication.messages import NULL, UNCHANGED, Relation, ReplicaIdentity, TupleData
 
 Key = tuple[bytes | None, ...]
 

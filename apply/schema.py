@@ -17,7 +17,7 @@ from typing import Final
 
 from apply.errors import ApplyError
 from apply.typemap import ColumnType, TypeLookup, resolve
-from subscriber.messages import Relation
+from subscriber.replication.messages import Relation
 
 
 @dataclass(frozen=True, slots=True)

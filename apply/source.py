@@ -28,7 +28,7 @@ from apply.collapse import KeyedNet, KeyedRow, MultisetNet, MultisetRow
 from apply.columnar import arrow_type, to_arrow
 from apply.errors import ApplyError
 from apply.schema import TargetSchema
-from subscriber.messages import BINARY, UNCHANGED, TupleData
+from subscriber.replication.messages import BINARY, UNCHANGED, TupleData
 
 PREFIX: Final = "__pgsub_"
 FIRST: Final = PREFIX + "first"

@@ -52,8 +52,8 @@ from apply.transactions import (
     TruncateChange,
     change_size,
 )
-from subscriber.lsn import Lsn
-from subscriber.messages import Column, Relation, ReplicaIdentity, TupleData
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Column, Relation, ReplicaIdentity, TupleData
 
 FRAME: Final = 2_000  # changes per pickled frame
 _LENGTH: Final = struct.Struct("!I")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from subscriber.lsn import Lsn
-from subscriber.messages import Relation, TupleData
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Relation, TupleData
 
 
 class Op(Enum):

@@ -33,15 +33,15 @@ import structlog
 from apply.applier import BatchApplier, TableResult
 from apply.assembly import AssembledTransaction
 from apply.batch import Batch, Batcher
+from apply.delta.state_store import CheckpointStore
+from apply.failpoints import failpoint
 from apply.spool import SpooledTransaction
-from apply.state_store import CheckpointStore
 from apply.transactions import Bounds, RemoteTransaction, RowChange
-from subscriber.failpoints import failpoint
-from subscriber.lsn import Lsn
 from subscriber.metrics import Metrics
-from subscriber.progress import Progress
-from subscriber.settings import SubscriptionSettings
-from subscriber.wire import PG_EPOCH_OFFSET
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.progress import Progress
+from subscriber.replication.wire import PG_EPOCH_OFFSET
+from subscriber.runtime.settings import SubscriptionSettings
 
 log = structlog.get_logger(__name__)
 

@@ -37,15 +37,15 @@ from typing import Any
 
 import psycopg
 
-from apply.spark_session import SparkSettings, build_session
-from apply.state_store import CheckpointStore
-from subscriber.config import SubscriptionConfig
-from subscriber.daemon import tune_garbage_collector
-from subscriber.embedded import PgCluster, bin_dir
-from subscriber.lsn import Lsn
+from apply.delta.session import SparkSettings, build_session
+from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
-from subscriber.stream import ReplicationConnection
-from subscriber.subscription import SubscriptionRunner
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.stream import ReplicationConnection
+from subscriber.runtime.config import SubscriptionConfig
+from subscriber.runtime.daemon import tune_garbage_collector
+from subscriber.runtime.embedded import PgCluster, bin_dir
+from subscriber.runtime.subscription import SubscriptionRunner
 
 TABLE = """
 CREATE TABLE {name} (

@@ -37,15 +37,15 @@ from pathlib import Path
 import pyarrow as pa
 
 from apply.collapse import First, KeyedNet, KeyedRow
-from apply.delta_commit import CommitMark
-from apply.delta_writer import DeltaTables
+from apply.delta.session import SparkSettings, build_session
+from apply.delta.tables import DeltaTables
+from apply.records import CommitMark
 from apply.schema import TargetSchema, target_schema
 from apply.source import empty
-from apply.spark_session import SparkSettings, build_session
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
-from subscriber.daemon import tune_garbage_collector
-from subscriber.lsn import Lsn
-from subscriber.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
+from subscriber.runtime.daemon import tune_garbage_collector
 
 NUMERIC_12_2 = ((12 << 16) | 2) + 4
 RELATION = Relation(

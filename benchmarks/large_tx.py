@@ -32,15 +32,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from apply.spark_session import SparkSettings, build_session
-from apply.state_store import CheckpointStore
+from apply.delta.session import SparkSettings, build_session
+from apply.delta.state_store import CheckpointStore
 from benchmarks.apply_bench import TABLE, _durable, jvm_peak_rss_mb, lsn_of, wait_for
-from subscriber.config import SubscriptionConfig
-from subscriber.daemon import tune_garbage_collector
-from subscriber.embedded import PgCluster
 from subscriber.metrics import Metrics
-from subscriber.stream import ReplicationConnection
-from subscriber.subscription import SubscriptionRunner
+from subscriber.replication.stream import ReplicationConnection
+from subscriber.runtime.config import SubscriptionConfig
+from subscriber.runtime.daemon import tune_garbage_collector
+from subscriber.runtime.embedded import PgCluster
+from subscriber.runtime.subscription import SubscriptionRunner
 
 INSERT = (
     "INSERT INTO {name} SELECT g, 0, md5(g::text), now(), g / 100.0"

@@ -31,14 +31,14 @@ from typing import Final
 from apply.assembly import TransactionAssembler
 from apply.columnar import to_arrow
 from apply.typemap import resolve
-from subscriber.commands import StreamOptions
-from subscriber.daemon import tune_garbage_collector
-from subscriber.lsn import Lsn
-from subscriber.pgoutput import PgOutputDecoder
-from subscriber.progress import HeldProgress
-from subscriber.runs import RunDecoder
-from subscriber.stream import ReplicationConnection
-from subscriber.tuples import RowChanges
+from subscriber.replication.commands import StreamOptions
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.pgoutput import PgOutputDecoder
+from subscriber.replication.progress import HeldProgress
+from subscriber.replication.runs import RunDecoder
+from subscriber.replication.stream import ReplicationConnection
+from subscriber.replication.tuples import RowChanges
+from subscriber.runtime.daemon import tune_garbage_collector
 from tests.support.pgcluster import DEFAULT_MAJOR, running_cluster
 from tests.support.pgdatabase import PgDatabase
 

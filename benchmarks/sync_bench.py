@@ -27,14 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apply.spark_session import SparkSettings, build_session
-from apply.state_store import CheckpointStore
+from apply.delta.session import SparkSettings, build_session
+from apply.delta.state_store import CheckpointStore
 from benchmarks.apply_bench import jvm_peak_rss_mb
-from subscriber.config import SubscriptionConfig
-from subscriber.daemon import tune_garbage_collector
-from subscriber.embedded import PgCluster
 from subscriber.metrics import Metrics
-from subscriber.subscription import SubscriptionRunner
+from subscriber.runtime.config import SubscriptionConfig
+from subscriber.runtime.daemon import tune_garbage_collector
+from subscriber.runtime.embedded import PgCluster
+from subscriber.runtime.subscription import SubscriptionRunner
 from tablesync.state import TableState
 
 TABLE = """

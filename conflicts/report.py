@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Final
 
 from conflicts.kinds import ConflictKind, Resolution
-from subscriber.lsn import Lsn
+from subscriber.replication.lsn import Lsn
 
 MAX_VALUE_BYTES: Final = 64
 

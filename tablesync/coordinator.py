@@ -25,13 +25,13 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from apply.delta.state_store import StoredTableState, TableStateStore
 from apply.errors import ApplyError
-from apply.state_store import StoredTableState, TableStateStore
 from apply.transactions import RemoteTransaction
-from subscriber.config import SubscriptionConfig
-from subscriber.lsn import Lsn
-from subscriber.messages import Relation
 from subscriber.metrics import Metrics
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Relation
+from subscriber.runtime.config import SubscriptionConfig
 from tablesync.publication import PublishedTable
 from tablesync.state import TableState, TableStatus
 

@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from subscriber.messages import Column, Relation, ReplicaIdentity
-from subscriber.names import qualified_name
+from subscriber.replication.messages import Column, Relation, ReplicaIdentity
+from subscriber.replication.names import qualified_name
 
 
 class PublicationError(Exception):

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Final
 
-from subscriber.lsn import Lsn
-from subscriber.names import qualified_name
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.names import qualified_name
 
 
 class TableState(Enum):

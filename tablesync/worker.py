@@ -34,23 +34,23 @@ import structlog
 from apply.applier import BatchApplier
 from apply.batch import Batcher
 from apply.collapse import is_keyed
-from apply.delta_commit import CommitMark
-from apply.delta_writer import DeltaTables
+from apply.delta.tables import DeltaTables
+from apply.failpoints import failpoint
+from apply.pipeline import ApplyPipeline
+from apply.records import CommitMark
 from apply.schema import target_schema
 from apply.spool import SpoolDirectory
 from apply.transactions import RemoteTransaction
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
-from subscriber.catalog import PublisherCatalog
-from subscriber.commands import SnapshotAction, StreamOptions, quote_literal
-from subscriber.config import SubscriptionConfig
-from subscriber.failpoints import failpoint
-from subscriber.lsn import Lsn
-from subscriber.messages import Relation
 from subscriber.metrics import Metrics
-from subscriber.pipeline import ApplyPipeline
-from subscriber.progress import Progress
-from subscriber.stream import ReplicationConnection
+from subscriber.replication.catalog import PublisherCatalog
+from subscriber.replication.commands import SnapshotAction, StreamOptions, quote_literal
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Relation
+from subscriber.replication.progress import Progress
+from subscriber.replication.stream import ReplicationConnection
+from subscriber.runtime.config import SubscriptionConfig
 from tablesync.copy import arrow_blocks
 from tablesync.publication import PublishedTable, describe
 from tablesync.state import TableState, TableStatus

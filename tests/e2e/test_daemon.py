@@ -115,7 +115,7 @@ def test_demo_replicates_its_publisher_and_checks_itself(tmp_path: Path) -> None
         [
             sys.executable,
             "-m",
-            "subscriber.cli",
+            "subscriber.runtime.cli",
             "demo",
             "--seconds",
             "20",

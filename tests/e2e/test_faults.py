@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from subscriber.embedded import PgCluster
+from subscriber.runtime.embedded import PgCluster
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until

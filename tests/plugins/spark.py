@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from apply.spark_session import SparkSettings, build_session
+from apply.delta.session import SparkSettings, build_session
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from tests.support.pgdatabase import PgDatabase
 def pgsub(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """One ``pgsub`` command, run to completion."""
     return subprocess.run(
-        [sys.executable, "-m", "subscriber.cli", *args],
+        [sys.executable, "-m", "subscriber.runtime.cli", *args],
         check=False,
         capture_output=True,
         text=True,
@@ -74,7 +74,7 @@ class DaemonProcess:
         self.log_path = config.with_suffix(f".{int(time.time() * 1000)}.log")
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "subscriber.cli", "run", "-c", str(config)],
+            [sys.executable, "-m", "subscriber.runtime.cli", "run", "-c", str(config)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -28,8 +28,8 @@ from psycopg import sql
 
 from apply import typemap
 from apply.typemap import ColumnType
-from subscriber.catalog import fetch_type_rows
-from subscriber.names import split_qualified
+from subscriber.replication.catalog import fetch_type_rows
+from subscriber.replication.names import split_qualified
 
 Row = tuple[Any, ...]
 MAX_REPORTED = 20

@@ -1,4 +1,4 @@
-"""Throwaway PostgreSQL clusters for the tests (the product's ``subscriber.embedded``)."""
+"""Throwaway PostgreSQL clusters for the tests (the product's ``subscriber.runtime.embedded``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from subscriber.embedded import (
+from subscriber.runtime.embedded import (
     DEFAULT_MAJOR,
     PgCluster,
     PgSetupError,

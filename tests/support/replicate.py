@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from apply.state_store import CheckpointStore
-from subscriber.config import SubscriptionConfig
-from subscriber.lsn import Lsn
+from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
-from subscriber.names import table_folder
-from subscriber.subscription import SubscriptionRunner
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.names import table_folder
+from subscriber.runtime.config import SubscriptionConfig
+from subscriber.runtime.subscription import SubscriptionRunner
 from tests.support.oracle import DELTA_RS, SPARK, assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
@@ -118,7 +118,7 @@ class Replication:
     def skip(self, lsn: Lsn) -> None:
         """``pgsub skip`` for this subscription."""
         from subscriber import admin
-        from subscriber.config import Config
+        from subscriber.runtime.config import Config
 
         config = Config(warehouse=str(self.warehouse), subscriptions=[self.config])
         admin.skip(config, self.config, lsn)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from subscriber.commands import Streaming, StreamOptions
-from subscriber.lsn import Lsn
-from subscriber.messages import Message
-from subscriber.pgoutput import PgOutputDecoder
-from subscriber.progress import Progress
-from subscriber.stream import ReplicationConnection
+from subscriber.replication.commands import Streaming, StreamOptions
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Message
+from subscriber.replication.pgoutput import PgOutputDecoder
+from subscriber.replication.progress import Progress
+from subscriber.replication.stream import ReplicationConnection
 from tests.support.pgdatabase import PgDatabase
 
 

@@ -36,10 +36,10 @@ def test_progress_is_found_behind_more_foreign_commits_than_the_peek(
     """A piece's mark, then other writers' commits: the mark is still found (no repeat)."""
     from apply.batch import TableChange, TableWork
     from apply.collapse import collapse
-    from apply.delta_commit import CommitMark, Within
-    from apply.delta_writer import DeltaTables
+    from apply.delta.tables import DeltaTables
+    from apply.records import CommitMark, Within
     from apply.schema import target_schema
-    from subscriber.lsn import Lsn
+    from subscriber.replication.lsn import Lsn
     from tests.unit.apply.builders import ins, relation
 
     rel = relation("id", "v")
@@ -92,7 +92,7 @@ def test_a_renamed_or_deleted_table_stops_until_resync_copies_it_again(
     import shutil
 
     from subscriber import admin
-    from subscriber.config import Config
+    from subscriber.runtime.config import Config
     from tests.support.pgcluster import wait_until
 
     publisher.execute(

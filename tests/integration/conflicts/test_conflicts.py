@@ -170,7 +170,7 @@ def test_disable_on_error_stops_and_enable_resumes(
     from delta.tables import DeltaTable
 
     from subscriber import admin
-    from subscriber.config import Config
+    from subscriber.runtime.config import Config
 
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
@@ -202,7 +202,7 @@ def test_disable_on_error_covers_a_failed_table_sync(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
     from subscriber import admin
-    from subscriber.config import Config
+    from subscriber.runtime.config import Config
     from tablesync.state import TableState
 
     publisher.execute(

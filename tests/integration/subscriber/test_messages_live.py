@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from subscriber.commands import Streaming, StreamOptions
-from subscriber.messages import (
+from subscriber.replication.commands import Streaming, StreamOptions
+from subscriber.replication.messages import (
     BINARY,
     TEXT,
     UNCHANGED,

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from subscriber.commands import Streaming, StreamOptions, proto_version_for
-from subscriber.lsn import Lsn
-from subscriber.messages import BINARY, UNCHANGED, Commit, Message, StreamCommit, Update
-from subscriber.pgoutput import PgOutputDecoder
-from subscriber.runs import RunDecoder
-from subscriber.tuples import RowChanges
+from subscriber.replication.commands import Streaming, StreamOptions, proto_version_for
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import BINARY, UNCHANGED, Commit, Message, StreamCommit, Update
+from subscriber.replication.pgoutput import PgOutputDecoder
+from subscriber.replication.runs import RunDecoder
+from subscriber.replication.tuples import RowChanges
 from tests.support.pgdatabase import PgDatabase
 from tests.support.streaming import create_slot, read_stream
 

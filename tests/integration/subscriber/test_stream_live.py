@@ -10,15 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from subscriber.commands import StreamOptions
-from subscriber.errors import ProtocolError
-from subscriber.lsn import Lsn
-from subscriber.messages import Begin, Commit, Insert, LogicalMessage, Message
-from subscriber.pgoutput import PgOutputDecoder
-from subscriber.progress import HeldProgress, Progress
-from subscriber.receiver import Backoff, Receiver
-from subscriber.stream import WRITE_REPORT_DELAY, ReplicationConnection
-from subscriber.wire import XLogData
+from subscriber.replication.commands import StreamOptions
+from subscriber.replication.errors import ProtocolError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Begin, Commit, Insert, LogicalMessage, Message
+from subscriber.replication.pgoutput import PgOutputDecoder
+from subscriber.replication.progress import HeldProgress, Progress
+from subscriber.replication.receiver import Backoff, Receiver
+from subscriber.replication.stream import WRITE_REPORT_DELAY, ReplicationConnection
+from subscriber.replication.wire import XLogData
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.streaming import create_slot, read_stream

@@ -82,8 +82,8 @@ def test_initial_sync_under_a_write_workload(
 def test_refresh_adds_new_tables_and_removes_dropped_ones(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
-    from subscriber.admin import refresh_publication
-    from subscriber.config import Config
+    from subscriber.runtime.admin import refresh_publication
+    from subscriber.runtime.config import Config
 
     publisher.execute(
         "CREATE TABLE old (id int PRIMARY KEY); INSERT INTO old VALUES (1);"

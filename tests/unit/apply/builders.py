@@ -11,8 +11,8 @@ from apply.transactions import (
     TruncateChange,
     change_size,
 )
-from subscriber.lsn import Lsn
-from subscriber.messages import (
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import (
     NULL,
     TEXT,
     UNCHANGED,

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from apply.applier import BatchApplier
 from apply.batch import Batch
 from apply.collapse import KeyedNet, Net
-from apply.delta_commit import CommitMark, Within, WriteResult
+from apply.records import CommitMark, Within, WriteResult
 from apply.schema import Evolution, TargetSchema
 from apply.transactions import RemoteTransaction
 from conflicts.kinds import ConflictKind, Resolution
-from subscriber.lsn import ZERO, Lsn
-from subscriber.messages import Relation
+from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.messages import Relation
 from tests.unit.apply.builders import ins, relation, tx
 
 T = relation("id", "v")

@@ -18,8 +18,8 @@ from apply.transactions import (
     TruncateChange,
     change_size,
 )
-from subscriber.lsn import Lsn
-from subscriber.messages import (
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import (
     Begin,
     Column,
     Commit,
@@ -31,8 +31,8 @@ from subscriber.messages import (
     StreamStart,
     StreamStop,
 )
-from subscriber.pgoutput import PgOutputDecoder
-from subscriber.runs import RunDecoder
+from subscriber.replication.pgoutput import PgOutputDecoder
+from subscriber.replication.runs import RunDecoder
 from tests.support import pgoutput_builder as pgb
 from tests.unit.apply.builders import row
 

@@ -2,8 +2,8 @@
 
 from apply.batch import Batch
 from apply.collapse import First, KeyedNet, MultisetNet, collapse
-from subscriber.lsn import ZERO
-from subscriber.messages import ReplicaIdentity
+from subscriber.replication.lsn import ZERO
+from subscriber.replication.messages import ReplicaIdentity
 from tests.unit.apply.builders import batch, dele, ins, relation, row, trunc, tx, upd
 
 T = relation("id", "v", "big")

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from apply.batch import Batch
 from apply.collapse import KeyedNet, MultisetNet, collapse
 from apply.transactions import Change, RemoteTransaction
-from subscriber.lsn import ZERO, Lsn
-from subscriber.messages import UNCHANGED, ReplicaIdentity, TupleData
+from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.messages import UNCHANGED, ReplicaIdentity, TupleData
 from tests.unit.apply.builders import dele, ins, relation, row, trunc, upd
 
 KEYED = relation("id", "v", "big")

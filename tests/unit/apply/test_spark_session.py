@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from apply.spark_session import SparkSettings, SparkSetupError, delta_jars, session_conf
+from apply.delta.session import SparkSettings, SparkSetupError, delta_jars, session_conf
 
 
 def make_jars(folder: Path) -> Path:
@@ -52,7 +52,7 @@ def test_jvm_stack_traces_are_logged_only_at_debug(tmp_path: Path) -> None:
 
 
 def test_a_spark_connect_token_never_reaches_the_log() -> None:
-    from apply.spark_session import masked_spark_url
+    from apply.delta.session import masked_spark_url
 
     url = "sc://spark.example:443/;use_ssl=true;token=dapi-s3cr3t;user_id=pgsub"
     assert masked_spark_url(url) == "sc://spark.example:443/;use_ssl=true;token=***;user_id=pgsub"

@@ -8,10 +8,10 @@ from apply.applier import BatchApplier
 from apply.batch import Batcher
 from apply.transactions import Bounds
 from apply.worker import ApplyWorker, TransactionQueue
-from subscriber.lsn import Lsn
 from subscriber.metrics import Metrics
-from subscriber.progress import Progress
-from subscriber.settings import SKIP_LSN, SubscriptionSettings
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.progress import Progress
+from subscriber.runtime.settings import SKIP_LSN, SubscriptionSettings
 from tests.unit.apply.builders import ins, relation, tx
 from tests.unit.apply.test_applier import MemoryTables
 

@@ -7,7 +7,7 @@ import pytest
 from apply.collapse import First
 from conflicts.kinds import ConflictKind, Resolution, judge
 from conflicts.report import Conflict, cut
-from subscriber.lsn import Lsn
+from subscriber.replication.lsn import Lsn
 
 
 @pytest.mark.parametrize(

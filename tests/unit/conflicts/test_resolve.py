@@ -1,11 +1,11 @@
-"""What each action does to a batch's net effect (conflicts.resolve), on collapsed batches."""
+"""What each action does to a batch's net effect (apply.resolve), on collapsed batches."""
 
 from apply.batch import Batch
 from apply.collapse import First, KeyedNet, collapse
-from apply.delta_conflicts import Finding
+from apply.delta.findings import Finding
+from apply.resolve import looks_up_first, resolve
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution, judge
-from conflicts.resolve import looks_up_first, resolve
-from subscriber.lsn import ZERO
+from subscriber.replication.lsn import ZERO
 from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
 
 T = relation("id", "v", "big")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from subscriber.daemon import COLLECTOR_THRESHOLD, tune_garbage_collector
+from subscriber.runtime.daemon import COLLECTOR_THRESHOLD, tune_garbage_collector
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 import pytest
 
-from subscriber.commands import (
+from subscriber.replication.commands import (
     SnapshotAction,
     Streaming,
     StreamOptions,
@@ -8,8 +8,8 @@ from subscriber.commands import (
     proto_version_for,
     start_replication_command,
 )
-from subscriber.errors import UnsupportedFeatureError
-from subscriber.lsn import Lsn
+from subscriber.replication.errors import UnsupportedFeatureError
+from subscriber.replication.lsn import Lsn
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from subscriber.config import ConfigError, Resolution, load
+from subscriber.runtime.config import ConfigError, Resolution, load
 
 GOOD = """
 warehouse: /data/wh

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from subscriber.errors import ProtocolError
-from subscriber.lsn import Lsn
-from subscriber.messages import (
+from subscriber.replication.errors import ProtocolError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import (
     BINARY,
     NULL,
     TEXT,
@@ -20,7 +20,7 @@ from subscriber.messages import (
     Relation,
     ReplicaIdentity,
 )
-from subscriber.pgoutput import PgOutputDecoder
+from subscriber.replication.pgoutput import PgOutputDecoder
 from tests.support import pgoutput_builder as b
 
 REL = b.relation(16384, "public", "t1", [("a", 23, True), ("b", 25, False)])

@@ -2,9 +2,15 @@ import struct
 
 import pytest
 
-from subscriber.errors import ProtocolError
-from subscriber.lsn import Lsn
-from subscriber.wire import Keepalive, XLogData, parse_frame, pg_timestamp, status_update
+from subscriber.replication.errors import ProtocolError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.wire import (
+    Keepalive,
+    XLogData,
+    parse_frame,
+    pg_timestamp,
+    status_update,
+)
 
 
 def test_lsn_text_round_trip() -> None:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subscriber.names import path_part, qualified_name, split_qualified, table_folder
+from subscriber.replication.names import path_part, qualified_name, split_qualified, table_folder
 
 identifiers = st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s)
 

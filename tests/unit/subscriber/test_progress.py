@@ -1,9 +1,9 @@
 import pytest
 
-from subscriber.lsn import Lsn
-from subscriber.messages import Begin, Commit, StreamAbort, StreamCommit, StreamStart
-from subscriber.progress import Progress, ProgressError
-from subscriber.receiver import Backoff, TransactionTracker
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Begin, Commit, StreamAbort, StreamCommit, StreamStart
+from subscriber.replication.progress import Progress, ProgressError
+from subscriber.replication.receiver import Backoff, TransactionTracker
 
 
 def test_flush_only_moves_forward() -> None:

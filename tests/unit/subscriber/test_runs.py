@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from subscriber.errors import ProtocolError
-from subscriber.lsn import Lsn
-from subscriber.messages import Commit, Delete, Insert, Update
-from subscriber.pgoutput import WALK_AT_LEAST, PgOutputDecoder
-from subscriber.runs import RunDecoder
-from subscriber.tuples import RowChanges
+from subscriber.replication.errors import ProtocolError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Commit, Delete, Insert, Update
+from subscriber.replication.pgoutput import WALK_AT_LEAST, PgOutputDecoder
+from subscriber.replication.runs import RunDecoder
+from subscriber.replication.tuples import RowChanges
 from tests.support import pgoutput_builder as b
 
 # (oid, column count) of the relations the runs change.

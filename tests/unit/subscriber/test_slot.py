@@ -2,9 +2,9 @@
 
 import pytest
 
-from subscriber.errors import ReplicationError
-from subscriber.lsn import Lsn
-from subscriber.slot import (
+from subscriber.replication.errors import ReplicationError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.slot import (
     PublisherChangedError,
     PublisherIdentity,
     SlotAction,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from apply.state_store import StoredTableState
-from subscriber.config import SubscriptionConfig
-from subscriber.lsn import Lsn
+from apply.delta.state_store import StoredTableState
 from subscriber.metrics import Metrics
+from subscriber.replication.lsn import Lsn
+from subscriber.runtime.config import SubscriptionConfig
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublishedTable
 from tablesync.state import TableState

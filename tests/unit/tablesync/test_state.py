@@ -2,7 +2,7 @@
 
 import pytest
 
-from subscriber.lsn import Lsn
+from subscriber.replication.lsn import Lsn
 from tablesync.state import IllegalTransitionError, TableState, TableStatus
 
 S = TableState

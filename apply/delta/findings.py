@@ -20,12 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from apply.collapse import First, KeyedNet
-from apply.delta_origins import ROW_VERSION
+from apply.delta.origins import ROW_VERSION
+from apply.delta.session import arrow_frame
 from apply.schema import TargetSchema, quote
 from apply.source import FIRST, PRESENT
-from apply.spark_session import arrow_frame
 from conflicts.kinds import judge
-from subscriber.messages import TupleData
+from subscriber.replication.messages import TupleData
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -71,7 +71,7 @@ def find_keyed(
     """Judge every chain of ``net`` against ``target`` (the table before the MERGE).
 
     ``foreign``: the Delta versions whose rows another writer changed
-    (``apply.delta_origins``); a chain that updates or deletes such a row is
+    (``apply.delta.origins``); a chain that updates or deletes such a row is
     *_origin_differs.
     """
     from pyspark.sql import functions as fn

@@ -24,17 +24,17 @@ import structlog
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from subscriber.commands import (
+from subscriber.replication.commands import (
     SnapshotAction,
     StreamOptions,
     create_slot_command,
     drop_slot_command,
     start_replication_command,
 )
-from subscriber.errors import ConnectionLostError, ProtocolError, ReplicationError
-from subscriber.lsn import Lsn
-from subscriber.progress import Feedback, Progress
-from subscriber.wire import Keepalive, XLogData, parse_frame, status_update
+from subscriber.replication.errors import ConnectionLostError, ProtocolError, ReplicationError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.progress import Feedback, Progress
+from subscriber.replication.wire import Keepalive, XLogData, parse_frame, status_update
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from subscriber.lsn import Lsn
+from subscriber.replication.lsn import Lsn
 
 
 class SubscriberError(Exception):

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from subscriber.errors import ReplicationError
-from subscriber.lsn import Lsn
+from subscriber.replication.errors import ReplicationError
+from subscriber.replication.lsn import Lsn
 
 
 class SlotMissingError(ReplicationError):

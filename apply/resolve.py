@@ -1,6 +1,6 @@
 """What each configured action does to a batch's net effect, before the MERGE. Pure.
 
-The writer looks the batch's keys up first (``apply.delta_conflicts``) when
+The writer looks the batch's keys up first (``apply.delta.findings``) when
 an action needs a decision per key that one MERGE cannot make; ``resolve``
 then cuts the net effect so that the MERGE applies exactly what PostgreSQL's
 apply worker would have applied change by change:
@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from apply.collapse import First, Key, KeyedNet, KeyedRow
-from apply.delta_conflicts import Finding
+from apply.delta.findings import Finding
 from conflicts.kinds import ConflictKind, Resolution
-from subscriber.messages import UNCHANGED
+from subscriber.replication.messages import UNCHANGED
 
 EXISTS: Final = frozenset({ConflictKind.INSERT_EXISTS, ConflictKind.UPDATE_EXISTS})
 ORIGIN: Final = frozenset({ConflictKind.UPDATE_ORIGIN_DIFFERS, ConflictKind.DELETE_ORIGIN_DIFFERS})

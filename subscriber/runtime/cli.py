@@ -27,16 +27,16 @@ from importlib.metadata import version
 from pathlib import Path
 from types import FrameType
 
-from subscriber import logs
-from subscriber.commands import Streaming, StreamOptions
-from subscriber.config import Config, ConfigError, SubscriptionConfig
-from subscriber.config import load as load_config
-from subscriber.errors import SubscriberError, UsageError
-from subscriber.lsn import Lsn
-from subscriber.messages import Message
-from subscriber.pgoutput import PgOutputDecoder
-from subscriber.progress import HeldProgress
-from subscriber.stream import ReplicationConnection
+from subscriber.replication.commands import Streaming, StreamOptions
+from subscriber.replication.errors import SubscriberError, UsageError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Message
+from subscriber.replication.pgoutput import PgOutputDecoder
+from subscriber.replication.progress import HeldProgress
+from subscriber.replication.stream import ReplicationConnection
+from subscriber.runtime import logs
+from subscriber.runtime.config import Config, ConfigError, SubscriptionConfig
+from subscriber.runtime.config import load as load_config
 
 EXIT_USAGE = 2
 
@@ -224,7 +224,7 @@ def _admin(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--lsn: {exc}") from None
     config, subscription = _subscription(args)
-    from subscriber import admin
+    from subscriber.runtime import admin
 
     if lsn is not None:
         admin.skip(config, subscription, lsn)
@@ -237,7 +237,7 @@ def _admin(args: argparse.Namespace) -> int:
 
 def _resync_or_drop(args: argparse.Namespace) -> int:
     config, subscription = _subscription(args)
-    from subscriber import admin
+    from subscriber.runtime import admin
 
     if args.command == "resync":
         for name in admin.resync(config, subscription, list(args.tables)):
@@ -252,7 +252,7 @@ def _resync_or_drop(args: argparse.Namespace) -> int:
 
 def _refresh(args: argparse.Namespace) -> int:
     config, subscription = _subscription(args)
-    from subscriber.admin import refresh_publication
+    from subscriber.runtime.admin import refresh_publication
 
     added, removed = refresh_publication(config, subscription)
     print(f"{subscription.name}: {len(added)} table(s) added, {len(removed)} removed")
@@ -273,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
         print("pgsub run: the config names no subscriptions", file=sys.stderr)
         return EXIT_USAGE
     logs.configure(config.log.format, config.log.level)
-    from subscriber.daemon import Daemon
+    from subscriber.runtime.daemon import Daemon
 
     return Daemon(config).run()
 
@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("resync", "drop"):
             return _resync_or_drop(args)
         if args.command == "demo":
-            from subscriber.demo import run_demo
+            from subscriber.runtime.demo import run_demo
 
             logs.configure("auto")
             return run_demo(args.warehouse.resolve(), seconds=args.seconds, port=args.port)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from subscriber.lsn import Lsn
-from subscriber.messages import Message
-from subscriber.pgoutput import CHANGE_TYPES, WALK_AT_LEAST, PgOutputDecoder
-from subscriber.tuples import RowChanges
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Message
+from subscriber.replication.pgoutput import CHANGE_TYPES, WALK_AT_LEAST, PgOutputDecoder
+from subscriber.replication.tuples import RowChanges
 
 RUN_MESSAGES: Final = 8192
 RUN_BYTES: Final = 32 << 20

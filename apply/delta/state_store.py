@@ -32,8 +32,8 @@ from pyspark.errors import PySparkException
 
 from apply.errors import TargetTableError
 from conflicts.report import Conflict
-from subscriber.lsn import ZERO, Lsn
-from subscriber.wire import pg_timestamp
+from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.wire import pg_timestamp
 
 if TYPE_CHECKING:
     from pyspark.sql import Row, SparkSession

@@ -33,7 +33,7 @@ from pydantic import (
 from apply.features import FeatureMode, TableFeatures
 from apply.transactions import Bounds
 from conflicts.kinds import ConflictKind, Resolution
-from subscriber.commands import Streaming, check_slot_name
+from subscriber.replication.commands import Streaming, check_slot_name
 
 ENV_PREFIX = "PGSUB_"
 # pgsub's environment variables that are not config keys.

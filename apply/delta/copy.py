@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from apply.delta_commit import CommitMark, SparkErrors, struct
 from apply.errors import TargetTableError
+from apply.records import CommitMark, SparkErrors, struct
 from apply.schema import TargetSchema
 from apply.source import empty as source_empty
 
 if TYPE_CHECKING:
-    from apply.delta_writer import DeltaTables
+    from apply.delta.tables import DeltaTables
 
 
 def copy_into(

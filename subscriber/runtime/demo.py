@@ -1,6 +1,6 @@
 """``pgsub demo``: the daemon on embedded defaults, to see it work in one command.
 
-Starts a throwaway PostgreSQL publisher (``subscriber.embedded``) with two
+Starts a throwaway PostgreSQL publisher (``subscriber.runtime.embedded``) with two
 demo tables (1,000 accounts already there) and a publication; the daemon
 copies the existing rows (table sync), and a little traffic follows
 (a transaction every half second: a balance change and an event, now and
@@ -22,10 +22,16 @@ import psycopg
 import structlog
 from psycopg.types.json import Jsonb
 
-from subscriber.config import Config, LogConfig, MetricsConfig, SparkConfig, SubscriptionConfig
-from subscriber.daemon import Daemon
-from subscriber.embedded import DEFAULT_MAJOR, PgCluster
-from subscriber.lsn import Lsn
+from subscriber.replication.lsn import Lsn
+from subscriber.runtime.config import (
+    Config,
+    LogConfig,
+    MetricsConfig,
+    SparkConfig,
+    SubscriptionConfig,
+)
+from subscriber.runtime.daemon import Daemon
+from subscriber.runtime.embedded import DEFAULT_MAJOR, PgCluster
 from tablesync.state import TableState
 
 log = structlog.get_logger(__name__)
@@ -99,7 +105,7 @@ def _catch_up(daemon: Daemon, dsn: str, timeout: float = 300) -> None:
 
 
 def _report(spark: Any, dsn: str, warehouse: Path) -> bool:
-    from apply.delta_writer import DeltaTables
+    from apply.delta.tables import DeltaTables
 
     tables = DeltaTables(spark, str(warehouse), "demo")
     same = True

@@ -27,7 +27,16 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from subscriber.messages import BINARY, NULL, TEXT, UNCHANGED, Delete, Insert, TupleData, Update
+from subscriber.replication.messages import (
+    BINARY,
+    NULL,
+    TEXT,
+    UNCHANGED,
+    Delete,
+    Insert,
+    TupleData,
+    Update,
+)
 
 _T = TypeVar("_T")
 Positions = npt.NDArray[np.int64]

@@ -6,7 +6,7 @@ Delta, then confirms the flush position). When either fails, both stop;
 the error is logged and counted, and a new attempt starts from the last
 confirmed position after ``wal_retrieve_retry_interval`` - what PostgreSQL's
 launcher does for a failed apply worker - doubled with each further failure
-that made no progress, up to ``max_retry_interval`` (``subscriber.backoff``).
+that made no progress, up to ``max_retry_interval`` (``subscriber.runtime.backoff``).
 """
 
 from __future__ import annotations
@@ -24,25 +24,25 @@ import structlog
 from apply.applier import BatchApplier, TransactionError
 from apply.assembly import UnsupportedStreamError
 from apply.batch import Batcher
-from apply.delta_writer import DeltaTables
+from apply.delta.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
+from apply.delta.tables import DeltaTables
 from apply.errors import ApplyError
+from apply.pipeline import ApplyPipeline
 from apply.spool import SpoolDirectory, private_directory
-from apply.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
 from apply.worker import ApplyWorker, TransactionQueue
 from conflicts.reporter import ConflictReporter
-from subscriber.backoff import retry_delay
-from subscriber.catalog import PublisherCatalog
-from subscriber.commands import StreamOptions, quote_literal
-from subscriber.config import SubscriptionConfig
-from subscriber.errors import ReplicationError, SubscriberError
-from subscriber.lsn import ZERO, Lsn
 from subscriber.metrics import Metrics
-from subscriber.pipeline import ApplyPipeline
-from subscriber.progress import Progress
-from subscriber.receiver import Receiver
-from subscriber.settings import REFRESH_INTERVAL, SubscriptionSettings
-from subscriber.slot import PublisherIdentity, SlotAction, check_publisher, plan_slot
-from subscriber.stream import ReplicationConnection
+from subscriber.replication.catalog import PublisherCatalog
+from subscriber.replication.commands import StreamOptions, quote_literal
+from subscriber.replication.errors import ReplicationError, SubscriberError
+from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.progress import Progress
+from subscriber.replication.receiver import Receiver
+from subscriber.replication.slot import PublisherIdentity, SlotAction, check_publisher, plan_slot
+from subscriber.replication.stream import ReplicationConnection
+from subscriber.runtime.backoff import retry_delay
+from subscriber.runtime.config import SubscriptionConfig
+from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
 from tablesync.state import TableState

@@ -12,13 +12,13 @@ from typing import Any
 
 import psycopg
 
-from apply.spark_session import SparkSettings, build_session
-from apply.state_store import STATE_TABLES, SettingsStore, StoredTableState, TableStateStore
-from subscriber.config import Config, SubscriptionConfig
-from subscriber.errors import SubscriberError, UsageError
-from subscriber.lsn import Lsn
-from subscriber.names import qualified_name, split_qualified
-from subscriber.settings import ENABLED, SKIP_LSN
+from apply.delta.session import SparkSettings, build_session
+from apply.delta.state_store import STATE_TABLES, SettingsStore, StoredTableState, TableStateStore
+from subscriber.replication.errors import SubscriberError, UsageError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.names import qualified_name, split_qualified
+from subscriber.runtime.config import Config, SubscriptionConfig
+from subscriber.runtime.settings import ENABLED, SKIP_LSN
 from tablesync.coordinator import plan_refresh, record_refresh
 from tablesync.publication import published_tables
 from tablesync.state import TableState

@@ -5,7 +5,7 @@ durable at the target - so a lost connection loses nothing, and nothing at or
 below the flush point is decoded twice. Decoded messages go to ``deliver``
 in stream order, on the receiver's thread; consecutive row changes go as
 one ``RowChanges`` run when there are enough of them to decode a column at
-a time (``subscriber.runs``). The receiver also keeps the pending-work
+a time (``subscriber.replication.runs``). The receiver also keeps the pending-work
 bookkeeping of ``Progress`` (which transactions are open, which were
 handed on), since it sees every transaction boundary.
 """
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from subscriber.commands import Streaming, StreamOptions
-from subscriber.errors import ConnectionLostError
-from subscriber.lsn import Lsn
-from subscriber.messages import (
+from subscriber.replication.commands import Streaming, StreamOptions
+from subscriber.replication.errors import ConnectionLostError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import (
     Begin,
     BeginPrepare,
     Commit,
@@ -36,11 +36,11 @@ from subscriber.messages import (
     StreamPrepare,
     StreamStart,
 )
-from subscriber.pgoutput import PgOutputDecoder
-from subscriber.progress import Progress
-from subscriber.runs import Decoded, RunDecoder
-from subscriber.stream import ReplicationConnection, ReplicationStream
-from subscriber.wire import XLogData
+from subscriber.replication.pgoutput import PgOutputDecoder
+from subscriber.replication.progress import Progress
+from subscriber.replication.runs import Decoded, RunDecoder
+from subscriber.replication.stream import ReplicationConnection, ReplicationStream
+from subscriber.replication.wire import XLogData
 
 log = structlog.get_logger(__name__)
 

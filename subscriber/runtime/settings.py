@@ -16,8 +16,8 @@ from typing import Protocol
 
 import structlog
 
-from subscriber.lsn import Lsn
-from subscriber.slot import PublisherIdentity
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.slot import PublisherIdentity
 
 log = structlog.get_logger(__name__)
 
@@ -30,7 +30,7 @@ REFRESH_INTERVAL = 3.0
 
 
 class SettingsLog(Protocol):
-    """``apply.state_store.SettingsStore``."""
+    """``apply.delta.state_store.SettingsStore``."""
 
     def load(self, subscription: str) -> dict[str, str]: ...
 

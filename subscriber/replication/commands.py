@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from subscriber.errors import UnsupportedFeatureError
-from subscriber.lsn import Lsn
+from subscriber.replication.errors import UnsupportedFeatureError
+from subscriber.replication.lsn import Lsn
 
 _SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
 

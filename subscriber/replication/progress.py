@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from subscriber.lsn import ZERO, Lsn
+from subscriber.replication.lsn import ZERO, Lsn
 
 
 class ProgressError(AssertionError):

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 JARS_DIR_ENV = "PGSUB_JARS_DIR"
 _LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
-_REPO_JARS_DIR = Path(__file__).resolve().parent.parent / "jars" / "lib"
+_REPO_JARS_DIR = Path(__file__).resolve().parents[2] / "jars" / "lib"
 
 # Settings every pgsub session needs; the user's spark.conf overrides them.
 _DELTA_CONF: Mapping[str, str] = {

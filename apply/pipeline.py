@@ -17,12 +17,12 @@ from apply.assembly import TransactionAssembler
 from apply.spool import SpoolDirectory, SpooledTransaction
 from apply.transactions import Bounds
 from apply.worker import ApplyWorker, TransactionQueue
-from subscriber.commands import StreamOptions
-from subscriber.messages import Message
-from subscriber.progress import Progress
-from subscriber.receiver import Receiver
-from subscriber.tuples import RowChanges
-from subscriber.wire import XLogData
+from subscriber.replication.commands import StreamOptions
+from subscriber.replication.messages import Message
+from subscriber.replication.progress import Progress
+from subscriber.replication.receiver import Receiver
+from subscriber.replication.tuples import RowChanges
+from subscriber.replication.wire import XLogData
 
 
 class _StopRequestedError(Exception):

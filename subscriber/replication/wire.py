@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from subscriber.errors import ProtocolError
-from subscriber.lsn import Lsn
+from subscriber.replication.errors import ProtocolError
+from subscriber.replication.lsn import Lsn
 
 _XLOG_HEADER: Final = struct.Struct("!QQq")
 _KEEPALIVE: Final = struct.Struct("!QqB")

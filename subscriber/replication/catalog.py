@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from apply.typemap import PG_TYPE_QUERY, PgTypeRow
-from subscriber.errors import ConnectionLostError
+from subscriber.replication.errors import ConnectionLostError
 
 
 def fetch_type_rows(conn: psycopg.Connection[Any], oids: list[int]) -> dict[int, PgTypeRow]:

@@ -3,7 +3,7 @@
 A commit of pgsub carries, in Delta's ``userMetadata``, the subscription
 and the LSN the commit brings the table to (``CommitMark``); a restart
 reads the LSN back (``lsn_from_metadata``), and the origin tracker tells
-pgsub's commits from other writers' by it (``apply.delta_origins``).
+pgsub's commits from other writers' by it (``apply.delta.origins``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, cast
 from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
-from apply.delta_conflicts import Finding
-from apply.delta_origins import read_mark
+from apply.delta.findings import Finding
+from apply.delta.origins import read_mark
 from apply.errors import ApplyError
-from subscriber.lsn import Lsn
+from subscriber.replication.lsn import Lsn
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

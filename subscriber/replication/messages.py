@@ -3,7 +3,7 @@
 One frozen dataclass per message of protocol versions 1 to 4. ``xid`` on a
 change is set only inside a streamed block (Stream Start .. Stream Stop).
 Times are microseconds since the PostgreSQL epoch, as on the wire
-(``subscriber.wire.pg_timestamp`` turns them into datetimes).
+(``subscriber.replication.wire.pg_timestamp`` turns them into datetimes).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from subscriber.lsn import Lsn
-from subscriber.names import qualified_name
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.names import qualified_name
 
 
 class ReplicaIdentity(Enum):

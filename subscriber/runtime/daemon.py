@@ -20,12 +20,12 @@ from typing import Any, Final
 
 import structlog
 
-from apply.spark_session import SparkSettings, build_session, masked_spark_url
-from apply.state_store import CheckpointStore
-from subscriber.config import Config
-from subscriber.http import StatusServer
+from apply.delta.session import SparkSettings, build_session, masked_spark_url
+from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
-from subscriber.subscription import SubscriptionRunner
+from subscriber.runtime.config import Config
+from subscriber.runtime.http import StatusServer
+from subscriber.runtime.subscription import SubscriptionRunner
 
 log = structlog.get_logger(__name__)
 

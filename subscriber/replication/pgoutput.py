@@ -1,7 +1,7 @@
 """Decoder of pgoutput messages, protocol versions 1 to 4 (no I/O).
 
 ``PgOutputDecoder.decode`` takes the payload of one XLogData message and
-returns one message value from ``subscriber.messages``. It keeps what the
+returns one message value from ``subscriber.replication.messages``. It keeps what the
 stream carries from message to message: the Relation and Type caches (keyed
 by OID, replaced when a new Relation arrives), whether a streamed block is
 open (changes inside one carry an xid) and the open transaction (so that a
@@ -13,7 +13,7 @@ Row values are not converted here: TupleData keeps the raw bytes of each
 column, so that they can be turned into typed columns a batch at a time.
 ``decode_changes`` takes a run of consecutive Insert/Update/Delete messages
 at once and reads the row images of each relation's messages a column at a
-time (``subscriber.tuples``); the result equals decoding them one by one,
+time (``subscriber.replication.tuples``); the result equals decoding them one by one,
 errors included.
 """
 
@@ -25,9 +25,9 @@ from typing import Final
 
 import numpy as np
 
-from subscriber.errors import ProtocolError
-from subscriber.lsn import Lsn
-from subscriber.messages import (
+from subscriber.replication.errors import ProtocolError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import (
     BINARY,
     NULL,
     TEXT,
@@ -56,7 +56,7 @@ from subscriber.messages import (
     Type,
     Update,
 )
-from subscriber.tuples import ChangeGroup, RowChanges, RunBuffer, walk_changes
+from subscriber.replication.tuples import ChangeGroup, RowChanges, RunBuffer, walk_changes
 
 _I16: Final = struct.Struct("!h")
 _I32: Final = struct.Struct("!i")

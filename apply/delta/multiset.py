@@ -16,15 +16,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from apply.collapse import MultisetNet
-from apply.delta_commit import CommitMark, ConflictError, WriteResult
-from apply.delta_conflicts import Finding
+from apply.delta.findings import Finding
 from apply.merge_plan import multiset_merge
+from apply.records import CommitMark, ConflictError, WriteResult
 from apply.schema import TargetSchema, quote
 from apply.source import COUNT, REMOVE, ROW, multiset_source
 from conflicts.kinds import ConflictKind, Resolution
 
 if TYPE_CHECKING:
-    from apply.delta_writer import DeltaTables
+    from apply.delta.tables import DeltaTables
 
 
 def write_multiset(

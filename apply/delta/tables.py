@@ -31,21 +31,12 @@ import pyarrow.compute as pc
 import structlog
 
 from apply.collapse import First, KeyedNet, Net
-from apply.delta_commit import (
-    CommitMark,
-    ConflictError,
-    SparkErrors,
-    Within,
-    WriteResult,
-    lsn_from_metadata,
-    struct,
-    within_from_metadata,
-)
-from apply.delta_conflicts import Finding, expected_counts, find_keyed
-from apply.delta_copy import copy_into
-from apply.delta_moved import fill_moved
-from apply.delta_multiset import write_multiset
-from apply.delta_origins import ROW_TRACKING, OriginTracker
+from apply.delta.copy import copy_into
+from apply.delta.findings import Finding, expected_counts, find_keyed
+from apply.delta.moved import fill_moved
+from apply.delta.multiset import write_multiset
+from apply.delta.origins import ROW_TRACKING, OriginTracker
+from apply.delta.session import arrow_frame
 from apply.errors import TargetTableError
 from apply.features import PORTABLE, Gain, TableFeatures, creation_properties, gains
 from apply.merge_plan import (
@@ -57,6 +48,17 @@ from apply.merge_plan import (
     on_exists,
     shape_of,
 )
+from apply.records import (
+    CommitMark,
+    ConflictError,
+    SparkErrors,
+    Within,
+    WriteResult,
+    lsn_from_metadata,
+    struct,
+    within_from_metadata,
+)
+from apply.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
 from apply.source import (
     FIRST,
@@ -67,11 +69,9 @@ from apply.source import (
     helper_spark_type,
     keyed_source,
 )
-from apply.spark_session import arrow_frame
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution, judge
-from conflicts.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
-from subscriber.lsn import ZERO, Lsn
-from subscriber.names import table_folder
+from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.names import table_folder
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -88,7 +88,7 @@ WRITER: Final = "pgsub.subscription"
 
 
 class CreatedTables(Protocol):
-    """Which target tables a subscription created (``subscriber.settings``), durably."""
+    """Which target tables a subscription created (``subscriber.runtime.settings``), durably."""
 
     def was_created(self, table: str) -> bool: ...
 
