@@ -22,7 +22,7 @@ help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
 	@echo "make demo    the daemon on embedded defaults: demo publisher, local Spark, ./warehouse"
 	@echo "make test    the full suite (unit, integration against real PostgreSQL and Delta)"
-	@echo "make check   ruff, mypy --strict, unit tests (what a quick pre-commit runs)"
+	@echo "make check   ruff, the import layers, mypy --strict, unit tests (a quick pre-commit)"
 	@echo "make fmt     format and fix lint"
 	@echo "make bench   every scenario beside PostgreSQL's subscriber and the raw limit, one table"
 	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS, LARGE_ROWS;"
@@ -70,6 +70,7 @@ test-unit: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo --no-cache   # the layers of docs/architecture.md
 
 typecheck: venv
 	$(BIN)/mypy

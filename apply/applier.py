@@ -15,22 +15,23 @@ conflict), as PostgreSQL's CONTEXT line does; its finish LSN is what
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
-from apply.delta.findings import Finding
-from apply.errors import ApplyError
+from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
-from apply.records import CommitMark, ConflictError, Within, WriteResult
+from apply.records import CommitMark, Within, WriteResult
 from apply.schema import Evolution, TargetSchema, target_schema
 from apply.transactions import RemoteTransaction
 from apply.typemap import TypeLookup
+from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from conflicts.report import Conflict
 from conflicts.reporter import ConflictReporter
@@ -38,11 +39,15 @@ from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import UNCHANGED, Relation
 from subscriber.replication.wire import pg_timestamp
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 log = structlog.get_logger(__name__)
 
 
 class Tables(Protocol):
-    """The Delta side, as the applier needs it (``apply.delta.tables.DeltaTables``)."""
+    """The target tables, as the apply worker and the table-sync workers need them
+    (``apply.delta.tables.DeltaTables``)."""
 
     def applied_lsn(self, table: str) -> Lsn: ...
 
@@ -57,6 +62,10 @@ class Tables(Protocol):
         mark: CommitMark,
         resolutions: Mapping[ConflictKind, Resolution] = ...,
     ) -> WriteResult: ...
+
+    def copy_into(
+        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, staging: Path
+    ) -> tuple[int, int | None]: ...
 
 
 class TransactionError(ApplyError):

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from apply.batch import TableChange, TableWork
 from apply.errors import ApplyError
 from apply.transactions import Op, RowChange
+from conflicts.kinds import First
 from subscriber.replication.messages import NULL, UNCHANGED, Relation, ReplicaIdentity, TupleData
 
 Key = tuple[bytes | None, ...]
@@ -39,21 +39,6 @@ Key = tuple[bytes | None, ...]
 
 class CollapseError(ApplyError):
     """A change that the table's replica identity cannot place."""
-
-
-class First(Enum):
-    """The first change of a key's chain within the batch."""
-
-    INSERT = "INSERT"
-    UPDATE = "UPDATE"
-    DELETE = "DELETE"
-    KEY_UPDATE_NEW = "KEY_UPDATE_NEW"  # the new key of an update that changed the key
-    KEY_UPDATE_OLD = "KEY_UPDATE_OLD"  # the old key of such an update
-
-    @property
-    def expects_present(self) -> bool:
-        """Whether the publisher had the row before this change."""
-        return self in (First.UPDATE, First.DELETE, First.KEY_UPDATE_OLD)
 
 
 @dataclass(slots=True)

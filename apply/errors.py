@@ -8,6 +8,8 @@ retries after ``wal_retrieve_retry_interval``, as PostgreSQL's does.
 
 from __future__ import annotations
 
+from conflicts.findings import Finding
+
 
 class ApplyError(Exception):
     """A batch could not be applied."""
@@ -15,3 +17,15 @@ class ApplyError(Exception):
 
 class TargetTableError(ApplyError):
     """A Delta table is missing, unreadable or cannot take a change."""
+
+
+class ConflictError(ApplyError):
+    """A remote change conflicts with the target and the configured action is to stop."""
+
+    def __init__(self, kind: str, table: str, findings: list[Finding]) -> None:
+        self.kind = kind
+        self.table = table
+        self.findings = findings
+        stopping = [f for f in findings if f.kind == kind]
+        self.tx_index = stopping[0].tx_index if stopping else 0
+        super().__init__(f'conflict detected on relation "{table}": conflict={kind}')

@@ -37,9 +37,9 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from apply.collapse import First
 from apply.schema import TargetSchema, quote
 from apply.source import FIRST, PRESENT, REINSERTED, REMOVE, keep_flag
+from conflicts.kinds import First
 
 EXPECTS_ABSENT: Final = f"s.{FIRST} IN ('INSERT', 'KEY_UPDATE_NEW')"
 CONFLICT_MARK: Final = "pgsub conflict:"

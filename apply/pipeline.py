@@ -1,70 +1,124 @@
-"""One attempt at streaming a slot into Delta: a receiver thread and an apply thread.
+"""One attempt at streaming a slot into Delta, wired in one place for every role.
 
-The receiver decodes the stream and assembles complete transactions onto a
-queue bounded by changes; while the queue is full it keeps the connection
-alive (``Receiver.hold``). Transactions sent again after a reconnect (at or
-below the last one queued) are dropped here. The apply worker takes them in
-commit order. The leader and each sync worker's catch-up run one of these.
+An ``ApplyPipeline`` is a receiver thread and an apply thread. The receiver
+decodes the stream and assembles complete transactions onto a queue bounded
+by row data; while the queue is full it keeps the connection alive
+(``Receiver.hold``). Transactions sent again after a reconnect (at or below
+the last one queued) are dropped here. The apply worker takes them in
+commit order.
+
+The leader and each table-sync worker's catch-up run one of these, built
+from the subscription's ``ApplyContext`` and a role (``apply.roles``):
+what differs between them is a value, not a second wiring.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
-from apply.applier import BatchApplier
+from apply.applier import BatchApplier, Tables
 from apply.assembly import TransactionAssembler
+from apply.batch import Batcher, ShouldApply
+from apply.roles import Leader, Role
 from apply.spool import SpoolDirectory, SpooledTransaction
-from apply.transactions import Bounds
+from apply.transactions import Bounds, RemoteTransaction
+from apply.typemap import TypeLookup
 from apply.worker import ApplyWorker, TransactionQueue
+from conflicts.kinds import ConflictKind, Resolution
+from conflicts.reporter import ConflictReporter
+from subscriber.metrics import Metrics
 from subscriber.replication.commands import StreamOptions
-from subscriber.replication.messages import Message
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Message, Relation
 from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver
 from subscriber.replication.tuples import RowChanges
 from subscriber.replication.wire import XLogData
 
 
+@dataclass(frozen=True, slots=True)
+class ApplyContext:
+    """What every pipeline of one subscription shares; built once by the process."""
+
+    subscription: str
+    conninfo: str
+    options: StreamOptions  # the leader's; a catch-up keeps the publications and origin
+    tables: Tables
+    types: TypeLookup
+    metrics: Metrics
+    reporter: ConflictReporter | None
+    resolutions: Mapping[ConflictKind, Resolution]
+    bounds: Bounds  # a batch's, and a transaction's before it is spooled
+    queue: Bounds  # the receiver's queue
+    max_delay: float
+    spool_root: Path  # the subscription's spool_dir
+    status_interval: float
+    wal_receiver_timeout: float
+
+
 class _StopRequestedError(Exception):
     """Raised in the receiver's deliver callback when stopping under backpressure."""
 
 
+def _only(relid: int) -> ShouldApply:
+    def applies(relation: Relation, tx: RemoteTransaction) -> bool:
+        return relation.oid == relid
+
+    return applies
+
+
 class ApplyPipeline:
-    def __init__(
-        self,
-        name: str,
-        *,
-        conninfo: str,
-        slot: str,
-        options: StreamOptions,
-        progress: Progress,
-        applier: BatchApplier,
-        make_worker: Callable[[TransactionQueue], ApplyWorker],
-        queue: Bounds,
-        spools: SpoolDirectory,
-        spill_after: Bounds,
-        status_interval: float,
-        wal_receiver_timeout: float,
-    ) -> None:
-        self.name = name
-        self.progress = progress
-        self._applier = applier
-        self._queue = TransactionQueue(queue)
-        self.worker = make_worker(self._queue)
+    def __init__(self, context: ApplyContext, role: Role, start: Lsn) -> None:
+        if isinstance(role, Leader):
+            self.name = context.subscription
+            options, should_apply = context.options, role.should_apply
+            spools = SpoolDirectory(
+                context.spool_root / "apply",
+                on_size=context.metrics.spill_bytes.labels(context.subscription).set,
+            )
+            status_interval = context.status_interval
+        else:
+            self.name = f"sync-{role.relid}"
+            options = StreamOptions(context.options.publications, origin=context.options.origin)
+            should_apply = _only(role.relid)
+            spools = SpoolDirectory(context.spool_root / self.name)
+            status_interval = 1.0  # the leader waits on this worker's progress
+        self.progress = Progress(start)
         self.spools = spools
-        self._assembler = TransactionAssembler(spools, spill_after)
-        self._last_queued = progress.flushed
+        self._applier = BatchApplier(
+            context.subscription,
+            context.tables,
+            context.types,
+            should_apply=should_apply,
+            resolutions=context.resolutions,
+            reporter=context.reporter,
+        )
+        self._queue = TransactionQueue(context.queue)
+        self.worker = ApplyWorker(
+            context.subscription,
+            self._queue,
+            applier=self._applier,
+            progress=self.progress,
+            batcher=Batcher(context.bounds, context.max_delay),
+            metrics=context.metrics,
+            leader=role if isinstance(role, Leader) else None,
+        )
+        self._assembler = TransactionAssembler(spools, context.bounds)
+        self._last_queued = start
         self._stop = threading.Event()
         self.done = threading.Event()  # set when either thread ends
         self._errors: list[BaseException] = []
         self.receiver = Receiver(
-            conninfo,
-            slot,
+            context.conninfo,
+            role.slot,
             options,
-            progress,
+            self.progress,
             self._deliver,
             status_interval=status_interval,
-            wal_receiver_timeout=wal_receiver_timeout,
+            wal_receiver_timeout=context.wal_receiver_timeout,
             on_reconnect=self._assembler.reset,
         )
         self._threads: list[threading.Thread] = []

@@ -1,41 +1,20 @@
-"""What every write to a target Delta table shares: its mark, its result, its errors.
+"""What pgsub records durably, as values: a commit's mark, a write's result, a table's state.
 
-A commit of pgsub carries, in Delta's ``userMetadata``, the subscription
-and the LSN the commit brings the table to (``CommitMark``); a restart
-reads the LSN back (``lsn_from_metadata``), and the origin tracker tells
-pgsub's commits from other writers' by it (``apply.delta.origins``).
+Pure. A commit of pgsub carries, in Delta's ``userMetadata``, the
+subscription and the LSN the commit brings the table to (``CommitMark``);
+a restart reads the LSN back (``lsn_from_metadata``), and the origin
+tracker tells pgsub's commits from other writers' by it
+(``apply.delta.origins``). ``StoredTableState`` is a row of the state
+store's ``table_states`` (PostgreSQL's pg_subscription_rel).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
 
-from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-from pyspark.errors import PySparkException
-
-from apply.delta.findings import Finding
-from apply.delta.origins import read_mark
-from apply.errors import ApplyError
+from conflicts.findings import Finding
 from subscriber.replication.lsn import Lsn
-
-if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
-
-SparkErrors = (PySparkException, Py4JError)
-
-
-class ConflictError(ApplyError):
-    """A remote change conflicts with the target and the configured action is to stop."""
-
-    def __init__(self, kind: str, table: str, findings: list[Finding]) -> None:
-        self.kind = kind
-        self.table = table
-        self.findings = findings
-        stopping = [f for f in findings if f.kind == kind]
-        self.tx_index = stopping[0].tx_index if stopping else 0
-        super().__init__(f'conflict detected on relation "{table}": conflict={kind}')
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +97,21 @@ def within_from_metadata(text: str | None, subscription: str) -> Within | None:
         return None
 
 
-def struct(ddl: str) -> StructType:
-    from pyspark.sql.types import StructType
+def read_mark(user_metadata: str | None) -> dict[str, object]:
+    """The ``pgsub`` mark in a commit's ``userMetadata`` (empty when there is none)."""
+    if not user_metadata:
+        return {}
+    try:
+        mark = json.loads(user_metadata).get("pgsub", {})
+    except (ValueError, AttributeError):
+        return {}
+    return mark if isinstance(mark, dict) else {}
 
-    return cast("StructType", StructType.fromDDL(ddl))
+
+@dataclass(frozen=True, slots=True)
+class StoredTableState:
+    relid: int
+    schema: str
+    name: str
+    state: str  # pg_subscription_rel.srsubstate letter; "" when the table left the subscription
+    lsn: Lsn | None

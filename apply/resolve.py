@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from apply.collapse import First, Key, KeyedNet, KeyedRow
-from apply.delta.findings import Finding
-from conflicts.kinds import ConflictKind, Resolution
+from apply.collapse import Key, KeyedNet, KeyedRow
+from conflicts.findings import Finding
+from conflicts.kinds import ConflictKind, First, Resolution
 from subscriber.replication.messages import UNCHANGED
 
 EXISTS: Final = frozenset({ConflictKind.INSERT_EXISTS, ConflictKind.UPDATE_EXISTS})

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from subscriber.replication.catalog import PgTypeRow
+
 BOOL: Final = 16
 BYTEA: Final = 17
 CHAR: Final = 18
@@ -132,18 +134,6 @@ ARRAY_OF: Final[dict[int, int]] = {element: array for array, element in ARRAY_EL
 
 
 @dataclass(frozen=True, slots=True)
-class PgTypeRow:
-    """The pg_type columns that type resolution needs."""
-
-    oid: int
-    typtype: str  # b base, d domain, e enum, c composite, r range, m multirange, p pseudo
-    basetype: int
-    typtypmod: int
-    elem: int
-    category: str
-
-
-@dataclass(frozen=True, slots=True)
 class ColumnType:
     """A publisher column's type as the target sees it.
 
@@ -167,7 +157,7 @@ class ColumnType:
         return spark_type(self.oid, self.typmod) == "string"
 
 
-TypeLookup = Callable[[int], "PgTypeRow | None"]
+TypeLookup = Callable[[int], PgTypeRow | None]
 
 
 def resolve(type_oid: int, typmod: int, lookup: TypeLookup) -> ColumnType:
@@ -192,9 +182,3 @@ def resolve(type_oid: int, typmod: int, lookup: TypeLookup) -> ColumnType:
             return ColumnType(TEXT)
         return ColumnType(element.oid, element.typmod, is_array=True)
     return ColumnType(TEXT)
-
-
-PG_TYPE_QUERY: Final = (
-    "SELECT oid, typtype, typbasetype, typtypmod, typelem, typcategory"
-    " FROM pg_catalog.pg_type WHERE oid = ANY(%s)"
-)

@@ -33,15 +33,14 @@ import structlog
 from apply.applier import BatchApplier, TableResult
 from apply.assembly import AssembledTransaction
 from apply.batch import Batch, Batcher
-from apply.delta.state_store import CheckpointStore
 from apply.failpoints import failpoint
+from apply.roles import Leader
 from apply.spool import SpooledTransaction
 from apply.transactions import Bounds, RemoteTransaction, RowChange
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
 from subscriber.replication.wire import PG_EPOCH_OFFSET
-from subscriber.runtime.settings import SubscriptionSettings
 
 log = structlog.get_logger(__name__)
 
@@ -99,34 +98,30 @@ class TransactionQueue:
 
 
 class ApplyWorker:
+    """The apply loop of one pipeline; ``leader`` holds what only the leader does (None: a
+    table-sync worker's catch-up, which records no checkpoint and reports no metrics)."""
+
     def __init__(
         self,
         subscription: str,
         queue: TransactionQueue,
         *,
         applier: BatchApplier,
-        checkpoints: CheckpointStore | None,
         progress: Progress,
         batcher: Batcher,
         metrics: Metrics,
-        isolate_through: Lsn | None = None,
-        sync_tables: Callable[[Lsn], None] | None = None,
-        settings: SubscriptionSettings | None = None,
-        observe: bool = True,
+        leader: Leader | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.subscription = subscription
         self._queue = queue
         self._applier = applier
-        self._checkpoints = checkpoints
         self._progress = progress
         self._batcher = batcher
         self._metrics = metrics
-        self._isolate_through = isolate_through
-        self._sync_tables = sync_tables
-        self._settings = settings
+        self._leader = leader
+        self._isolate_through = leader.isolate_through if leader is not None else None
         self._clear_skip_at: Lsn | None = None
-        self._report = observe
         self._wall_clock = wall_clock
         self.last_commit_time: int | None = None
         self.in_flight: Batch | None = None
@@ -146,18 +141,18 @@ class ApplyWorker:
                 batcher.add(
                     replace(tx, changes=(), size=0) if self._skipping(tx, len(tx.changes)) else tx
                 )
-            elif self._settings is not None:
-                self._settings.refresh()
+            elif self._leader is not None:
+                self._leader.skip.refresh()
             if len(batcher) and (batcher.due() or self._isolating(tx)):
                 self._apply(batcher.take())
-            elif tx is None and not len(batcher) and self._sync_tables is not None:
+            elif tx is None and not len(batcher) and self._leader is not None:
                 progress = self._progress
                 # Idle: the leader's position is everything received (PostgreSQL's last_received).
-                self._sync_tables(progress.received if progress.idle else progress.flushed)
+                self._leader.sync_tables(progress.received if progress.idle else progress.flushed)
 
     def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:
         """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty)."""
-        skip = self._settings.skip_lsn if self._settings is not None else None
+        skip = self._leader.skip.skip_lsn if self._leader is not None else None
         if skip is None or self._clear_skip_at is not None or tx.final_lsn < skip:
             return False
         self._clear_skip_at = tx.end_lsn
@@ -224,7 +219,7 @@ class ApplyWorker:
         failpoint("apply.after_piece")
         self.in_flight = None
         self.in_flight_since = None
-        if self._report:
+        if self._leader is not None:
             piece = batch.transactions[0]
             self._count_changes(batch)
             log.info(
@@ -253,15 +248,15 @@ class ApplyWorker:
         skipped = self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at
         # A skipped transaction writes nothing, but its checkpoint is what makes the skip
         # durable: below the origin LSN, it is never sent again (see SubscriptionRunner).
-        if (result.tables or skipped) and self._checkpoints is not None:
-            self._checkpoints.record(
+        if (result.tables or skipped) and self._leader is not None:
+            self._leader.checkpoints.record(
                 self.subscription, batch.end_lsn, batch.commit_time, result.versions
             )
         failpoint("apply.before_flush_report")
         self._progress.confirm_flushed(batch.end_lsn)
         if skipped:
-            assert self._settings is not None
-            self._settings.clear_skip()  # tidying: the checkpoint above already made it so
+            assert self._leader is not None
+            self._leader.skip.clear_skip()  # tidying: the checkpoint above already made it so
             self._clear_skip_at = None
             log.info(
                 "logical replication completed skipping transaction",
@@ -274,10 +269,9 @@ class ApplyWorker:
             self._isolate_through = None
         seconds = time.monotonic() - started
         self.last_commit_time = batch.commit_time
-        if self._report:
+        if self._leader is not None:
             self._observe(batch, result.tables, seconds)
-        if self._sync_tables is not None:
-            self._sync_tables(batch.end_lsn)
+            self._leader.sync_tables(batch.end_lsn)
 
     def _count_changes(self, batch: Batch) -> int:
         ops: Counter[str] = Counter()

@@ -36,13 +36,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from apply.collapse import First, KeyedNet, KeyedRow
+from apply.collapse import KeyedNet, KeyedRow
 from apply.delta.session import SparkSettings, build_session
 from apply.delta.tables import DeltaTables
 from apply.records import CommitMark
 from apply.schema import TargetSchema, target_schema
 from apply.source import empty
-from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
+from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
 from subscriber.runtime.daemon import tune_garbage_collector

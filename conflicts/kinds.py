@@ -12,7 +12,7 @@ PostgreSQL 18's conflict.c, for a Delta target (DESIGN section 7):
 | delete_origin_differs | likewise for a delete | apply_remote |
 
 A key's chain of changes in a batch is judged on its first change against
-the table as it was before the batch (``collapse.First``). An update or
+the table as it was before the batch (``First``, kept by ``apply.collapse``). An update or
 delete whose row another writer changed last is *_origin_differs: Delta row
 tracking gives each row the table version that last changed it, and the
 table's history says which versions were not this subscription's commits.
@@ -23,7 +23,20 @@ from __future__ import annotations
 from enum import Enum
 from typing import Final
 
-from apply.collapse import First
+
+class First(Enum):
+    """The first change of a key's chain within the batch."""
+
+    INSERT = "INSERT"
+    UPDATE = "UPDATE"
+    DELETE = "DELETE"
+    KEY_UPDATE_NEW = "KEY_UPDATE_NEW"  # the new key of an update that changed the key
+    KEY_UPDATE_OLD = "KEY_UPDATE_OLD"  # the old key of such an update
+
+    @property
+    def expects_present(self) -> bool:
+        """Whether the publisher had the row before this change."""
+        return self in (First.UPDATE, First.DELETE, First.KEY_UPDATE_OLD)
 
 
 class ConflictKind(Enum):

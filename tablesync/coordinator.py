@@ -22,16 +22,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import structlog
 
-from apply.delta.state_store import StoredTableState, TableStateStore
 from apply.errors import ApplyError
+from apply.records import StoredTableState
 from apply.transactions import RemoteTransaction
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation
-from subscriber.runtime.config import SubscriptionConfig
 from tablesync.publication import PublishedTable
 from tablesync.state import TableState, TableStatus
 
@@ -43,6 +43,26 @@ class TableRenamedError(ApplyError):
 
 
 WorkerFactory = Callable[[PublishedTable], Callable[[threading.Event], None]]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncSettings:
+    """What table synchronization takes from the subscription's config."""
+
+    subscription: str
+    copy_data: bool = True
+    max_sync_workers: int = 2
+    retry_interval: float = 5.0  # wal_retrieve_retry_interval
+
+
+class TableStates(Protocol):
+    """The stored table states (``apply.delta.state_store.TableStateStore``)."""
+
+    def load(self, subscription: str) -> dict[int, StoredTableState]: ...
+
+    def record(self, subscription: str, states: list[StoredTableState]) -> None: ...
+
+
 # How often a running leader looks for tables added or removed by ``pgsub refresh``.
 RELOAD_INTERVAL = 3.0
 
@@ -63,13 +83,13 @@ def plan_refresh(stored: dict[int, StoredTableState], published: list[PublishedT
     )
 
 
-def record_refresh(store: TableStateStore, config: SubscriptionConfig, refresh: Refresh) -> None:
+def record_refresh(store: TableStates, settings: SyncSettings, refresh: Refresh) -> None:
     """Store a refresh: new tables INIT (READY without copy_data), removed ones gone."""
-    state = TableState.INIT if config.copy_data else TableState.READY
+    state = TableState.INIT if settings.copy_data else TableState.READY
     rows = [StoredTableState(t.relid, t.schema, t.name, state.value, None) for t in refresh.added]
     rows += [StoredTableState(s.relid, s.schema, s.name, "", None) for s in refresh.removed]
     if rows:
-        store.record(config.name, rows)
+        store.record(settings.subscription, rows)
 
 
 @dataclass
@@ -81,8 +101,8 @@ class _Running:
 class SyncCoordinator:
     def __init__(
         self,
-        config: SubscriptionConfig,
-        store: TableStateStore,
+        settings: SyncSettings,
+        store: TableStates,
         metrics: Metrics,
         worker_factory: WorkerFactory,
         *,
@@ -91,7 +111,7 @@ class SyncCoordinator:
         on_error: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config
+        self.settings = settings
         self._store = store
         self._metrics = metrics
         self._factory = worker_factory
@@ -119,7 +139,7 @@ class SyncCoordinator:
 
     def load(self, published: list[PublishedTable], position: Lsn) -> None:
         """Start from the stored states; on a subscription's first start, add its tables."""
-        stored = self._store.load(self.config.name)
+        stored = self._store.load(self.settings.subscription)
         self.publish(published)
         if not stored:
             self.add_tables(published, position)
@@ -133,8 +153,8 @@ class SyncCoordinator:
 
     def add_tables(self, tables: list[PublishedTable], position: Lsn) -> None:
         """New tables: INIT, or READY at ``position`` without the initial copy (copy_data off)."""
-        state = TableState.INIT if self.config.copy_data else TableState.READY
-        lsn = None if self.config.copy_data else position
+        state = TableState.INIT if self.settings.copy_data else TableState.READY
+        lsn = None if self.settings.copy_data else position
         fresh = [
             TableStatus(t.relid, t.schema, t.name, state, lsn)
             for t in tables
@@ -151,7 +171,7 @@ class SyncCoordinator:
             self._cond.notify_all()
         log.info(
             "tables added to the subscription",
-            subscription=self.config.name,
+            subscription=self.settings.subscription,
             tables=[s.qualified_name for s in fresh],
             state=state.label,
         )
@@ -165,11 +185,12 @@ class SyncCoordinator:
             return False
         if status.qualified_name != relation.qualified_name:
             # Its changes would land in a new, empty Delta table under the new name.
+            name = self.settings.subscription
             raise TableRenamedError(
                 f"table {status.qualified_name} was renamed to {relation.qualified_name} on "
-                f'the publisher; subscription "{self.config.name}" stops rather than apply '
+                f'the publisher; subscription "{name}" stops rather than apply '
                 "its changes to a new, empty table. Copy it again under its new name: "
-                f"`pgsub resync -c <config> {self.config.name} {status.qualified_name}`"
+                f"`pgsub resync -c <config> {name} {status.qualified_name}`"
             )
         return True
 
@@ -197,7 +218,7 @@ class SyncCoordinator:
             self._cond.notify_all()
         log.info(
             "table state changed",
-            subscription=self.config.name,
+            subscription=self.settings.subscription,
             table=moved.qualified_name,
             state=state.label,
             lsn=None if lsn is None else str(lsn),
@@ -207,7 +228,7 @@ class SyncCoordinator:
 
     def _persist(self, statuses: list[TableStatus]) -> None:
         self._store.record(
-            self.config.name,
+            self.settings.subscription,
             [StoredTableState(s.relid, s.schema, s.name, s.state.value, s.lsn) for s in statuses],
         )
 
@@ -260,7 +281,7 @@ class SyncCoordinator:
     def reload(self) -> None:
         """Pick up tables added or removed by ``pgsub refresh`` since the last look."""
         self._reloaded_at = self._clock()
-        stored = self._store.load(self.config.name)
+        stored = self._store.load(self.settings.subscription)
         with self._cond:
             added = [
                 TableStatus(relid, s.schema, s.name, TableState(s.state), s.lsn)
@@ -290,11 +311,11 @@ class SyncCoordinator:
         for status in removed:
             for state in TableState:
                 self._metrics.table_state.remove(
-                    self.config.name, status.qualified_name, state.label
+                    self.settings.subscription, status.qualified_name, state.label
                 )
             log.info(
                 "table removed from the subscription",
-                subscription=self.config.name,
+                subscription=self.settings.subscription,
                 table=status.qualified_name,
                 note="its Delta table is kept; its changes are no longer applied",
             )
@@ -303,7 +324,7 @@ class SyncCoordinator:
         for status in resynced:
             log.info(
                 "table state changed",
-                subscription=self.config.name,
+                subscription=self.settings.subscription,
                 table=status.qualified_name,
                 state=TableState.INIT.label,
                 lsn=None,
@@ -312,7 +333,7 @@ class SyncCoordinator:
         if added:
             log.info(
                 "tables added to the subscription",
-                subscription=self.config.name,
+                subscription=self.settings.subscription,
                 tables=[s.qualified_name for s in added],
             )
             if self._list_published is not None:
@@ -350,13 +371,12 @@ class SyncCoordinator:
                 if s.state in (TableState.INIT, TableState.DATASYNC, TableState.FINISHEDCOPY)
                 and s.relid not in self._running
                 and s.relid in self._published
-                and now - self._failed_at.get(s.relid, -1e9)
-                >= self.config.wal_retrieve_retry_interval
+                and now - self._failed_at.get(s.relid, -1e9) >= self.settings.retry_interval
             ]
-            room = 0 if self._held else self.config.max_sync_workers - len(self._running)
+            room = 0 if self._held else self.settings.max_sync_workers - len(self._running)
             for status in waiting[: max(0, room)]:
                 self._spawn(self._published[status.relid])
-        self._metrics.workers.labels(self.config.name, "table synchronization").set(
+        self._metrics.workers.labels(self.settings.subscription, "table synchronization").set(
             len(self._running)
         )
 
@@ -385,7 +405,7 @@ class SyncCoordinator:
                     table=table.qualified_name,
                 )
                 return
-        self._metrics.sync_errors.labels(self.config.name).inc()
+        self._metrics.sync_errors.labels(self.settings.subscription).inc()
         with self._cond:
             self._failed_at[table.relid] = self._clock()
             status = self._statuses.get(table.relid)
@@ -400,11 +420,11 @@ class SyncCoordinator:
                 )
         log.error(
             "logical replication table synchronization worker failed",
-            subscription=self.config.name,
+            subscription=self.settings.subscription,
             table=table.qualified_name,
             error=str(exc),
             error_type=type(exc).__name__,
-            retry_in=self.config.wal_retrieve_retry_interval,
+            retry_in=self.settings.retry_interval,
         )
         if self._on_error is not None and self._on_error(
             f"table synchronization of {table.qualified_name} failed: {exc}"
@@ -431,6 +451,6 @@ class SyncCoordinator:
         gauge = self._metrics.table_state
         for status in self.statuses:
             for state in TableState:
-                gauge.labels(self.config.name, status.qualified_name, state.label).set(
+                gauge.labels(self.settings.subscription, status.qualified_name, state.label).set(
                     1 if state is status.state else 0
                 )

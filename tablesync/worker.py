@@ -31,26 +31,15 @@ from typing import TYPE_CHECKING, Protocol
 import psycopg
 import structlog
 
-from apply.applier import BatchApplier
-from apply.batch import Batcher
 from apply.collapse import is_keyed
-from apply.delta.tables import DeltaTables
 from apply.failpoints import failpoint
-from apply.pipeline import ApplyPipeline
+from apply.pipeline import ApplyContext, ApplyPipeline
 from apply.records import CommitMark
+from apply.roles import CatchUp
 from apply.schema import target_schema
-from apply.spool import SpoolDirectory
-from apply.transactions import RemoteTransaction
-from apply.worker import ApplyWorker, TransactionQueue
-from conflicts.reporter import ConflictReporter
-from subscriber.metrics import Metrics
-from subscriber.replication.catalog import PublisherCatalog
-from subscriber.replication.commands import SnapshotAction, StreamOptions, quote_literal
+from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import Relation
-from subscriber.replication.progress import Progress
 from subscriber.replication.stream import ReplicationConnection
-from subscriber.runtime.config import SubscriptionConfig
 from tablesync.copy import arrow_blocks
 from tablesync.publication import PublishedTable, describe
 from tablesync.state import TableState, TableStatus
@@ -98,27 +87,16 @@ def is_sync_slot(subscription: str, slot: str) -> bool:
 
 
 class SyncWorker:
+    """One table's synchronization, on the subscription's ``ApplyContext``."""
+
     def __init__(
-        self,
-        config: SubscriptionConfig,
-        table: PublishedTable,
-        *,
-        tables: DeltaTables,
-        catalog: PublisherCatalog,
-        handoff: Handoff,
-        metrics: Metrics,
-        system_id: str,
-        reporter: ConflictReporter | None = None,
+        self, context: ApplyContext, table: PublishedTable, *, handoff: Handoff, system_id: str
     ) -> None:
-        self.config = config
+        self._context = context
         self.table = table
-        self._tables = tables
-        self._catalog = catalog
         self._handoff = handoff
-        self._metrics = metrics
-        self._reporter = reporter
-        self.slot = sync_slot_name(config.name, table.relid, system_id)
-        self._conninfo = config.conninfo()
+        self.slot = sync_slot_name(context.subscription, table.relid, system_id)
+        self._conninfo = context.conninfo
 
     def run(self, stopping: threading.Event) -> None:
         relid = self.table.relid
@@ -156,10 +134,11 @@ class SyncWorker:
         self._drop_slot()
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
             relation = describe(conn, table)
-        schema = target_schema(relation, self._catalog.type_row, is_keyed(relation))
-        self._tables.prepare(schema, recreate=True)  # the copy fills it
-        labels = (self.config.name, table.qualified_name)
-        self._metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
+        context = self._context
+        schema = target_schema(relation, context.types, is_keyed(relation))
+        context.tables.prepare(schema, recreate=True)  # the copy fills it
+        labels = (context.subscription, table.qualified_name)
+        context.metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
         started = time.monotonic()
         with ReplicationConnection(self._conninfo) as connection:
             connection.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
@@ -172,9 +151,9 @@ class SyncWorker:
             )
             rows = connection.copy_out(table.copy_query().as_string(None))
             blocks = self._progress(arrow_blocks(rows, schema))
-            mark = CommitMark(self.config.name, slot.consistent_point, 0)
-            staging = self.config.spool_path / COPY_STAGING / str(table.relid)
-            copied, _ = self._tables.copy_into(schema, blocks, mark, staging)
+            mark = CommitMark(context.subscription, slot.consistent_point, 0)
+            staging = context.spool_root / COPY_STAGING / str(table.relid)
+            copied, _ = context.tables.copy_into(schema, blocks, mark, staging)
             connection.execute("COMMIT")
         self._handoff.store(table.relid, TableState.FINISHEDCOPY, slot.consistent_point)
         log.info(
@@ -186,8 +165,8 @@ class SyncWorker:
         return slot.consistent_point
 
     def _progress(self, blocks: Iterable[pa.Table]) -> Iterator[pa.Table]:
-        counter = self._metrics.tablesync_rows_copied.labels(
-            self.config.name, self.table.qualified_name
+        counter = self._context.metrics.tablesync_rows_copied.labels(
+            self._context.subscription, self.table.qualified_name
         )
         copied = 0
         for block in blocks:
@@ -221,48 +200,8 @@ class SyncWorker:
 
     def _catch_up(self, start: Lsn, target: Lsn, stopping: threading.Event) -> Lsn | None:
         """Apply this table's changes from the sync slot up to ``target``; the LSN reached."""
-        relid = self.table.relid
-        config = self.config
-
-        def only_this_table(relation: Relation, tx: RemoteTransaction) -> bool:
-            return relation.oid == relid
-
-        applier = BatchApplier(
-            config.name,
-            self._tables,
-            self._catalog.type_row,
-            should_apply=only_this_table,
-            resolutions=config.conflicts.resolutions(),
-            reporter=self._reporter,
-        )
-        progress = Progress(start)
-
-        def make_worker(queue: TransactionQueue) -> ApplyWorker:
-            return ApplyWorker(
-                config.name,
-                queue,
-                applier=applier,
-                checkpoints=None,
-                progress=progress,
-                batcher=Batcher(config.batch.bounds(), config.batch.max_delay),
-                metrics=self._metrics,
-                observe=False,  # the subscription's gauges are the leader's
-            )
-
-        pipeline = ApplyPipeline(
-            f"sync-{relid}",
-            conninfo=self._conninfo,
-            slot=self.slot,
-            options=StreamOptions(tuple(config.publications), origin=config.origin),
-            progress=progress,
-            applier=applier,
-            make_worker=make_worker,
-            queue=config.batch.queue_bounds(),
-            spools=SpoolDirectory(config.spool_path / f"sync-{relid}"),
-            spill_after=config.batch.bounds(),
-            status_interval=1.0,
-            wal_receiver_timeout=config.wal_receiver_timeout,
-        )
+        pipeline = ApplyPipeline(self._context, CatchUp(self.table.relid, self.slot), start)
+        progress = pipeline.progress
         pipeline.start()
         reached = False
         try:

@@ -13,17 +13,18 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from apply.delta.session import SparkErrors, struct
 from apply.errors import TargetTableError
-from apply.records import CommitMark, SparkErrors, struct
+from apply.records import CommitMark
 from apply.schema import TargetSchema
 from apply.source import empty as source_empty
 
 if TYPE_CHECKING:
-    from apply.delta.tables import DeltaTables
+    from apply.delta.target import TargetTable
 
 
 def copy_into(
-    tables: DeltaTables,
+    target: TargetTable,
     schema: TargetSchema,
     blocks: Iterator[pa.Table],
     mark: CommitMark,
@@ -38,29 +39,26 @@ def copy_into(
     block is its own commit: the first overwrites whatever a failed
     attempt left, and only the last carries ``mark``.
     """
-    path = tables.path(schema.table)
     try:
-        if _local_master(tables):
-            return _copy_staged(tables, schema, blocks, mark, path=path, staging=staging)
-        return _copy_by_block(tables, schema, blocks, mark, path)
+        if _local_master(target):
+            return _copy_staged(target, schema, blocks, mark, staging)
+        return _copy_by_block(target, schema, blocks, mark)
     except SparkErrors as exc:
-        raise TargetTableError(f"copying {schema.table} into {path} failed: {exc}") from exc
+        raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
 
 
-def _local_master(tables: DeltaTables) -> bool:
+def _local_master(target: TargetTable) -> bool:
     try:
-        return str(tables.session().conf.get("spark.master", "")).startswith("local")
+        return str(target.session.conf.get("spark.master", "")).startswith("local")
     except SparkErrors:
         return False
 
 
 def _copy_staged(
-    tables: DeltaTables,
+    target: TargetTable,
     schema: TargetSchema,
     blocks: Iterator[pa.Table],
     mark: CommitMark,
-    *,
-    path: str,
     staging: Path,
 ) -> tuple[int, int | None]:
     import pyarrow.parquet as pq
@@ -72,23 +70,22 @@ def _copy_staged(
         for number, block in enumerate(blocks):
             pq.write_table(block, staging / f"part-{number:06d}.parquet")
             rows += block.num_rows
-        with tables.marked(mark) as session:
+        with target.marked(mark) as session:
             if rows:
                 frame = session.read.schema(struct(schema.ddl())).parquet(str(staging))
             else:
-                frame = tables.frame(session, source_empty(schema), schema)
-            frame.write.format("delta").mode("overwrite").save(path)
-            return rows, tables.committed_version(session)
+                frame = target.frame(source_empty(schema), schema)
+            frame.write.format("delta").mode("overwrite").save(target.path)
+            return rows, target.committed_version()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def _copy_by_block(
-    tables: DeltaTables,
+    target: TargetTable,
     schema: TargetSchema,
     blocks: Iterator[pa.Table],
     mark: CommitMark,
-    path: str,
 ) -> tuple[int, int | None]:
     rows = 0
     mode = "overwrite"
@@ -97,9 +94,9 @@ def _copy_by_block(
         block = ahead if ahead is not None else source_empty(schema)
         ahead = next(blocks, None)
         last = ahead is None
-        with tables.marked(mark) if last else tables.noted(mark) as session:
-            tables.frame(session, block, schema).write.format("delta").mode(mode).save(path)
-            version = tables.committed_version(session) if last else None
+        with target.marked(mark) if last else target.noted(mark):
+            target.frame(block, schema).write.format("delta").mode(mode).save(target.path)
+            version = target.committed_version() if last else None
         rows += block.num_rows
         mode = "append"
         if last:

@@ -13,19 +13,18 @@ existing local row (as text) and the transaction, for the conflict report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from apply.collapse import First, KeyedNet
+from apply.collapse import KeyedNet
 from apply.delta.origins import ROW_VERSION
 from apply.delta.session import arrow_frame
 from apply.schema import TargetSchema, quote
 from apply.source import FIRST, PRESENT
-from conflicts.kinds import judge
-from subscriber.replication.messages import TupleData
+from conflicts.findings import Finding
+from conflicts.kinds import First, judge
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -33,17 +32,6 @@ if TYPE_CHECKING:
 ROW = "__pgsub_row"
 VERSION = "__pgsub_version"
 _EXPECTS_ABSENT = pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    kind: str  # a conflicts.kinds.ConflictKind value
-    tx_index: int  # the first change's transaction in the batch
-    key: tuple[bytes | None, ...]  # the key's text (every column for a multiset row)
-    image: TupleData | None  # the remote row: the chain's last image, None when deleted
-    existing: dict[str, str | None] | None  # the local row, as text
-    local_version: int | None = None  # the Delta version that last changed the local row
-    resolution: str | None = None  # the action taken, when it is not the configured one
 
 
 def expected_counts(source: pa.Table) -> tuple[int, int, int]:

@@ -16,38 +16,33 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from apply.collapse import MultisetNet
-from apply.delta.findings import Finding
+from apply.errors import ConflictError
 from apply.merge_plan import multiset_merge
-from apply.records import CommitMark, ConflictError, WriteResult
+from apply.records import CommitMark, WriteResult
 from apply.schema import TargetSchema, quote
 from apply.source import COUNT, REMOVE, ROW, multiset_source
+from conflicts.findings import Finding
 from conflicts.kinds import ConflictKind, Resolution
 
 if TYPE_CHECKING:
-    from apply.delta.tables import DeltaTables
+    from apply.delta.target import TargetTable
 
 
 def write_multiset(
-    tables: DeltaTables,
+    target: TargetTable,
     schema: TargetSchema,
     net: MultisetNet,
     mark: CommitMark,
     resolutions: Mapping[ConflictKind, Resolution],
 ) -> WriteResult:
-    path = tables.path(schema.table)
     source = multiset_source(net, schema)
     if net.truncated:
-        return tables.overwrite(schema, source.inserts, mark)
+        return target.overwrite(schema, source.inserts, mark)
     if source.removals.num_rows == 0:
-        with tables.marked(mark) as session:
-            frame = tables.frame(session, source.inserts, schema)
-            frame.write.format("delta").mode("append").save(path)
-            return WriteResult(
-                schema.table, tables.committed_version(session), inserted=source.inserts.num_rows
-            )
+        return target.append(schema, source.inserts, mark)
     names = [c.name for c in schema.columns]
     values = source.inserts.select(names).schema
-    remaining, short = _remaining_copies(tables, schema, source.removals, path)
+    remaining, short = _remaining_copies(target, schema, source.removals)
     missing = tuple(
         Finding("delete_missing", row.first_tx, (), row.image, None)
         for index, row in enumerate(source.removed)
@@ -62,9 +57,9 @@ def write_multiset(
     markers = markers.append_column(REMOVE, _flags(True, markers.num_rows))
     adds = pa.concat_tables([reinserts, source.inserts.select(names)])
     adds = adds.append_column(REMOVE, _flags(False, adds.num_rows))
-    with tables.marked(mark) as session:
-        frame = tables.frame(session, pa.concat_tables([markers, adds]), schema)
-        result = tables.merge(session, schema, frame, multiset_merge(schema), path)
+    with target.marked(mark):
+        frame = target.frame(pa.concat_tables([markers, adds]), schema)
+        result = target.merge(schema, frame, multiset_merge(schema))
     return WriteResult(
         schema.table,
         result.version,
@@ -75,27 +70,22 @@ def write_multiset(
 
 
 def _remaining_copies(
-    tables: DeltaTables, schema: TargetSchema, removals: pa.Table, path: str
+    target: TargetTable, schema: TargetSchema, removals: pa.Table
 ) -> tuple[pa.Table, set[int]]:
     """Each row to remove from, with how many copies stay (the target's count minus COUNT).
 
     Fewer copies in the target than the batch removes is delete_missing.
     """
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as fn
 
-    session = tables.session()
     names = [c.name for c in schema.columns]
-    target = DeltaTable.forPath(session, path).toDF().select(*[quote(n) for n in names])
-    target = target.withColumn("__pgsub_hit", fn.lit(1))
-    wanted = tables.frame(session, removals, schema)
-    same = reduce(
-        lambda a, b: a & b, [wanted[quote(n)].eqNullSafe(target[quote(n)]) for n in names]
-    )
+    rows = target.read().select(*[quote(n) for n in names]).withColumn("__pgsub_hit", fn.lit(1))
+    wanted = target.frame(removals, schema)
+    same = reduce(lambda a, b: a & b, [wanted[quote(n)].eqNullSafe(rows[quote(n)]) for n in names])
     counted = (
-        wanted.join(target, same, "left")
+        wanted.join(rows, same, "left")
         .groupBy(*[wanted[quote(n)] for n in names], wanted[quote(COUNT)], wanted[ROW])
-        .agg(fn.sum(fn.coalesce(target["__pgsub_hit"], fn.lit(0))).alias("__pgsub_existing"))
+        .agg(fn.sum(fn.coalesce(rows["__pgsub_hit"], fn.lit(0))).alias("__pgsub_existing"))
         .toArrow()
     )
     stay = pc.subtract(counted["__pgsub_existing"], counted[COUNT])

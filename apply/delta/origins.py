@@ -24,10 +24,11 @@ table created by hand) is not checked for *_origin_differs; with
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
+
+from apply.records import read_mark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,17 +58,6 @@ NO_ROWS: Final = frozenset(
         "DELETE",
     }
 )
-
-
-def read_mark(user_metadata: str | None) -> dict[str, object]:
-    """The ``pgsub`` mark in a commit's ``userMetadata`` (empty when there is none)."""
-    if not user_metadata:
-        return {}
-    try:
-        mark = json.loads(user_metadata).get("pgsub", {})
-    except (ValueError, AttributeError):
-        return {}
-    return mark if isinstance(mark, dict) else {}
 
 
 def marked_by(user_metadata: str | None, subscription: str) -> bool:

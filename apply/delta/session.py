@@ -1,6 +1,7 @@
 """Builds the daemon's one Spark session, wired for Delta Lake.
 
-This module and the Delta writer are the only places that import pyspark.
+``apply.delta`` is the only package that imports pyspark (docs/architecture.md);
+the process holds the session as ``apply.delta.session.SparkSession``.
 The Delta jars are resolved by Maven at set-up time (``make jars``) into a
 local folder; the session is pointed at them with ``spark.jars`` so that
 starting a session never downloads anything. A Spark Connect server
@@ -14,11 +15,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
+
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+from pyspark.errors import PySparkException
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
+    from pyspark.sql import SparkSession as SparkSession  # noqa: PLC0414 - a re-export
+    from pyspark.sql.types import StructType
 
 JARS_DIR_ENV = "PGSUB_JARS_DIR"
 _LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
@@ -44,6 +50,10 @@ _LOCAL_CONF: Mapping[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
 }
+
+
+# What a failing Spark or Delta call raises, in the driver (PySpark) or from the JVM (py4j).
+SparkErrors = (PySparkException, Py4JError)
 
 
 class SparkSetupError(RuntimeError):
@@ -129,3 +139,10 @@ def arrow_frame(session: SparkSession, table: pa.Table, ddl: str) -> DataFrame:
 def masked_spark_url(url: str) -> str:
     """``url`` fit for a log: a Spark Connect URL's token (``;token=...``) is masked."""
     return re.sub(r"(;\s*token\s*=)[^;]*", r"\1***", url, flags=re.IGNORECASE)
+
+
+def struct(ddl: str) -> StructType:
+    """A Spark schema from its DDL (``a int, b string``)."""
+    from pyspark.sql.types import StructType
+
+    return cast("StructType", StructType.fromDDL(ddl))

@@ -23,14 +23,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-from pyspark.errors import PySparkException
-
+from apply.delta.session import SparkErrors
 from apply.errors import TargetTableError
+from apply.records import StoredTableState
 from conflicts.report import Conflict
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.wire import pg_timestamp
@@ -39,7 +37,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Row, SparkSession
 
 STATE_DIR: Final = "_pgsub"
-SparkErrors = (PySparkException, Py4JError)
 
 
 class _StateTable:
@@ -109,15 +106,6 @@ class CheckpointStore(_StateTable):
     ) -> None:
         now = datetime.now(UTC)
         self._append([(subscription, int(lsn), str(lsn), pg_timestamp(commit_time), versions, now)])
-
-
-@dataclass(frozen=True, slots=True)
-class StoredTableState:
-    relid: int
-    schema: str
-    name: str
-    state: str  # pg_subscription_rel.srsubstate letter; "" when the table left the subscription
-    lsn: Lsn | None
 
 
 class TableStateStore(_StateTable):

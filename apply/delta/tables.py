@@ -1,14 +1,12 @@
-"""Target Delta tables, written through Spark: with ``delta_copy`` and ``delta_multiset``,
-the only code that writes them.
+"""The target Delta tables of one subscription: where they are, their schema, their progress.
 
-Table ``schema.name`` lives at ``<warehouse>/<schema>/<name>``. Every write
-records, atomically with the data, the LSN it brings the table to:
-
-- Delta's idempotent-write id (``txnAppId = pgsub/<subscription>``,
-  ``txnVersion`` = the LSN as an integer), so Delta itself refuses to
-  commit the same batch twice;
-- the LSN in the commit's ``userMetadata`` (JSON), which ``applied_lsn``
-  reads back from the table's history after a restart.
+Table ``schema.name`` lives at ``<warehouse>/<schema>/<name>``
+(``subscriber.replication.names``). ``DeltaTables`` creates and evolves
+them (with only the reader features their data needs, ``apply.features``),
+reads back the LSN each one reached (``applied_lsn``: the latest commit of
+this subscription in its history), and hands each write to the writer for
+its shape - ``keyed``, ``multiset``, or the initial ``copy`` - as a
+``TargetTable``.
 
 Writes run from several threads at once (one MERGE per table of a batch).
 Each thread has its own Spark session (``newSession``: same SparkContext,
@@ -20,68 +18,34 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import structlog
 
-from apply.collapse import First, KeyedNet, Net
+from apply.collapse import KeyedNet, Net
 from apply.delta.copy import copy_into
-from apply.delta.findings import Finding, expected_counts, find_keyed
-from apply.delta.moved import fill_moved
+from apply.delta.keyed import raised_conflict, write_keyed
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
-from apply.delta.session import arrow_frame
-from apply.errors import TargetTableError
+from apply.delta.session import SparkErrors, struct
+from apply.delta.target import TargetTable
+from apply.errors import ConflictError, TargetTableError
 from apply.features import PORTABLE, Gain, TableFeatures, creation_properties, gains
-from apply.merge_plan import (
-    ClauseKind,
-    MergePlan,
-    conflict_in,
-    key_bounds,
-    keyed_merge,
-    on_exists,
-    shape_of,
-)
-from apply.records import (
-    CommitMark,
-    ConflictError,
-    SparkErrors,
-    Within,
-    WriteResult,
-    lsn_from_metadata,
-    struct,
-    within_from_metadata,
-)
-from apply.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
+from apply.merge_plan import conflict_in
+from apply.records import CommitMark, Within, WriteResult, lsn_from_metadata, within_from_metadata
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
-from apply.source import (
-    FIRST,
-    PRESENT,
-    REINSERTED,
-    KeyedSource,
-    from_key,
-    helper_spark_type,
-    keyed_source,
-)
-from conflicts.kinds import DEFAULTS, ConflictKind, Resolution, judge
+from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
 
-TXN_APP_ID: Final = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION: Final = "spark.databricks.delta.write.txnVersion"
-USER_METADATA: Final = "spark.databricks.delta.commitInfo.userMetadata"
-LAST_VERSION: Final = "spark.databricks.delta.lastCommitVersionInSession"
 HISTORY_PEEK: Final = 100
 # The table property naming the subscription that writes a target table.
 WRITER: Final = "pgsub.subscription"
@@ -366,36 +330,9 @@ class DeltaTables:
 
     # -- writes --------------------------------------------------------------
 
-    @contextmanager
-    def marked(self, mark: CommitMark) -> Iterator[SparkSession]:
-        """A session whose next Delta commit carries ``mark``."""
-        session = self.session()
-        conf = session.conf
-        app_id, version = mark.txn
-        conf.set(TXN_APP_ID, app_id)
-        conf.set(TXN_VERSION, str(version))
-        conf.set(USER_METADATA, mark.user_metadata())
-        conf.unset(LAST_VERSION)
-        try:
-            yield session
-        finally:
-            conf.unset(TXN_APP_ID)
-            conf.unset(TXN_VERSION)
-            conf.unset(USER_METADATA)
-
-    @contextmanager
-    def noted(self, mark: CommitMark) -> Iterator[SparkSession]:
-        """A session whose next commit is marked ours without bringing the table to an LSN."""
-        session = self.session()
-        session.conf.set(USER_METADATA, mark.partial_metadata())
-        try:
-            yield session
-        finally:
-            session.conf.unset(USER_METADATA)
-
-    def committed_version(self, session: SparkSession) -> int | None:
-        value = session.conf.get(LAST_VERSION, None)
-        return int(value) if value not in (None, "") else None
+    def target(self, table: str) -> TargetTable:
+        """``table`` as its writers see it, from the calling thread's session."""
+        return TargetTable(self.session(), table, self.path(table))
 
     def write(
         self,
@@ -411,11 +348,12 @@ class DeltaTables:
         with the same input: a commit already made for ``mark.lsn`` is not
         made twice.
         """
-        path = self.path(schema.table)
+        target = self.target(schema.table)
         try:
             if isinstance(net, KeyedNet):
-                return self._write_keyed(schema, net, mark, path, resolutions)
-            return write_multiset(self, schema, net, mark, resolutions)
+                origins = self._tracker(schema.table, target.path)
+                return write_keyed(target, schema, net, mark, resolutions, origins=origins)
+            return write_multiset(target, schema, net, mark, resolutions)
         except ConflictError:
             raise
         except SparkErrors as exc:
@@ -423,19 +361,19 @@ class DeltaTables:
                 self._schemas.pop(schema.table, None)  # the next attempt looks at it again
             kind = conflict_in(str(exc))
             if kind is not None and isinstance(net, KeyedNet):
-                raise self._conflict(schema, net, kind, path) from None
+                raise raised_conflict(target, schema, net, kind) from None
             raise TargetTableError(
-                f"writing {schema.table} to {path} at LSN {mark.lsn} failed: {exc}"
+                f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
             ) from exc
 
-    def frame(self, session: SparkSession, table: pa.Table, schema: TargetSchema) -> DataFrame:
-        types = {c.name: c.spark_type for c in schema.columns}
-        for position, name in enumerate(schema.key):
-            types[from_key(position)] = types[name]
-        ddl = ", ".join(
-            f"{quote(n)} {types.get(n) or helper_spark_type(n)}" for n in table.column_names
-        )
-        return arrow_frame(session, table, ddl)
+    def copy_into(
+        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, staging: Path
+    ) -> tuple[int, int | None]:
+        """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
+
+        ``staging``: a local directory for the blocks (emptied before and after).
+        """
+        return copy_into(self.target(schema.table), schema, blocks, mark, staging)
 
     def _tracker(self, table: str, path: str) -> OriginTracker:
         with self._lock:
@@ -455,175 +393,6 @@ class DeltaTables:
             with self._lock:
                 self._origins[table] = tracker
         return tracker
-
-    def _write_keyed(
-        self,
-        schema: TargetSchema,
-        net: KeyedNet,
-        mark: CommitMark,
-        path: str,
-        resolutions: Mapping[ConflictKind, Resolution],
-    ) -> WriteResult:
-        session = self.session()
-        origins = self._tracker(schema.table, path)
-        if net.truncated:
-            return self._write_truncated(schema, net, mark, resolutions, origins)
-        first = looks_up_first(resolutions) or any(
-            r.first is First.KEY_UPDATE_OLD for r in net.rows.values()
-        )
-        origin_first = origin_looks_up_first(resolutions)
-        if (first or origin_first) and origins.has_new_commits(session):
-            origins.catch_up(session)  # the lookup judges against every other writer's rows
-        if first or (origin_first and origins.foreign):
-            return self._write_looked_up(schema, net, mark, path, resolutions, origins=origins)
-        # The default path: the MERGE judges, and is looked at after only when it must be.
-        result, source = self._merge_net(schema, net, mark, path, resolutions)
-        origins.committed(session, result.version)
-        counts = (result.inserted, result.updated, result.deleted)
-        if not origins.foreign and counts == expected_counts(source.table):
-            return result  # the conflict-free path: nothing more to look at
-        before = self._table_frame(path, None if result.version is None else result.version - 1)
-        findings = find_keyed(session, schema, net, before, origins.foreign)
-        _prune_replaced(origins, session, findings)
-        return replace(result, conflicts=tuple(findings))
-
-    def _write_looked_up(
-        self,
-        schema: TargetSchema,
-        net: KeyedNet,
-        mark: CommitMark,
-        path: str,
-        resolutions: Mapping[ConflictKind, Resolution],
-        *,
-        origins: OriginTracker,
-    ) -> WriteResult:
-        """Judge the batch's keys against the table first, then MERGE what the actions keep."""
-        session = self.session()
-        findings = find_keyed(session, schema, net, self._table_frame(path, None), origins.foreign)
-        resolved = resolve(net, findings, resolutions)
-        if resolved.stop is not None:
-            raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
-        result, _ = self._merge_net(schema, resolved.net, mark, path, resolutions)
-        origins.committed(session, result.version)
-        _prune_replaced(origins, session, resolved.findings)
-        return replace(result, conflicts=resolved.findings)
-
-    def _merge_net(
-        self,
-        schema: TargetSchema,
-        net: KeyedNet,
-        mark: CommitMark,
-        path: str,
-        resolutions: Mapping[ConflictKind, Resolution],
-    ) -> tuple[WriteResult, KeyedSource]:
-        source = keyed_source(net, schema)
-        stops = on_exists(
-            resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
-            resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
-        )
-        with self.marked(mark) as session:
-            frame = self.frame(session, source.table, schema)
-            if source.moved:
-                frame = fill_moved(session, frame, schema, source.keep_columns, path)
-            bounds = key_bounds(source.table, schema.key[0])
-            plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table), bounds)
-            return self.merge(session, schema, frame, plan, path), source
-
-    def _write_truncated(
-        self,
-        schema: TargetSchema,
-        net: KeyedNet,
-        mark: CommitMark,
-        resolutions: Mapping[ConflictKind, Resolution],
-        origins: OriginTracker,
-    ) -> WriteResult:
-        """A batch with a TRUNCATE: its chains are judged against an empty table."""
-        missing = [
-            Finding(kind.value, r.first_tx, r.key, r.image, None)
-            for r in net.rows.values()
-            if (kind := judge(r.first, False)) is not None and not r.reinserted
-        ]
-        resolved = resolve(net, missing, resolutions)
-        if resolved.stop is not None:
-            raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
-        table = keyed_source(resolved.net, schema).table
-        expects_absent = pc.is_in(
-            table[FIRST], pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
-        )
-        keep = pc.and_(table[PRESENT], pc.or_(expects_absent, table[REINSERTED]))
-        rows = table.filter(keep).select([c.name for c in schema.columns])
-        result = self.overwrite(schema, rows, mark)
-        origins.rewritten(result.version)
-        return replace(result, conflicts=resolved.findings)
-
-    def _table_frame(self, path: str, version: int | None) -> DataFrame:
-        reader = self.session().read.format("delta")
-        if version is not None:
-            reader = reader.option("versionAsOf", version)
-        return reader.load(path)
-
-    def merge(
-        self,
-        session: SparkSession,
-        schema: TargetSchema,
-        frame: DataFrame,
-        plan: MergePlan,
-        path: str,
-    ) -> WriteResult:
-        from delta.tables import DeltaTable
-
-        builder = (
-            DeltaTable.forPath(session, path).alias("t").merge(frame.alias("s"), plan.condition)
-        )
-        for clause in plan.clauses:
-            condition: Any = clause.condition
-            assignments: dict[str, Any] = dict(clause.assignments)
-            if clause.kind is ClauseKind.MATCHED_UPDATE:
-                builder = builder.whenMatchedUpdate(condition, assignments)
-            elif clause.kind is ClauseKind.MATCHED_DELETE:
-                builder = builder.whenMatchedDelete(condition)
-            else:
-                builder = builder.whenNotMatchedInsert(condition, assignments)
-        metrics = builder.execute()
-        rows = metrics.collect() if metrics is not None else []
-        counts = rows[0].asDict() if rows else {}
-        return WriteResult(
-            schema.table,
-            self.committed_version(session),
-            inserted=int(counts.get("num_inserted_rows") or 0),
-            updated=int(counts.get("num_updated_rows") or 0),
-            deleted=int(counts.get("num_deleted_rows") or 0),
-        )
-
-    def overwrite(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
-        with self.marked(mark) as session:
-            frame = self.frame(session, rows, schema)
-            frame.write.format("delta").mode("overwrite").save(self.path(schema.table))
-            return WriteResult(
-                schema.table, self.committed_version(session), inserted=rows.num_rows
-            )
-
-    def copy_into(
-        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, staging: Path
-    ) -> tuple[int, int | None]:
-        """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
-
-        ``staging``: a local directory for the blocks (emptied before and after).
-        """
-        return copy_into(self, schema, blocks, mark, staging)
-
-    def _conflict(self, schema: TargetSchema, net: KeyedNet, kind: str, path: str) -> ConflictError:
-        """The MERGE raised: find every conflicting chain, against the unchanged table."""
-        findings = find_keyed(self.session(), schema, net, self._table_frame(path, None))
-        return ConflictError(kind, schema.table, findings)
-
-
-def _prune_replaced(
-    origins: OriginTracker, session: SparkSession, findings: Sequence[Finding]
-) -> None:
-    """The batch wrote over other writers' rows: some of their versions may be gone."""
-    if any(ConflictKind(f.kind) in ORIGIN for f in findings):
-        origins.prune(session)
 
 
 def _warn_gained(table: str, gain: Gain) -> None:

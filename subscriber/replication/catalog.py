@@ -9,12 +9,30 @@ next lookup.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import psycopg
 
-from apply.typemap import PG_TYPE_QUERY, PgTypeRow
 from subscriber.replication.errors import ConnectionLostError
+
+
+@dataclass(frozen=True, slots=True)
+class PgTypeRow:
+    """The pg_type columns that type resolution needs."""
+
+    oid: int
+    typtype: str  # b base, d domain, e enum, c composite, r range, m multirange, p pseudo
+    basetype: int
+    typtypmod: int
+    elem: int
+    category: str
+
+
+PG_TYPE_QUERY: Final = (
+    "SELECT oid, typtype, typbasetype, typtypmod, typelem, typcategory"
+    " FROM pg_catalog.pg_type WHERE oid = ANY(%s)"
+)
 
 
 def fetch_type_rows(conn: psycopg.Connection[Any], oids: list[int]) -> dict[int, PgTypeRow]:

@@ -13,7 +13,8 @@ from typing import Any
 import psycopg
 
 from apply.delta.session import SparkSettings, build_session
-from apply.delta.state_store import STATE_TABLES, SettingsStore, StoredTableState, TableStateStore
+from apply.delta.state_store import STATE_TABLES, SettingsStore, TableStateStore
+from apply.records import StoredTableState
 from subscriber.replication.errors import SubscriberError, UsageError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.names import qualified_name, split_qualified
@@ -59,7 +60,7 @@ def refresh_publication(
         published = published_tables(conn, list(subscription.publications))
     store = TableStateStore(_spark(config), config.warehouse)
     refresh = plan_refresh(store.load(subscription.name), published)
-    record_refresh(store, subscription, refresh)
+    record_refresh(store, subscription.sync_settings(), refresh)
     return (
         [t.qualified_name for t in refresh.added],
         [qualified_name(s.schema, s.name) for s in refresh.removed],

@@ -34,6 +34,7 @@ from apply.features import FeatureMode, TableFeatures
 from apply.transactions import Bounds
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.replication.commands import Streaming, check_slot_name
+from tablesync.coordinator import SyncSettings
 
 ENV_PREFIX = "PGSUB_"
 # pgsub's environment variables that are not config keys.
@@ -196,6 +197,11 @@ class SubscriptionConfig(_Strict):
         if self.two_phase:
             raise ValueError("two_phase: true is not applied yet; use two_phase: false")
         return self
+
+    def sync_settings(self) -> SyncSettings:
+        return SyncSettings(
+            self.name, self.copy_data, self.max_sync_workers, self.wal_retrieve_retry_interval
+        )
 
     @property
     def spool_path(self) -> Path:

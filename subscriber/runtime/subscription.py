@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 import psycopg
 import structlog
 
-from apply.applier import BatchApplier, TransactionError
+from apply.applier import TransactionError
 from apply.assembly import UnsupportedStreamError
-from apply.batch import Batcher
 from apply.delta.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
 from apply.delta.tables import DeltaTables
 from apply.errors import ApplyError
-from apply.pipeline import ApplyPipeline
-from apply.spool import SpoolDirectory, private_directory
-from apply.worker import ApplyWorker, TransactionQueue
+from apply.pipeline import ApplyContext, ApplyPipeline
+from apply.roles import Leader
+from apply.spool import private_directory
+from apply.worker import ApplyWorker
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
 from subscriber.replication.catalog import PublisherCatalog
@@ -55,7 +55,7 @@ from tablesync.worker import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from apply.delta.session import SparkSession
 
 log = structlog.get_logger(__name__)
 
@@ -137,8 +137,31 @@ class SubscriptionRunner:
         self.catalog = PublisherCatalog(self._conninfo)
         self.system_id = ""
         self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))
+        self.options = StreamOptions(
+            tuple(config.publications),
+            binary=config.binary,
+            streaming=config.streaming,
+            two_phase=config.two_phase,
+            origin=config.origin,
+        )
+        self.context = ApplyContext(
+            subscription=config.name,
+            conninfo=self._conninfo,
+            options=self.options,
+            tables=self.tables,
+            types=self.catalog.type_row,
+            metrics=metrics,
+            reporter=self.reporter,
+            resolutions=config.conflicts.resolutions(),
+            bounds=config.batch.bounds(),
+            queue=config.batch.queue_bounds(),
+            max_delay=config.batch.max_delay,
+            spool_root=config.spool_path,
+            status_interval=config.status_interval,
+            wal_receiver_timeout=config.wal_receiver_timeout,
+        )
         self.coordinator = SyncCoordinator(
-            config,
+            config.sync_settings(),
             TableStateStore(spark, warehouse),
             metrics,
             self._sync_worker,
@@ -154,13 +177,6 @@ class SubscriptionRunner:
         self.receiver: Receiver | None = None
         self._worker: ApplyWorker | None = None
         self._spool_cleaned = False
-        self.options = StreamOptions(
-            tuple(config.publications),
-            binary=config.binary,
-            streaming=config.streaming,
-            two_phase=config.two_phase,
-            origin=config.origin,
-        )
 
     # -- supervision ---------------------------------------------------------
 
@@ -321,14 +337,7 @@ class SubscriptionRunner:
 
     def _sync_worker(self, table: PublishedTable) -> Callable[[threading.Event], None]:
         return SyncWorker(
-            self.config,
-            table,
-            tables=self.tables,
-            catalog=self.catalog,
-            handoff=self.coordinator,
-            metrics=self._metrics,
-            system_id=self.system_id,
-            reporter=self.reporter,
+            self.context, table, handoff=self.coordinator, system_id=self.system_id
         ).run
 
     def _drop_sync_slot(self, relid: int) -> None:
@@ -405,48 +414,16 @@ class SubscriptionRunner:
     # -- one attempt ---------------------------------------------------------
 
     def _attempt(self, flushed: Lsn, isolate: Lsn | None, stopping: threading.Event) -> Lsn:
-        config = self.config
-        applier = BatchApplier(
-            self.name,
-            self.tables,
-            self.catalog.type_row,
+        leader = Leader(
+            slot=self.config.slot,
+            checkpoints=self._checkpoints,
             should_apply=self.coordinator.should_apply,
-            resolutions=config.conflicts.resolutions(),
-            reporter=self.reporter,
+            sync_tables=self.coordinator.process,
+            skip=self.settings,
+            isolate_through=isolate,
         )
-        progress = Progress(flushed)
-
-        def make_worker(queue: TransactionQueue) -> ApplyWorker:
-            return ApplyWorker(
-                self.name,
-                queue,
-                applier=applier,
-                checkpoints=self._checkpoints,
-                progress=progress,
-                batcher=Batcher(config.batch.bounds(), config.batch.max_delay),
-                metrics=self._metrics,
-                isolate_through=isolate,
-                sync_tables=self.coordinator.process,
-                settings=self.settings,
-            )
-
-        pipeline = ApplyPipeline(
-            self.name,
-            conninfo=self._conninfo,
-            slot=config.slot,
-            options=self.options,
-            progress=progress,
-            applier=applier,
-            make_worker=make_worker,
-            queue=config.batch.queue_bounds(),
-            spools=SpoolDirectory(
-                config.spool_path / "apply",
-                on_size=self._metrics.spill_bytes.labels(self.name).set,
-            ),
-            spill_after=config.batch.bounds(),
-            status_interval=config.status_interval,
-            wal_receiver_timeout=config.wal_receiver_timeout,
-        )
+        pipeline = ApplyPipeline(self.context, leader, flushed)
+        progress = pipeline.progress
         self.progress, self.receiver = progress, pipeline.receiver
         pipeline.start()
         self._metrics.workers.labels(self.name, "apply").set(1)

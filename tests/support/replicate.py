@@ -117,7 +117,7 @@ class Replication:
 
     def skip(self, lsn: Lsn) -> None:
         """``pgsub skip`` for this subscription."""
-        from subscriber import admin
+        from subscriber.runtime import admin
         from subscriber.runtime.config import Config
 
         config = Config(warehouse=str(self.warehouse), subscriptions=[self.config])

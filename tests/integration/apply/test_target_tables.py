@@ -91,7 +91,7 @@ def test_a_renamed_or_deleted_table_stops_until_resync_copies_it_again(
 ) -> None:
     import shutil
 
-    from subscriber import admin
+    from subscriber.runtime import admin
     from subscriber.runtime.config import Config
     from tests.support.pgcluster import wait_until
 

@@ -169,7 +169,7 @@ def test_disable_on_error_stops_and_enable_resumes(
 ) -> None:
     from delta.tables import DeltaTable
 
-    from subscriber import admin
+    from subscriber.runtime import admin
     from subscriber.runtime.config import Config
 
     publisher.execute(
@@ -201,7 +201,7 @@ def test_disable_on_error_stops_and_enable_resumes(
 def test_disable_on_error_covers_a_failed_table_sync(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
-    from subscriber import admin
+    from subscriber.runtime import admin
     from subscriber.runtime.config import Config
     from tablesync.state import TableState
 

@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from apply.applier import BatchApplier
 from apply.batch import Batch
-from apply.collapse import KeyedNet, Net
-from apply.records import CommitMark, Within, WriteResult
-from apply.schema import Evolution, TargetSchema
+from apply.records import WriteResult
 from apply.transactions import RemoteTransaction
-from conflicts.kinds import ConflictKind, Resolution
-from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation
 from tests.unit.apply.builders import ins, relation, tx
+from tests.unit.apply.memory import MemoryTables
 
 T = relation("id", "v")
-
-
-class MemoryTables:
-    """Each table's committed LSN and the keys written, as a Delta table's history holds them."""
-
-    def __init__(self) -> None:
-        self.lsn: dict[str, Lsn] = {}
-        self.rows: dict[str, list[bytes | None]] = {}
-        self.reads = 0
-
-    def applied_lsn(self, table: str) -> Lsn:
-        self.reads += 1
-        return self.lsn.get(table, ZERO)
-
-    def applied_within(self, table: str) -> Within | None:
-        return None
-
-    def prepare(self, schema: TargetSchema) -> Evolution | None:
-        return None
-
-    def write(
-        self,
-        schema: TargetSchema,
-        net: Net,
-        mark: CommitMark,
-        resolutions: Mapping[ConflictKind, Resolution] = {},
-    ) -> WriteResult:
-        assert isinstance(net, KeyedNet)
-        self.rows.setdefault(schema.table, []).extend(key[0] for key in net.rows)
-        self.lsn[schema.table] = mark.lsn
-        return WriteResult(schema.table, len(self.rows[schema.table]))
 
 
 def test_a_table_handed_over_by_a_sync_worker_is_applied_from_what_it_holds() -> None:
@@ -61,11 +26,11 @@ def test_a_table_handed_over_by_a_sync_worker_is_applied_from_what_it_holds() ->
     applier.apply(Batch([tx(ins(T, 1, "a"), end=100)]))
     syncing[0] = True  # resync: a sync worker copies the table and catches up to 300
     applier.apply(Batch([tx(ins(T, 2, "b"), end=200)]))
-    tables.rows["public.t"] = [b"1", b"2", b"3"]
+    tables.rows["public.t"] = {b"1": (b"1", b"a"), b"2": (b"2", b"b"), b"3": (b"3", b"c")}
     tables.lsn["public.t"] = Lsn(300)
     syncing[0] = False
     applier.apply(Batch([tx(ins(T, 3, "c"), end=300), tx(ins(T, 4, "d"), end=400)]))
-    assert tables.rows["public.t"] == [b"1", b"2", b"3", b"4"]
+    assert tables.keys() == [1, 2, 3, 4]  # 3 was not inserted again: no insert_exists
 
 
 def test_progress_is_read_once_per_table_while_the_applier_applies_it() -> None:

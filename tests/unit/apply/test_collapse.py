@@ -1,7 +1,8 @@
 """Net effect per key and per multiset row (DESIGN section 4)."""
 
 from apply.batch import Batch
-from apply.collapse import First, KeyedNet, MultisetNet, collapse
+from apply.collapse import KeyedNet, MultisetNet, collapse
+from conflicts.kinds import First
 from subscriber.replication.lsn import ZERO
 from subscriber.replication.messages import ReplicaIdentity
 from tests.unit.apply.builders import batch, dele, ins, relation, row, trunc, tx, upd

@@ -1,82 +1,173 @@
-"""The apply loop with in-memory stand-ins: skips, checkpoints, flush confirmation."""
+"""The apply loop with in-memory stand-ins: skip, one-at-a-time retries, resumed pieces, queue."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
-from apply.applier import BatchApplier
+import pytest
+
+from apply.applier import BatchApplier, TransactionError
+from apply.assembly import TransactionAssembler
 from apply.batch import Batcher
-from apply.transactions import Bounds
+from apply.collapse import Net
+from apply.errors import ApplyError
+from apply.records import CommitMark, Within, WriteResult
+from apply.roles import Leader
+from apply.schema import TargetSchema
+from apply.spool import SpoolDirectory, SpooledTransaction
+from apply.transactions import Bounds, RemoteTransaction
 from apply.worker import ApplyWorker, TransactionQueue
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Begin, Commit, Insert
 from subscriber.replication.progress import Progress
-from subscriber.runtime.settings import SKIP_LSN, SubscriptionSettings
-from tests.unit.apply.builders import ins, relation, tx
-from tests.unit.apply.test_applier import MemoryTables
+from tests.unit.apply.builders import ins, relation, row, tx
+from tests.unit.apply.memory import MemoryCheckpoints, MemorySkip, MemoryTables
 
 T = relation("id", "v")
+BATCH = Bounds(1000)
 
 
-class MemoryLog:
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
+class Harness:
+    """A leader's apply worker over in-memory tables, run on a thread until a position."""
 
-    def load(self, subscription: str) -> dict[str, str]:
-        return {k: v for k, v in self.values.items() if v}
+    def __init__(
+        self,
+        tables: MemoryTables | None = None,
+        *,
+        bounds: Bounds = BATCH,
+        skip: Lsn | None = None,
+        isolate_through: Lsn | None = None,
+    ) -> None:
+        self.tables = tables or MemoryTables()
+        self.checkpoints = MemoryCheckpoints()
+        self.skip = MemorySkip(skip)
+        self.synced: list[Lsn] = []
+        self.progress = Progress(Lsn(0))
+        self.queue = TransactionQueue(Bounds(100_000))
+        leader = Leader(
+            "s",
+            self.checkpoints,
+            should_apply=lambda relation, remote: True,
+            sync_tables=self.synced.append,
+            skip=self.skip,
+            isolate_through=isolate_through,
+        )
+        self.worker = ApplyWorker(
+            "s",
+            self.queue,
+            applier=BatchApplier("s", self.tables, lambda oid: None),
+            progress=self.progress,
+            batcher=Batcher(bounds, max_delay=0.05),
+            metrics=Metrics(),
+            leader=leader,
+        )
 
-    def record(self, subscription: str, key: str, value: str) -> None:
-        self.values[key] = value
+    def run(self, *txs: RemoteTransaction | SpooledTransaction, until: Lsn) -> None:
+        """Apply ``txs`` until ``until`` is confirmed; the worker's error, if it fails."""
+        for item in txs:
+            assert self.queue.put(item, timeout=1)
+        stopping, failed = threading.Event(), []
+
+        def work() -> None:
+            try:
+                self.worker.run(stopping)
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        try:
+            for _ in range(500):
+                if failed or self.progress.flushed >= until:
+                    break
+                threading.Event().wait(0.01)
+        finally:
+            stopping.set()
+            thread.join()
+        if failed:
+            raise failed[0]
+        assert self.progress.flushed >= until
 
 
-class MemoryCheckpoints:
-    def __init__(self) -> None:
-        self.recorded: list[Lsn] = []
+class RefusesBad(MemoryTables):
+    """A table that cannot hold the value 'bad' (as a value out of a column's range)."""
 
-    def record(self, subscription: str, lsn: Lsn, commit_time: int, versions: object) -> None:
-        self.recorded.append(lsn)
-
-
-def run_until_flushed(worker: ApplyWorker, progress: Progress, lsn: Lsn) -> None:
-    stopping = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stopping,))
-    thread.start()
-    try:
-        for _ in range(200):
-            if progress.flushed >= lsn:
-                break
-            threading.Event().wait(0.02)
-    finally:
-        stopping.set()
-        thread.join()
-    assert progress.flushed >= lsn
+    def write(self, schema: TargetSchema, net: Net, mark: CommitMark, *args: object) -> WriteResult:
+        for chain in getattr(net, "rows", {}).values():
+            if chain.image is not None and b"bad" in chain.image.values:
+                raise ApplyError("column v: a value the target type cannot hold")
+        return super().write(schema, net, mark)
 
 
 def test_a_skipped_transaction_is_made_durable_by_its_own_checkpoint() -> None:
     """Nothing is written for it, yet its position is recorded: it is never resent."""
-    settings_log = MemoryLog()
-    settings_log.values[SKIP_LSN] = str(Lsn(200 - 8))
-    settings = SubscriptionSettings("s", settings_log)
-    settings.refresh(force=True)
-    tables = MemoryTables()
-    checkpoints = MemoryCheckpoints()
-    progress = Progress(Lsn(100))
-    queue = TransactionQueue(Bounds(1000))
-    worker = ApplyWorker(
-        "s",
-        queue,
-        applier=BatchApplier("s", tables, lambda oid: None),
-        checkpoints=checkpoints,  # type: ignore[arg-type]
-        progress=progress,
-        batcher=Batcher(Bounds(1), 0.0),
-        metrics=Metrics(),
-        settings=settings,
+    harness = Harness(skip=Lsn(200 - 8), bounds=Bounds(1))
+    harness.run(tx(ins(T, 5, "conflicting"), end=200), until=Lsn(200))
+    assert harness.tables.rows == {}
+    assert harness.checkpoints.recorded == [Lsn(200)]
+    assert harness.skip.skip_lsn is None and harness.skip.cleared == 1
+
+
+def test_a_skip_that_matches_no_transaction_is_cleared_and_nothing_is_skipped() -> None:
+    """A later transaction passed the skip LSN: PostgreSQL clears it with a warning."""
+    harness = Harness(skip=Lsn(150), bounds=Bounds(1))
+    harness.run(tx(ins(T, 1, "a"), end=100), tx(ins(T, 2, "b"), end=300), until=Lsn(300))
+    assert harness.tables.keys() == [1, 2]
+
+
+def test_after_a_failed_batch_transactions_are_applied_one_at_a_time_to_name_the_failing_one() -> (
+    None
+):
+    batch = (
+        tx(ins(T, 1, "a"), end=100, xid=701),
+        tx(ins(T, 2, "bad"), end=200, xid=702),
+        tx(ins(T, 3, "c"), end=300, xid=703),
     )
-    queue.put(tx(ins(T, 5, "conflicting"), end=200), timeout=1)
-    run_until_flushed(worker, progress, Lsn(200))
-    assert tables.rows == {}
-    assert checkpoints.recorded == [Lsn(200)]
-    assert settings.skip_lsn is None
+    first = Harness(RefusesBad())
+    with pytest.raises(TransactionError) as err:
+        first.run(*batch, until=Lsn(300))
+    assert err.value.finish_lsn is None  # three transactions in one batch: which one?
+    assert "in the 3 transactions finished from 0/5C to 0/124" in str(err.value)
+    assert first.checkpoints.recorded == []
+    # The retry, as SubscriptionRunner makes it: one transaction per batch up to the failed end.
+    retry = Harness(RefusesBad(), isolate_through=err.value.batch.end_lsn)
+    with pytest.raises(TransactionError) as again:
+        retry.run(*batch, until=Lsn(300))
+    assert again.value.finish_lsn == Lsn(200 - 8)
+    assert "in transaction 702 finished at 0/C0" in str(again.value)
+    assert retry.checkpoints.recorded == [Lsn(100)] and retry.tables.keys() == [1]
+
+
+def spooled(tmp_path: Path, keys: range, end: int) -> SpooledTransaction:
+    """One transaction of inserts, sent whole and spooled (it outgrew the memory bounds)."""
+    assembler = TransactionAssembler(SpoolDirectory(tmp_path / "spool"), Bounds(2))
+    assembler.feed(T)
+    assembler.feed(Begin(Lsn(end - 8), 0, 900))
+    for key in keys:
+        assembler.feed(Insert(T.oid, row(key, "v")))
+    made = assembler.feed(Commit(0, Lsn(end - 8), Lsn(end), 0))
+    assert isinstance(made, SpooledTransaction)
+    return made
+
+
+def test_a_transaction_partly_applied_before_a_crash_resumes_after_the_pieces_it_has(
+    tmp_path: Path,
+) -> None:
+    """The table committed the first piece (4 changes) before the crash; the resent
+    transaction is cut into other pieces (3), and only changes 4..9 are applied."""
+    tables = MemoryTables()
+    tables.rows["public.t"] = {str(k).encode(): (str(k).encode(), b"v") for k in range(4)}
+    tables.within["public.t"] = Within(Lsn(0x500), 4)
+    harness = Harness(tables, bounds=Bounds(3))
+    harness.run(spooled(tmp_path, range(10), end=0x500), until=Lsn(0x500))
+    assert tables.keys() == list(range(10))  # 0..3 again would have been insert_exists
+    throughs = [m.within.through for _, m in tables.commits if m.within is not None]
+    # Pieces 0..2 (nothing left to apply), 3..5 (only 4 and 5), 6..8, then 9 with the LSN.
+    assert throughs == [6, 9]
+    assert tables.lsn["public.t"] == Lsn(0x500)
+    assert harness.checkpoints.recorded == [Lsn(0x500)]  # once, with the last piece
 
 
 def test_the_queue_holds_back_wide_transactions_by_bytes() -> None:

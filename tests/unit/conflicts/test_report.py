@@ -4,8 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from apply.collapse import First
-from conflicts.kinds import ConflictKind, Resolution, judge
+from conflicts.kinds import ConflictKind, First, Resolution, judge
 from conflicts.report import Conflict, cut
 from subscriber.replication.lsn import Lsn
 

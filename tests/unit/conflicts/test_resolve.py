@@ -1,10 +1,10 @@
 """What each action does to a batch's net effect (apply.resolve), on collapsed batches."""
 
 from apply.batch import Batch
-from apply.collapse import First, KeyedNet, collapse
-from apply.delta.findings import Finding
+from apply.collapse import KeyedNet, collapse
 from apply.resolve import looks_up_first, resolve
-from conflicts.kinds import DEFAULTS, ConflictKind, Resolution, judge
+from conflicts.findings import Finding
+from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution, judge
 from subscriber.replication.lsn import ZERO
 from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from apply.delta.state_store import StoredTableState
+from apply.records import StoredTableState
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
-from subscriber.runtime.config import SubscriptionConfig
-from tablesync.coordinator import SyncCoordinator
+from tablesync.coordinator import SyncCoordinator, SyncSettings
 from tablesync.publication import PublishedTable
 from tablesync.state import TableState
 
@@ -31,15 +30,86 @@ class MemoryStore:
 
 
 def coordinator(
-    store: MemoryStore, worker: Callable[[threading.Event], None] | None = None
+    store: MemoryStore,
+    worker: Callable[[threading.Event], None] | None = None,
+    *,
+    clock: Callable[[], float] | None = None,
+    metrics: Metrics | None = None,
 ) -> SyncCoordinator:
-    config = SubscriptionConfig(name="s", connection="", publications=["p"])
     return SyncCoordinator(
-        config,
-        store,  # type: ignore[arg-type]
-        Metrics(),
+        SyncSettings("s", retry_interval=5.0),
+        store,
+        metrics or Metrics(),
         lambda table: worker or (lambda stop: None),
+        clock=clock or (lambda: 0.0),
     )
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_leader_gives_catchup_at_its_position_and_waits_for_syncdone() -> None:
+    """PostgreSQL's handoff: SYNCWAIT -> CATCHUP at the leader's position -> SYNCDONE -> READY,
+    the leader held in between so that it cannot run past the handoff point."""
+    store = MemoryStore()
+    given: list[Lsn | None] = []
+    release = threading.Event()
+
+    def worker(stop: threading.Event) -> None:
+        sync.store(TABLE.relid, TableState.DATASYNC)
+        sync.store(TABLE.relid, TableState.FINISHEDCOPY, Lsn(10))
+        target = sync.wait_for_catchup(TABLE.relid, Lsn(10), stop)
+        given.append(target)
+        release.wait(5)  # catching up...
+        assert target is not None
+        sync.store(TABLE.relid, TableState.SYNCDONE, Lsn(int(target) + 5))
+
+    sync = coordinator(store, worker)
+    sync.load([TABLE], Lsn(0))
+    sync.process(Lsn(0))  # starts the worker
+    wait_for(lambda: sync.status(TABLE.relid).state is TableState.SYNCWAIT, "SYNCWAIT")
+    leader = threading.Thread(target=sync.process, args=(Lsn(50),))
+    leader.start()
+    wait_for(lambda: given == [Lsn(50)], "CATCHUP at the leader's position")
+    leader.join(0.3)
+    assert leader.is_alive(), "the leader went on before the worker reached SYNCDONE"
+    release.set()
+    leader.join(5)
+    assert not leader.is_alive()
+    assert sync.status(TABLE.relid).state is TableState.SYNCDONE
+    assert not sync.status(TABLE.relid).applies(Lsn(54))  # the worker applied up to 55
+    sync.process(Lsn(60))
+    status = sync.status(TABLE.relid)
+    assert status.state is TableState.READY and status.applies(Lsn(61))
+    assert [row.state for row in store.rows] == ["i", "d", "f", "s", "r"]  # w, c in memory
+
+
+def test_a_failed_worker_is_retried_after_the_retry_interval_and_counted() -> None:
+    now = [0.0]
+    attempts: list[float] = []
+    metrics = Metrics()
+
+    def worker(stop: threading.Event) -> None:
+        attempts.append(now[0])
+        if len(attempts) == 1:
+            raise RuntimeError("the publisher went away")
+
+    sync = coordinator(MemoryStore(), worker, clock=lambda: now[0], metrics=metrics)
+    sync.load([TABLE], Lsn(0))
+    sync.process(Lsn(0))
+    wait_for(lambda: metrics.sync_errors.labels("s")._value.get() == 1, "the failure counted")
+    now[0] = 4.9
+    sync.process(Lsn(0))
+    assert attempts == [0.0]  # not before wal_retrieve_retry_interval
+    now[0] = 5.0
+    sync.process(Lsn(0))
+    wait_for(lambda: len(attempts) == 2, "the retry")
+    assert attempts == [0.0, 5.0]
 
 
 def test_a_retried_copy_stores_datasync_once() -> None:

@@ -1,0 +1,157 @@
+"""Writes to a table with a key: one MERGE per batch, conflicts judged by the MERGE itself.
+
+The default path: the MERGE raises on insert_exists / update_exists (with
+the ``error`` action) and skips the *_missing chains; its own metrics then
+tell whether anything conflicted (``expected_counts``), and only then is
+the table read again to name the conflicting rows (``find_keyed``, against
+the version before the MERGE). Actions other than PostgreSQL's defaults,
+an update that changed a key, and rows another writer changed
+(*_origin_differs) need the batch's keys looked up first: the net effect is
+then cut to what the actions keep (``apply.resolve``) and merged.
+
+A batch with a TRUNCATE is judged against an empty table and written with
+one overwrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from apply.collapse import KeyedNet
+from apply.delta.findings import expected_counts, find_keyed
+from apply.delta.moved import fill_moved
+from apply.delta.origins import OriginTracker
+from apply.errors import ConflictError
+from apply.merge_plan import key_bounds, keyed_merge, on_exists, shape_of
+from apply.records import CommitMark, WriteResult
+from apply.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
+from apply.schema import TargetSchema
+from apply.source import FIRST, PRESENT, REINSERTED, KeyedSource, keyed_source
+from conflicts.findings import Finding
+from conflicts.kinds import ConflictKind, First, Resolution, judge
+
+if TYPE_CHECKING:
+    from apply.delta.target import TargetTable
+
+
+def write_keyed(
+    target: TargetTable,
+    schema: TargetSchema,
+    net: KeyedNet,
+    mark: CommitMark,
+    resolutions: Mapping[ConflictKind, Resolution],
+    *,
+    origins: OriginTracker,
+) -> WriteResult:
+    session = target.session
+    if net.truncated:
+        return _write_truncated(target, schema, net, mark, resolutions, origins=origins)
+    first = looks_up_first(resolutions) or any(
+        r.first is First.KEY_UPDATE_OLD for r in net.rows.values()
+    )
+    origin_first = origin_looks_up_first(resolutions)
+    if (first or origin_first) and origins.has_new_commits(session):
+        origins.catch_up(session)  # the lookup judges against every other writer's rows
+    if first or (origin_first and origins.foreign):
+        return _write_looked_up(target, schema, net, mark, resolutions, origins=origins)
+    # The default path: the MERGE judges, and is looked at after only when it must be.
+    result, source = _merge_net(target, schema, net, mark, resolutions)
+    origins.committed(session, result.version)
+    counts = (result.inserted, result.updated, result.deleted)
+    if not origins.foreign and counts == expected_counts(source.table):
+        return result  # the conflict-free path: nothing more to look at
+    before = target.read(None if result.version is None else result.version - 1)
+    findings = find_keyed(session, schema, net, before, origins.foreign)
+    _prune_replaced(origins, target, findings)
+    return replace(result, conflicts=tuple(findings))
+
+
+def raised_conflict(
+    target: TargetTable, schema: TargetSchema, net: KeyedNet, kind: str
+) -> ConflictError:
+    """The MERGE raised: every conflicting chain, found against the unchanged table."""
+    findings = find_keyed(target.session, schema, net, target.read())
+    return ConflictError(kind, schema.table, findings)
+
+
+def _write_looked_up(
+    target: TargetTable,
+    schema: TargetSchema,
+    net: KeyedNet,
+    mark: CommitMark,
+    resolutions: Mapping[ConflictKind, Resolution],
+    *,
+    origins: OriginTracker,
+) -> WriteResult:
+    """Judge the batch's keys against the table first, then MERGE what the actions keep."""
+    findings = find_keyed(target.session, schema, net, target.read(), origins.foreign)
+    resolved = resolve(net, findings, resolutions)
+    if resolved.stop is not None:
+        raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
+    result, _ = _merge_net(target, schema, resolved.net, mark, resolutions)
+    origins.committed(target.session, result.version)
+    _prune_replaced(origins, target, resolved.findings)
+    return replace(result, conflicts=resolved.findings)
+
+
+def _merge_net(
+    target: TargetTable,
+    schema: TargetSchema,
+    net: KeyedNet,
+    mark: CommitMark,
+    resolutions: Mapping[ConflictKind, Resolution],
+) -> tuple[WriteResult, KeyedSource]:
+    source = keyed_source(net, schema)
+    stops = on_exists(
+        resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
+        resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
+    )
+    with target.marked(mark) as session:
+        frame = target.frame(source.table, schema)
+        if source.moved:
+            frame = fill_moved(session, frame, schema, source.keep_columns, target.path)
+        bounds = key_bounds(source.table, schema.key[0])
+        plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table), bounds)
+        return target.merge(schema, frame, plan), source
+
+
+def _write_truncated(
+    target: TargetTable,
+    schema: TargetSchema,
+    net: KeyedNet,
+    mark: CommitMark,
+    resolutions: Mapping[ConflictKind, Resolution],
+    *,
+    origins: OriginTracker,
+) -> WriteResult:
+    """A batch with a TRUNCATE: its chains are judged against an empty table."""
+    missing = [
+        Finding(kind.value, r.first_tx, r.key, r.image, None)
+        for r in net.rows.values()
+        if (kind := judge(r.first, False)) is not None and not r.reinserted
+    ]
+    resolved = resolve(net, missing, resolutions)
+    if resolved.stop is not None:
+        raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
+    table = keyed_source(resolved.net, schema).table
+    expects_absent = pc.is_in(
+        table[FIRST], pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
+    )
+    keep = pc.and_(table[PRESENT], pc.or_(expects_absent, table[REINSERTED]))
+    rows = table.filter(keep).select([c.name for c in schema.columns])
+    result = target.overwrite(schema, rows, mark)
+    origins.rewritten(result.version)
+    return replace(result, conflicts=resolved.findings)
+
+
+def _prune_replaced(
+    origins: OriginTracker, target: TargetTable, findings: Sequence[Finding]
+) -> None:
+    """The batch wrote over other writers' rows: some of their versions may be gone."""
+    if any(ConflictKind(f.kind) in ORIGIN for f in findings):
+        origins.prune(target.session)

@@ -1,0 +1,100 @@
+"""In-memory stand-ins for the apply worker's collaborators: target tables, checkpoints, skip.
+
+``MemoryTables`` keeps, per table, its rows by key and the marks its commits
+carried, the way a Delta table's history holds them: ``applied_lsn`` and
+``applied_within`` answer from those marks, and an insert whose key is
+already there raises ``ConflictError`` as the MERGE's ``raise_error`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from apply.collapse import KeyedNet, Net
+from apply.errors import ConflictError
+from apply.records import CommitMark, Within, WriteResult
+from apply.schema import Evolution, TargetSchema
+from conflicts.findings import Finding
+from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution
+from subscriber.replication.lsn import ZERO, Lsn
+
+
+class MemoryTables:
+    def __init__(self) -> None:
+        self.lsn: dict[str, Lsn] = {}
+        self.within: dict[str, Within | None] = {}
+        self.rows: dict[str, dict[bytes | None, tuple[bytes | None, ...]]] = {}
+        self.commits: list[tuple[str, CommitMark]] = []
+        self.reads = 0
+
+    def applied_lsn(self, table: str) -> Lsn:
+        self.reads += 1
+        return self.lsn.get(table, ZERO)
+
+    def applied_within(self, table: str) -> Within | None:
+        return self.within.get(table)
+
+    def prepare(self, schema: TargetSchema, *, recreate: bool = False) -> Evolution | None:
+        return None
+
+    def write(
+        self,
+        schema: TargetSchema,
+        net: Net,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution] = DEFAULTS,
+    ) -> WriteResult:
+        assert isinstance(net, KeyedNet)
+        rows = self.rows.setdefault(schema.table, {})
+        clashes = [
+            Finding(ConflictKind.INSERT_EXISTS.value, r.first_tx, r.key, r.image, None)
+            for r in net.rows.values()
+            if r.first is First.INSERT and r.key[0] in rows
+        ]
+        if clashes and resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR:
+            raise ConflictError(ConflictKind.INSERT_EXISTS.value, schema.table, clashes)
+        for r in net.rows.values():
+            if r.present and r.image is not None:
+                rows[r.key[0]] = r.image.values
+            else:
+                rows.pop(r.key[0], None)
+        if mark.within is None:
+            self.lsn[schema.table] = mark.lsn
+        self.within[schema.table] = mark.within
+        self.commits.append((schema.table, mark))
+        return WriteResult(schema.table, len(self.commits))
+
+    def copy_into(
+        self, schema: TargetSchema, blocks: Iterator[Any], mark: CommitMark, staging: Path
+    ) -> tuple[int, int | None]:
+        raise NotImplementedError("the copy needs a publisher")
+
+    def keys(self, table: str = "public.t") -> list[int]:
+        return sorted(int(k) for k in self.rows.get(table, {}) if k is not None)
+
+
+class MemoryCheckpoints:
+    def __init__(self) -> None:
+        self.recorded: list[Lsn] = []
+
+    def record(
+        self, subscription: str, lsn: Lsn, commit_time: int, versions: dict[str, int]
+    ) -> None:
+        self.recorded.append(lsn)
+
+
+class MemorySkip:
+    """``pgsub skip`` as the worker reads it."""
+
+    def __init__(self, skip_lsn: Lsn | None = None) -> None:
+        self.skip_lsn = skip_lsn
+        self.cleared = 0
+
+    def refresh(self, *, force: bool = False) -> None:
+        return None
+
+    def clear_skip(self) -> None:
+        self.skip_lsn = None
+        self.cleared += 1
