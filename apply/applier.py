@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
-from apply.collapse import KeyedNet, Net, collapse, is_keyed
+from apply.collapse import Net, collapse, is_keyed
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import CommitMark, Within, WriteResult
@@ -325,11 +325,7 @@ def conflict_of(
 
 
 def _nothing_to_do(net: Net) -> bool:
-    if net.truncated:
-        return False
-    if isinstance(net, KeyedNet):
-        return not net.rows
-    return not net.rows
+    return not net.truncated and not net.rows
 
 
 def _as_apply_error(exc: Exception) -> ApplyError:

@@ -11,7 +11,7 @@ changed in a way Delta cannot follow.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -131,13 +131,3 @@ def plan_evolution(
     names = {c.name for c in wanted.columns}
     dropped = tuple(name for name in existing if name not in names)
     return Evolution(tuple(plan.add), tuple(plan.widen), dropped)
-
-
-def key_mismatch(existing_key: Sequence[str], wanted: TargetSchema) -> str | None:
-    """A message when the table's recorded key differs from the publisher's."""
-    if tuple(existing_key) == wanted.key:
-        return None
-    return (
-        f"the replica identity of {wanted.table} changed on the publisher from "
-        f"({', '.join(existing_key) or 'none'}) to ({', '.join(wanted.key) or 'none'})"
-    )

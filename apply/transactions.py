@@ -93,13 +93,3 @@ class RemoteTransaction:
     def partial(self) -> bool:
         """A piece that is not the transaction's last: applying it leaves the transaction open."""
         return self.total is not None and self.first + len(self.changes) < self.total
-
-    @property
-    def relations(self) -> set[int]:
-        oids: set[int] = set()
-        for change in self.changes:
-            if isinstance(change, RowChange):
-                oids.add(change.relation.oid)
-            else:
-                oids.update(r.oid for r in change.relations)
-        return oids

@@ -23,35 +23,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import shutil
-import subprocess
-import tempfile
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from apply.delta.session import SparkSettings, build_session
-from apply.delta.state_store import CheckpointStore
-from subscriber.metrics import Metrics
+from benchmarks.harness import (
+    TABLE,
+    PgsubRun,
+    jvm_peak_rss_mb,
+    lsn_of,
+    percentile,
+    steady_load,
+    wait_for,
+)
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
-from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.daemon import tune_garbage_collector
-from subscriber.runtime.embedded import PgCluster, bin_dir
-from subscriber.runtime.subscription import SubscriptionRunner
+from subscriber.runtime.embedded import PgCluster
 
-TABLE = """
-CREATE TABLE {name} (
-    id bigint PRIMARY KEY, n int NOT NULL, t text, ts timestamptz, amount numeric(12, 2)
-)
-"""
 LOAD = (
     "INSERT INTO {name} SELECT g, 0, md5(g::text), now(), g / 100.0"
     " FROM generate_series(1, {rows}) g"
@@ -72,105 +64,6 @@ class Figures:
     peak_rss_python_mb: float | None = None
     peak_rss_jvm_mb: float | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def lsn_of(conn: psycopg.Connection[Any], query: str) -> Lsn:
-    row = conn.execute(query).fetchone()
-    return Lsn.parse(str(row[0])) if row and row[0] else Lsn(0)
-
-
-def wait_for(position: Callable[[], Lsn], target: Lsn, timeout: float = 3600) -> float:
-    """Seconds until ``position()`` reaches ``target``."""
-    started = time.monotonic()
-    while position() < target:
-        if time.monotonic() - started > timeout:
-            raise TimeoutError(f"did not reach {target} in {timeout}s")
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
-def steady_load(
-    publisher: PgCluster,
-    table: str,
-    *,
-    rate: int,
-    seconds: int,
-    rows: int,
-    position: Callable[[], Lsn],
-) -> tuple[list[float], float, bool]:
-    """pgbench at ``rate`` tx/s; lag samples (s), achieved tx/s, whether it kept up."""
-    script = Path(tempfile.mkdtemp()) / "update.sql"
-    script.write_text(
-        f"\\set id random(1, {rows})\nUPDATE {table} SET n = n + 1, ts = now() WHERE id = :id;\n"
-    )
-    os.chmod(script.parent, 0o755)  # noqa: S103 - pgbench may run as the server user
-    os.chmod(script, 0o644)
-    pgbench = [
-        str(bin_dir(15) / "pgbench"),
-        "-n", "-c", "4", "-j", "2", "-R", str(rate), "-T", str(seconds), "-f", str(script),
-        "-h", "127.0.0.1", "-p", str(publisher.port), "-U", "postgres", "bench",
-    ]  # fmt: skip
-    samples: list[tuple[float, Lsn]] = []
-    lags: list[float] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        with publisher.connect("bench") as conn:
-            while not done.is_set():
-                samples.append(
-                    (time.monotonic(), lsn_of(conn, "SELECT pg_current_wal_insert_lsn()"))
-                )
-                time.sleep(0.1)
-
-    def observe() -> None:
-        pending = 0
-        while not done.is_set() or pending < len(samples):
-            now, current = time.monotonic(), position()
-            while pending < len(samples) and samples[pending][1] <= current:
-                lags.append(now - samples[pending][0])
-                pending += 1
-            if done.is_set() and pending < len(samples) and now - samples[-1][0] > 120:
-                break  # did not catch up within two minutes of the end
-            time.sleep(0.02)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    observer = threading.Thread(target=observe, daemon=True)
-    sampler.start()
-    observer.start()
-    result = subprocess.run(pgbench, check=True, capture_output=True, text=True)  # noqa: S603
-    done.set()
-    sampler.join()
-    observer.join()
-    tps = 0.0
-    for line in result.stdout.splitlines():
-        if line.startswith("tps = "):
-            tps = float(line.split()[2])
-    kept_up = len(lags) == len(samples) and (max(lags) if lags else 0) < 30
-    return lags, tps, kept_up
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def jvm_peak_rss_mb() -> float | None:
-    """VmHWM of this process's Spark driver JVM."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"java" in cmdline and f"PPid:\t{os.getpid()}" in status:
-            for line in status.splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    return None
 
 
 def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
@@ -227,29 +120,16 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
 
 def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Figures:
     figures = Figures("pgsub")
-    warehouse = Path(tempfile.mkdtemp(prefix="pgsub-bench-wh-"))
-    config = SubscriptionConfig(
-        name="bench",
-        connection=publisher.dsn("bench"),
-        publications=["pub_pgsub"],
-        copy_data=False,
-        status_interval=1.0,
-        batch={"max_changes": args.max_changes, "max_delay": args.max_delay},
-    )
-    runner = SubscriptionRunner(
-        config, spark, str(warehouse), CheckpointStore(spark, str(warehouse)), Metrics()
-    )
-    stopping = threading.Event()
-    thread = threading.Thread(target=runner.run, args=(stopping,), daemon=True)
-
-    applied = _durable(runner)
-    try:
+    batch = {"max_changes": args.max_changes, "max_delay": args.max_delay}
+    with PgsubRun(
+        spark, connection=publisher.dsn("bench"), publications=["pub_pgsub"], batch=batch
+    ) as run:
         with publisher.connect("bench") as pub:
             loaded = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
         started = time.monotonic()
-        thread.start()
+        run.start()
         # The N-row load was written after pgsub's slot was made: it arrives as one transaction.
-        wait_for(applied, loaded)
+        wait_for(run.position, loaded)
         figures.initial_rows_per_s = args.rows / (time.monotonic() - started)
         figures.notes.append(
             "initial rows arrive as one streamed INSERT transaction (no table sync yet)"
@@ -257,7 +137,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
         with publisher.connect("bench") as pub:
             pub.execute("UPDATE bench_pgsub SET n = n + 1")
             target = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
-        figures.update_seconds = wait_for(applied, target)
+        figures.update_seconds = wait_for(run.position, target)
         figures.update_rows_per_s = args.rows / figures.update_seconds
         if args.seconds:
             lags, tps, kept = steady_load(
@@ -266,29 +146,13 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
                 rate=args.rate,
                 seconds=args.seconds,
                 rows=args.rows,
-                position=applied,
+                position=run.position,
             )
             figures.lag_p50, figures.lag_p99 = percentile(lags, 0.5), percentile(lags, 0.99)
             figures.lag_max, figures.tps_achieved, figures.kept_up = max(lags, default=0), tps, kept
         figures.peak_rss_python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
-    finally:
-        stopping.set()
-        thread.join(timeout=300)
-        shutil.rmtree(warehouse, ignore_errors=True)
     return figures
-
-
-def _durable(runner: SubscriptionRunner) -> Callable[[], Lsn]:
-    """pgsub's durable position: flushed, or everything received when nothing is pending."""
-
-    def position() -> Lsn:
-        progress = runner.progress
-        if progress is None:
-            return Lsn(0)
-        return progress.received if progress.idle else progress.flushed
-
-    return position
 
 
 def main() -> None:

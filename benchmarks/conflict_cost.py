@@ -37,6 +37,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from apply.collapse import KeyedNet, KeyedRow
+from apply.delta.keyed import merge_net
 from apply.delta.session import SparkSettings, build_session
 from apply.delta.tables import DeltaTables
 from apply.records import CommitMark
@@ -168,8 +169,8 @@ def write(
     tables: DeltaTables, mode: str, schema: TargetSchema, net: KeyedNet, mark: CommitMark
 ) -> None:
     if mode == OFF:
-        # The MERGE alone: no conflict clause, no check after (private on purpose).
-        tables._merge_net(schema, net, mark, tables.path(schema.table), APPLY_EVERYTHING)
+        # The MERGE alone: no conflict clause, no check after.
+        merge_net(tables.target(schema.table), schema, net, mark, APPLY_EVERYTHING)
     else:
         result = tables.write(schema, net, mark, DEFAULTS)
         assert not result.conflicts, result.conflicts

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -33,14 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from apply.delta.session import SparkSettings, build_session
-from apply.delta.state_store import CheckpointStore
-from benchmarks.apply_bench import TABLE, _durable, jvm_peak_rss_mb, lsn_of, wait_for
-from subscriber.metrics import Metrics
+from benchmarks.harness import TABLE, PgsubRun, jvm_peak_rss_mb, lsn_of, wait_for
 from subscriber.replication.stream import ReplicationConnection
-from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
-from subscriber.runtime.subscription import SubscriptionRunner
 
 INSERT = (
     "INSERT INTO {name} SELECT g, 0, md5(g::text), now(), g / 100.0"
@@ -135,52 +129,36 @@ def run_pgsub(publisher: PgCluster, rows: int, max_changes: int) -> Figures:
         replication.create_slot("bench")
     spark = build_session(SparkSettings(master="local[*]"))
     tune_garbage_collector()  # as `pgsub run` does
-    warehouse = Path(tempfile.mkdtemp(prefix="pgsub-bench-wh-"))
-    spool = Path(tempfile.mkdtemp(prefix="pgsub-bench-spool-"))
-    config = SubscriptionConfig(
-        name="bench",
-        connection=publisher.dsn("bench"),
-        publications=["pub_pgsub"],
-        copy_data=False,
-        status_interval=1.0,
-        streaming="on",
-        spool_dir=spool,
-        batch={"max_changes": max_changes, "max_delay": 1.0},
-    )
-    metrics = Metrics()
-    runner = SubscriptionRunner(
-        config, spark, str(warehouse), CheckpointStore(spark, str(warehouse)), metrics
-    )
-    stopping = threading.Event()
-    thread = threading.Thread(target=runner.run, args=(stopping,), daemon=True)
-    applied = _durable(runner)
     spilled = [0.0]
     done = threading.Event()
+    with PgsubRun(
+        spark,
+        connection=publisher.dsn("bench"),
+        publications=["pub_pgsub"],
+        streaming="on",
+        batch={"max_changes": max_changes, "max_delay": 1.0},
+    ) as run:
 
-    def watch() -> None:
-        gauge = metrics.spill_bytes.labels("bench")
-        while not done.is_set():
-            spilled[0] = max(spilled[0], gauge._value.get() / 2**20)
-            time.sleep(0.2)
+        def watch() -> None:
+            gauge = run.metrics.spill_bytes.labels("bench")
+            while not done.is_set():
+                spilled[0] = max(spilled[0], gauge._value.get() / 2**20)
+                time.sleep(0.2)
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    try:
-        thread.start()
-        while not runner.ready:
-            time.sleep(0.1)
-        watcher.start()
-        figures.insert_seconds, target = insert(publisher, "big_pgsub", rows)
-        figures.applied_seconds = wait_for(applied, target)
-        figures.rows_per_s = rows / figures.applied_seconds
-        figures.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
-        figures.peak_spill_mb = spilled[0]
-    finally:
-        done.set()
-        stopping.set()
-        thread.join(timeout=300)
-        shutil.rmtree(warehouse, ignore_errors=True)
-        shutil.rmtree(spool, ignore_errors=True)
+        watcher = threading.Thread(target=watch, daemon=True)
+        try:
+            run.start()
+            while not run.runner.ready:
+                time.sleep(0.1)
+            watcher.start()
+            figures.insert_seconds, target = insert(publisher, "big_pgsub", rows)
+            figures.applied_seconds = wait_for(run.position, target)
+            figures.rows_per_s = rows / figures.applied_seconds
+            figures.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
+            figures.peak_spill_mb = spilled[0]
+        finally:
+            done.set()
     return figures
 
 

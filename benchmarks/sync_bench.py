@@ -29,7 +29,7 @@ from typing import Any
 
 from apply.delta.session import SparkSettings, build_session
 from apply.delta.state_store import CheckpointStore
-from benchmarks.apply_bench import jvm_peak_rss_mb
+from benchmarks.harness import jvm_peak_rss_mb
 from subscriber.metrics import Metrics
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.daemon import tune_garbage_collector

@@ -60,7 +60,7 @@ def write_keyed(
     if first or (origin_first and origins.foreign):
         return _write_looked_up(target, schema, net, mark, resolutions, origins=origins)
     # The default path: the MERGE judges, and is looked at after only when it must be.
-    result, source = _merge_net(target, schema, net, mark, resolutions)
+    result, source = merge_net(target, schema, net, mark, resolutions)
     origins.committed(session, result.version)
     counts = (result.inserted, result.updated, result.deleted)
     if not origins.foreign and counts == expected_counts(source.table):
@@ -93,19 +93,20 @@ def _write_looked_up(
     resolved = resolve(net, findings, resolutions)
     if resolved.stop is not None:
         raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
-    result, _ = _merge_net(target, schema, resolved.net, mark, resolutions)
+    result, _ = merge_net(target, schema, resolved.net, mark, resolutions)
     origins.committed(target.session, result.version)
     _prune_replaced(origins, target, resolved.findings)
     return replace(result, conflicts=resolved.findings)
 
 
-def _merge_net(
+def merge_net(
     target: TargetTable,
     schema: TargetSchema,
     net: KeyedNet,
     mark: CommitMark,
     resolutions: Mapping[ConflictKind, Resolution],
 ) -> tuple[WriteResult, KeyedSource]:
+    """The MERGE of ``net`` alone: no lookup before, no look at its metrics after."""
     source = keyed_source(net, schema)
     stops = on_exists(
         resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,

@@ -233,10 +233,6 @@ class PgOutputDecoder:
         self._stream_xid = None
         self._open = None
 
-    @property
-    def in_transaction(self) -> bool:
-        return self._open is not None
-
     def decode(self, payload: bytes, lsn: Lsn | None = None) -> Message:
         if not payload:
             raise ProtocolError("empty pgoutput message", lsn=lsn)

@@ -6,7 +6,6 @@ delta-rs, rows written during the fault included: nothing lost, nothing twice.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.tcpproxy import TcpProxy
+from tests.support.writer import Writer
 
 pytestmark = pytest.mark.e2e
 
@@ -31,33 +31,16 @@ CREATE PUBLICATION pub FOR TABLE k, bag;
 """
 
 
-class Writer(threading.Thread):
+def small_transaction(conn: psycopg.Connection[Any], n: int) -> None:
+    """A row into each table in one transaction."""
+    with conn.transaction():
+        conn.execute("INSERT INTO k VALUES (%s, 'w')", [n])
+        conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n % 7])
+
+
+def steady_load(publisher: PgDatabase) -> Writer:
     """Small transactions into both tables until stopped; survives the publisher's restart."""
-
-    def __init__(self, publisher: PgDatabase) -> None:
-        super().__init__(daemon=True, name="writer")
-        self._publisher = publisher
-        self.stopping = threading.Event()
-        self.committed = 0
-
-    def run(self) -> None:
-        n = 0
-        while not self.stopping.is_set():
-            try:
-                with self._publisher.connect() as conn:
-                    while not self.stopping.is_set():
-                        n += 1
-                        with conn.transaction():
-                            conn.execute("INSERT INTO k VALUES (%s, 'w')", [n])
-                            conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n % 7])
-                        self.committed = n
-                        self.stopping.wait(0.02)
-            except psycopg.OperationalError:  # the server went down; write on once it is back
-                self.stopping.wait(0.5)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join()
+    return Writer(publisher, small_transaction, pause=0.02, reconnect=True)
 
 
 def assert_equal(publisher: PgDatabase, spark: Any, warehouse: Path) -> None:
@@ -78,12 +61,12 @@ def test_publisher_restart_mid_stream(
     port = write_config(config, publisher, warehouse, batch={"max_changes": 300})
     daemon = daemons(config, port)
     daemon.wait_ready()
-    writer = Writer(publisher)
+    writer = steady_load(publisher)
     writer.start()
     try:
-        wait_until(lambda: writer.committed >= 300, timeout=60, what="writes before the restart")
+        wait_until(lambda: writer.written >= 300, timeout=60, what="writes before the restart")
         publisher.cluster.restart()
-        wait_until(lambda: writer.committed >= 900, timeout=120, what="writes after the restart")
+        wait_until(lambda: writer.written >= 900, timeout=120, what="writes after the restart")
     finally:
         writer.stop()
     wait_confirmed(publisher, timeout=300)
@@ -126,7 +109,7 @@ def test_connections_cut_during_the_copy_and_the_catch_up_under_load(
     port = proxied_config(
         config, publisher, warehouse, proxy, copy_data=True, batch={"max_changes": 500}
     )
-    writer = Writer(publisher)
+    writer = steady_load(publisher)
     writer.start()
     try:
         daemon = daemons(config, port)
@@ -142,8 +125,8 @@ def test_connections_cut_during_the_copy_and_the_catch_up_under_load(
         connections = proxy.accepted
         assert proxy.cut() > 0
         wait_until(lambda: proxy.accepted > connections, timeout=120, what="a reconnect")
-        committed = writer.committed
-        wait_until(lambda: writer.committed > committed + 100, timeout=60, what="more writes")
+        committed = writer.written
+        wait_until(lambda: writer.written > committed + 100, timeout=60, what="more writes")
         writer.stop()
         wait_confirmed(publisher, timeout=300)
         assert_equal(publisher, spark, warehouse)

@@ -8,17 +8,18 @@ so they close on size while a sync worker catches up and hands over.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
+from tests.support.writer import Writer
 
 pytestmark = pytest.mark.e2e
 
@@ -34,43 +35,20 @@ CREATE PUBLICATION pub FOR TABLE k, bag;
 """
 
 
-class Writer(threading.Thread):
-    """One row into each table per autocommit transaction, every 7th also deletes from bag.
+def one_row_each(conn: psycopg.Connection[Any], n: int) -> None:
+    """One row into each table per autocommit transaction, every 7th also deletes from bag."""
+    conn.execute("INSERT INTO k VALUES (%s, 'w')", [ROWS + n])
+    conn.execute("INSERT INTO bag VALUES (%s, 'w')", [ROWS + n])
+    if (ROWS + n) % 7 == 0:
+        conn.execute(
+            "DELETE FROM bag WHERE ctid = (SELECT ctid FROM bag WHERE a = %s)", [ROWS + n - 3]
+        )
 
-    As fast as it can for its first ``FAST`` rows (through the copy and the catch-up),
-    then 25 rows a second, so that the apply catches up in a bounded time.
-    """
 
-    def __init__(self, publisher: PgDatabase) -> None:
-        super().__init__(daemon=True, name="writer")
-        self._publisher = publisher
-        self.stopping = threading.Event()
-        self.written = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with self._publisher.connect() as conn:
-                n = ROWS
-                while not self.stopping.is_set():
-                    n += 1
-                    conn.execute("INSERT INTO k VALUES (%s, 'w')", [n])
-                    conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n])
-                    if n % 7 == 0:
-                        conn.execute(
-                            "DELETE FROM bag WHERE ctid = (SELECT ctid FROM bag WHERE a = %s)",
-                            [n - 3],
-                        )
-                    self.written = n - ROWS
-                    if self.written > FAST:
-                        self.stopping.wait(0.04)
-        except BaseException as exc:
-            self.error = exc
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join()
-        assert self.error is None, self.error
+def pace(n: int) -> float:
+    """As fast as it can for the first ``FAST`` rows (through the copy and the catch-up),
+    then 25 rows a second, so that the apply catches up in a bounded time."""
+    return 0.0 if n <= FAST else 0.04
 
 
 def all_ready(daemon: DaemonProcess) -> bool:
@@ -102,7 +80,7 @@ def test_copy_and_apply_under_saturating_load_lose_nothing(
         copy_data=True,
         batch={"max_changes": 1000, "max_delay": "200ms"},
     )
-    writer = Writer(publisher)
+    writer = Writer(publisher, one_row_each, pause=pace)
     writer.start()
     try:
         wait_until(lambda: writer.written >= 1000, timeout=60, what="the writer to start")

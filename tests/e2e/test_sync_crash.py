@@ -1,11 +1,10 @@
 """Table sync under kill -9 (during the copy, during the catch-up) and a copy that keeps failing."""
 
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
@@ -13,6 +12,7 @@ from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
+from tests.support.writer import Writer
 
 pytestmark = pytest.mark.e2e
 
@@ -46,30 +46,19 @@ def test_kill_during_sync_then_restart(
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
     port = write_config(config, publisher, warehouse, copy_data=True)
-    stop = threading.Event()
 
-    def workload() -> None:
-        n = 0
-        with publisher.connect() as conn:
-            while not stop.is_set():
-                n += 1
-                conn.execute("UPDATE a SET v = v || '+' WHERE id = %s", [n % 5000 + 1])
-                conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n])
-                time.sleep(0.02)
+    def step(conn: psycopg.Connection[Any], n: int) -> None:
+        conn.execute("UPDATE a SET v = v || '+' WHERE id = %s", [n % 5000 + 1])
+        conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n])
 
-    writer = threading.Thread(target=workload, daemon=True)
-    writer.start()
-    try:
+    with Writer(publisher, step, pause=0.02) as writer:
         doomed = daemons(config, port, failpoint)
         assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
         survivor = daemons(config, port)
         wait_until(lambda: ready_states(survivor), timeout=300, what="both tables READY")
-        stop.set()
-        writer.join()
+        writer.stop()
         wait_confirmed(publisher)
         assert survivor.terminate() == 0, survivor.logs()
-    finally:
-        stop.set()
     with publisher.connect() as conn:
         assert_delta_equals_publisher(
             conn, "public.a", spark, str(warehouse / "public" / "a"), ("id",)

@@ -1,16 +1,17 @@
 """Large transactions: streamed (``streaming: on``) and spilled, applied in pieces from disk."""
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from structlog.testing import capture_logs
 
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
+from tests.support.writer import Writer
 
 pytestmark = pytest.mark.integration
 
@@ -89,18 +90,11 @@ def test_a_transaction_larger_than_a_batch_is_spilled_and_applied_in_pieces(
     publisher.execute(SCHEMA)
     settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
-        stop = threading.Event()
 
-        def small_ones() -> None:
-            n = 0
-            with publisher.connect() as conn:
-                while not stop.is_set():
-                    n += 1
-                    conn.execute("INSERT INTO bag VALUES (%s, 'small')", [n])
+        def small_one(conn: psycopg.Connection[Any], n: int) -> None:
+            conn.execute("INSERT INTO bag VALUES (%s, 'small')", [n])
 
-        writer = threading.Thread(target=small_ones, daemon=True)
-        writer.start()
-        try:
+        with Writer(publisher, small_one) as writer:
             publisher.execute(
                 "BEGIN;"
                 "INSERT INTO keyed SELECT g, 'v', 0 FROM generate_series(1, 2600) g;"
@@ -109,9 +103,7 @@ def test_a_transaction_larger_than_a_batch_is_spilled_and_applied_in_pieces(
                 "INSERT INTO bag SELECT 1, 'big' FROM generate_series(1, 400) g;"
                 "COMMIT"
             )
-        finally:
-            stop.set()
-            writer.join()
+            writer.stop()
         rep.caught_up()
         rep.assert_equal("public.keyed", key=("id",))
         rep.assert_equal("public.bag")

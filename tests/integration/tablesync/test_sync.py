@@ -1,16 +1,16 @@
 """Initial copy and handoff against a real publisher: oracle equality, states, slots."""
 
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tablesync.state import TableState
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
+from tests.support.writer import Writer
 
 pytestmark = pytest.mark.integration
 
@@ -34,49 +34,41 @@ def test_initial_sync_under_a_write_workload(
         "INSERT INTO c SELECT g % 7, 'c' FROM generate_series(1, 3000) g;"
         "CREATE PUBLICATION pub FOR TABLE a, b, c, empty"
     )
-    stop = threading.Event()
 
-    def workload() -> None:
-        n = 0
-        with publisher.connect() as conn:
-            while not stop.is_set():
-                n += 1
-                conn.execute("UPDATE a SET v = v || '.' WHERE id = %s", [n % 20000 + 1])
-                conn.execute("INSERT INTO b VALUES (%s, '{}', now())", [100000 + n])
-                conn.execute("DELETE FROM b WHERE id = %s", [n])
-                conn.execute("INSERT INTO c VALUES (%s, 'w')", [n])
-                time.sleep(0.01)
+    def step(conn: psycopg.Connection[Any], n: int) -> None:
+        conn.execute("UPDATE a SET v = v || '.' WHERE id = %s", [n % 20000 + 1])
+        conn.execute("INSERT INTO b VALUES (%s, '{}', now())", [100000 + n])
+        conn.execute("DELETE FROM b WHERE id = %s", [n])
+        conn.execute("INSERT INTO c VALUES (%s, 'w')", [n])
 
-    writer = threading.Thread(target=workload, daemon=True)
-    writer.start()
-    try:
-        with Replication(publisher, spark, warehouse, copy_data=True, max_sync_workers=2) as rep:
-            wait_until(lambda: all_ready(rep), timeout=300, what="every table to be READY")
-            time.sleep(2)  # keep writing after the handoff
-            stop.set()
-            writer.join()
-            rep.caught_up()
-            rep.assert_equal("public.a", "public.b", key=("id",))
-            rep.assert_equal("public.c", "public.empty")
-            # Only the subscription's own slot remains: sync slots are dropped when done.
-            assert publisher.slots() == ["sub1"]
-            metrics = rep.metrics.registry
-            copied = metrics.get_sample_value(
-                "pgsub_tablesync_rows_copied_total",
-                {"subscription": "sub1", "relation": "public.a"},
-            )
-            assert copied is not None and copied >= 20000
-            ready = metrics.get_sample_value(
-                "pgsub_table_state",
-                {"subscription": "sub1", "relation": "public.b", "state": "ready"},
-            )
-            assert ready == 1
-            assert rep.runner is not None
-            tables = {t["table"]: t for t in rep.runner.status.as_dict()["tables"]}  # /status
-            assert tables["public.a"]["state"] == "ready"
-            assert tables["public.a"]["rows_copied"] == 20000
-    finally:
-        stop.set()
+    with (
+        Writer(publisher, step, pause=0.01) as writer,
+        Replication(publisher, spark, warehouse, copy_data=True, max_sync_workers=2) as rep,
+    ):
+        wait_until(lambda: all_ready(rep), timeout=300, what="every table to be READY")
+        handed_over = writer.written
+        wait_until(lambda: writer.written > handed_over + 50, timeout=60, what="more writes")
+        writer.stop()
+        rep.caught_up()
+        rep.assert_equal("public.a", "public.b", key=("id",))
+        rep.assert_equal("public.c", "public.empty")
+        # Only the subscription's own slot remains: sync slots are dropped when done.
+        assert publisher.slots() == ["sub1"]
+        metrics = rep.metrics.registry
+        copied = metrics.get_sample_value(
+            "pgsub_tablesync_rows_copied_total",
+            {"subscription": "sub1", "relation": "public.a"},
+        )
+        assert copied is not None and copied >= 20000
+        ready = metrics.get_sample_value(
+            "pgsub_table_state",
+            {"subscription": "sub1", "relation": "public.b", "state": "ready"},
+        )
+        assert ready == 1
+        assert rep.runner is not None
+        tables = {t["table"]: t for t in rep.runner.status.as_dict()["tables"]}  # /status
+        assert tables["public.a"]["state"] == "ready"
+        assert tables["public.a"]["rows_copied"] == 20000
 
 
 def test_refresh_adds_new_tables_and_removes_dropped_ones(

@@ -1,0 +1,176 @@
+"""What the benchmarks share: the bench table, positions, waits, the steady load, pgsub's run.
+
+``PgsubRun`` runs a subscription the way the daemon does (``SubscriptionRunner``
+on a thread, local Spark, a temporary warehouse) and gives its durable
+position: what the benchmarks time pgsub by, as PostgreSQL's subscriber is
+timed by its replication origin's ``remote_lsn``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from apply.delta.state_store import CheckpointStore
+from subscriber.metrics import Metrics
+from subscriber.replication.lsn import Lsn
+from subscriber.runtime.config import SubscriptionConfig
+from subscriber.runtime.embedded import PgCluster, bin_dir
+from subscriber.runtime.subscription import SubscriptionRunner
+
+TABLE = """
+CREATE TABLE {name} (
+    id bigint PRIMARY KEY, n int NOT NULL, t text, ts timestamptz, amount numeric(12, 2)
+)
+"""
+
+
+def lsn_of(conn: psycopg.Connection[Any], query: str) -> Lsn:
+    row = conn.execute(query).fetchone()
+    return Lsn.parse(str(row[0])) if row and row[0] else Lsn(0)
+
+
+def wait_for(position: Callable[[], Lsn], target: Lsn, timeout: float = 3600) -> float:
+    """Seconds until ``position()`` reaches ``target``."""
+    started = time.monotonic()
+    while position() < target:
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"did not reach {target} in {timeout}s")
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def steady_load(
+    publisher: PgCluster,
+    table: str,
+    *,
+    rate: int,
+    seconds: int,
+    rows: int,
+    position: Callable[[], Lsn],
+) -> tuple[list[float], float, bool]:
+    """pgbench at ``rate`` tx/s; lag samples (s), achieved tx/s, whether it kept up."""
+    script = Path(tempfile.mkdtemp()) / "update.sql"
+    script.write_text(
+        f"\\set id random(1, {rows})\nUPDATE {table} SET n = n + 1, ts = now() WHERE id = :id;\n"
+    )
+    os.chmod(script.parent, 0o755)  # noqa: S103 - pgbench may run as the server user
+    os.chmod(script, 0o644)
+    pgbench = [
+        str(bin_dir(15) / "pgbench"),
+        "-n", "-c", "4", "-j", "2", "-R", str(rate), "-T", str(seconds), "-f", str(script),
+        "-h", "127.0.0.1", "-p", str(publisher.port), "-U", "postgres", "bench",
+    ]  # fmt: skip
+    samples: list[tuple[float, Lsn]] = []
+    lags: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        with publisher.connect("bench") as conn:
+            while not done.is_set():
+                samples.append(
+                    (time.monotonic(), lsn_of(conn, "SELECT pg_current_wal_insert_lsn()"))
+                )
+                time.sleep(0.1)
+
+    def observe() -> None:
+        pending = 0
+        while not done.is_set() or pending < len(samples):
+            now, current = time.monotonic(), position()
+            while pending < len(samples) and samples[pending][1] <= current:
+                lags.append(now - samples[pending][0])
+                pending += 1
+            if done.is_set() and pending < len(samples) and now - samples[-1][0] > 120:
+                break  # did not catch up within two minutes of the end
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    observer = threading.Thread(target=observe, daemon=True)
+    sampler.start()
+    observer.start()
+    result = subprocess.run(pgbench, check=True, capture_output=True, text=True)  # noqa: S603
+    done.set()
+    sampler.join()
+    observer.join()
+    tps = 0.0
+    for line in result.stdout.splitlines():
+        if line.startswith("tps = "):
+            tps = float(line.split()[2])
+    kept_up = len(lags) == len(samples) and (max(lags) if lags else 0) < 30
+    return lags, tps, kept_up
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def jvm_peak_rss_mb() -> float | None:
+    """VmHWM of this process's Spark driver JVM."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"java" in cmdline and f"PPid:\t{os.getpid()}" in status:
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    return None
+
+
+class PgsubRun:
+    """One subscription of pgsub, run as the daemon runs it, with a temporary warehouse."""
+
+    def __init__(self, spark: Any, **settings: Any) -> None:
+        self.warehouse = Path(tempfile.mkdtemp(prefix="pgsub-bench-wh-"))
+        self.spool = Path(tempfile.mkdtemp(prefix="pgsub-bench-spool-"))
+        self.config = SubscriptionConfig(
+            **{"name": "bench", "copy_data": False, "status_interval": 1.0, **settings},
+            spool_dir=self.spool,
+        )
+        self.metrics = Metrics()
+        self.runner = SubscriptionRunner(
+            self.config,
+            spark,
+            str(self.warehouse),
+            CheckpointStore(spark, str(self.warehouse)),
+            self.metrics,
+        )
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self.runner.run, args=(self._stopping,), daemon=True)
+
+    def start(self) -> PgsubRun:
+        self._thread.start()
+        return self
+
+    def position(self) -> Lsn:
+        """The durable position: flushed, or everything received when nothing is pending."""
+        progress = self.runner.progress
+        if progress is None:
+            return Lsn(0)
+        return progress.received if progress.idle else progress.flushed
+
+    def __enter__(self) -> PgsubRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=300)
+        shutil.rmtree(self.warehouse, ignore_errors=True)
+        shutil.rmtree(self.spool, ignore_errors=True)
