@@ -1,4 +1,4 @@
-"""Applies one batch to its Delta tables: the leader's step 5-6 (DESIGN section 2).
+"""Applies one batch to its Delta tables (docs/architecture.md, the path of a change, 6-10).
 
 For each table the batch touches: drop what the table already applied,
 resolve the target schema from the latest Relation (creating or evolving

@@ -7,7 +7,7 @@ makes a batch of its own. ``Batch.tables``
 splits a batch into per-table work, dropping for each table what it has
 already applied (its applied LSN, read back from Delta after a crash) and
 what the leader does not apply for that table (a table still being
-synchronised): DESIGN sections 2-4.
+synchronised): docs/architecture.md, "The path of a change".
 """
 
 from __future__ import annotations

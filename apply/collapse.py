@@ -1,4 +1,4 @@
-"""The net effect of a batch on one table (DESIGN section 4). Pure.
+"""The net effect of a batch on one table (docs/architecture.md, "Batches"). Pure.
 
 Applying a batch's changes one by one and applying their net effect must
 give the same table. Two shapes:

@@ -1,4 +1,4 @@
-"""Row values to Arrow columns, a column at a time (DESIGN section 6).
+"""Row values to Arrow columns, a column at a time (the mapping of ``apply.typemap``).
 
 Values arrive as the bytes of PostgreSQL's text output (the replication
 connection fixes DateStyle ISO, TimeZone UTC, IntervalStyle postgres and

@@ -1,4 +1,4 @@
-"""Target table schemas and their evolution (DESIGN sections 6 and 8). Pure.
+"""Target table schemas and their evolution (docs/architecture.md, "Types", "Schema changes"). Pure.
 
 ``TargetSchema`` is what a Delta table should look like for a publisher
 relation: its columns with resolved types and its key. ``plan_evolution``

@@ -1,6 +1,6 @@
 """Transactions too large for memory, held in local files until they are applied.
 
-Two kinds of transaction end up here (DESIGN section 9):
+Two kinds of transaction end up here (docs/apply.md, "Large transactions"):
 
 - with ``streaming = on`` the publisher sends a large transaction in blocks
   while it is still running, interleaved with other transactions, and says

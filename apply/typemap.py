@@ -1,6 +1,6 @@
 """PostgreSQL column types to Delta (Spark SQL) column types.
 
-The mapping is DESIGN section 6, a contract: users query these columns. It is
+The mapping is a contract (docs/architecture.md, "Types"): users query these columns. It is
 pure - a type OID and typmod in, a Spark SQL type string out - so the Delta
 writer, the table-sync copy and the test oracle all agree on it. Types the
 table does not name become ``string`` holding PostgreSQL's text form, which
@@ -57,7 +57,7 @@ _SCALARS: Final[dict[int, str]] = {
     TIMESTAMPTZ: "timestamp",
 }
 
-# Array type OID -> element type OID, for the element types DESIGN names.
+# Array type OID -> element type OID, for the element types the mapping names.
 ARRAY_ELEMENTS: Final[dict[int, int]] = {
     1000: BOOL,
     1001: BYTEA,

@@ -1,6 +1,6 @@
 """Conflict kinds, their default actions, and how a batch's chain is judged. Pure.
 
-PostgreSQL 18's conflict.c, for a Delta target (DESIGN section 7):
+PostgreSQL 18's conflict.c, for a Delta target (docs/conflicts.md):
 
 | kind | when | default |
 |---|---|---|

@@ -4,7 +4,7 @@ The message is PostgreSQL's (``conflict detected on relation "public.t":
 conflict=insert_exists``); DETAIL follows conflict.c's wording with the key,
 the existing local row, the remote row and the replica identity, each value
 cut at 64 bytes as PostgreSQL cuts them. Conflict events are the only log
-events that carry row values (DESIGN section 10); the conflict table keeps
+events that carry row values (docs/architecture.md); the conflict table keeps
 the full values.
 """
 

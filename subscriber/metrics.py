@@ -1,4 +1,4 @@
-"""Prometheus metrics of DESIGN section 10 (a Contract: names and labels).
+"""Prometheus metrics: their names and labels are a contract (dashboards and alerts use them).
 
 One ``Metrics`` per daemon, on its own registry, served at ``/metrics``.
 LSNs are exported as numbers (bytes of WAL), so differences are byte lags.

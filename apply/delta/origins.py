@@ -2,10 +2,10 @@
 
 PostgreSQL compares the replication origin stamped on the local row with
 the remote transaction's. A Delta table has no per-row origin, but with row
-tracking (``delta.enableRowTracking``, set on every table pgsub creates)
-each row carries ``_metadata.row_commit_version``: the table version that
-last inserted or changed it. A version is *ours* when its commit carries
-this subscription's mark in ``userMetadata`` (``delta_writer.CommitMark``);
+tracking (``delta.enableRowTracking``, set on the tables pgsub creates when
+``track_origin`` is on) each row carries ``_metadata.row_commit_version``:
+the table version that last inserted or changed it. A version is *ours* when its commit carries
+this subscription's mark in ``userMetadata`` (``apply.records.CommitMark``);
 any other commit that can hold rows is another writer's. So a row is
 foreign when its row commit version is one of those foreign versions.
 

@@ -4,7 +4,7 @@
 time of its last transaction, and the Delta version each table reached.
 Its latest LSN is the subscription's origin (where streaming resumes), and
 the versions let readers time-travel every table to one transaction
-boundary (DESIGN section 4).
+boundary.
 
 ``table_states``: an append-only log of table state changes (PostgreSQL's
 pg_subscription_rel); the latest row per table is its state. Appends never

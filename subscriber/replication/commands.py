@@ -101,7 +101,7 @@ def drop_slot_command(name: str, *, wait: bool = True) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StreamOptions:
-    """What a subscription asks of pgoutput (DESIGN section 10)."""
+    """What a subscription asks of pgoutput (its pgoutput options)."""
 
     publications: tuple[str, ...]
     binary: bool = False

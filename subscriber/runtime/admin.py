@@ -1,4 +1,4 @@
-"""Administrative commands that write to the state store (DESIGN section 10).
+"""Administrative commands that write to the state store: skip, enable, disable, refresh, ...
 
 They change what a subscription does the way ``ALTER SUBSCRIPTION`` does,
 through the state store under the warehouse; a running daemon re-reads it

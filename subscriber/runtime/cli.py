@@ -1,6 +1,6 @@
 """The ``pgsub`` command line.
 
-- ``pgsub run -c pgsub.yaml``: the daemon (DESIGN section 10).
+- ``pgsub run -c pgsub.yaml``: the daemon.
 - ``pgsub refresh -c pgsub.yaml SUB``: REFRESH PUBLICATION; ``pgsub skip
   ... SUB --lsn X/Y``, ``pgsub enable|disable ... SUB``: ALTER SUBSCRIPTION;
   ``pgsub resync ... SUB TABLE...``: copy tables again. They write to the

@@ -1,7 +1,7 @@
 """The daemon's configuration: a YAML file, validated, with environment overrides.
 
-DESIGN section 10 is the contract. Unknown keys are errors (a typo must not
-silently fall back to a default). Every key can be overridden from the
+The keys are a contract (docs/architecture.md). Unknown keys are errors (a
+typo must not silently fall back to a default). Every key can be overridden from the
 environment as ``PGSUB_<PATH>``: ``PGSUB_WAREHOUSE``, ``PGSUB_SPARK_MASTER``,
 ``PGSUB_SUBSCRIPTIONS_0_CONNECTION`` (by position) or
 ``PGSUB_SUBSCRIPTIONS_SUB1_CONNECTION`` (by name); values are read as YAML

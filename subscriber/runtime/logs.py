@@ -1,6 +1,6 @@
 """Log configuration: structlog events on stderr, JSON unless a person is watching.
 
-DESIGN section 10: JSON by default, the console renderer on a TTY. Events
+JSON by default, the console renderer on a TTY. Events
 never carry row values (except conflict events) and never secrets.
 """
 

@@ -1,4 +1,4 @@
-"""kill -9 at named points of a batch, restart: no loss, no duplicates (DESIGN section 3)."""
+"""kill -9 at named points of a batch, restart: no loss, no duplicates (docs/architecture.md)."""
 
 from collections.abc import Callable
 from pathlib import Path

@@ -3,7 +3,7 @@
 Both sides are read into canonical Python values, type-aware (timestamps as
 UTC instants, numerics by value, float4 at float4 precision, NaN equal to
 NaN, arrays element by element, bytes as bytes), and compared as multisets
-of rows, so a missing duplicate counts. Columns that DESIGN section 6 maps to
+of rows, so a missing duplicate counts. Columns that the type mapping (``apply.typemap``) maps to
 a string are read from PostgreSQL in their text form (``col::text``), which
 is what the Delta column must hold.
 

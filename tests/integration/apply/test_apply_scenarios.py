@@ -1,4 +1,4 @@
-"""DESIGN section 4 scenarios against a real publisher and real Delta tables."""
+"""Net-effect scenarios (docs/architecture.md, "Batches"), real publisher and Delta tables."""
 
 from pathlib import Path
 from typing import Any

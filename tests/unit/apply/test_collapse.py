@@ -1,4 +1,4 @@
-"""Net effect per key and per multiset row (DESIGN section 4)."""
+"""Net effect per key and per multiset row (docs/architecture.md, "Batches")."""
 
 from apply.batch import Batch
 from apply.collapse import KeyedNet, MultisetNet, collapse

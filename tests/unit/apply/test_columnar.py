@@ -1,4 +1,4 @@
-"""Text-format values to Arrow, per DESIGN section 6; bad values name the column, not the value."""
+"""Text-format values to Arrow, per the type mapping; bad values name the column, not the value."""
 
 import datetime as dt
 from decimal import Decimal

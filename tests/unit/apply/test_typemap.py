@@ -1,4 +1,4 @@
-"""DESIGN section 6 is a contract: every listed type maps as the table says."""
+"""The type mapping is a contract: every listed type maps as the table says."""
 
 import pytest
 
