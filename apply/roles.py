@@ -57,6 +57,8 @@ class Leader:
     # After a failed batch: apply one transaction at a time up to here, so that the error
     # names exactly one transaction.
     isolate_through: Lsn | None = None
+    # Seconds between checkpoint rows (one per batch at most; ApplyWorker.record_checkpoint).
+    checkpoint_interval: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,6 +123,10 @@ class ApplyWorker:
         self._isolate_through = leader.isolate_through if leader is not None else None
         self._clear_skip_at: Lsn | None = None
         self._wall_clock = wall_clock
+        # Table versions applied since the last checkpoint row, and its LSN and commit time.
+        self._unrecorded: dict[str, int] = {}
+        self._unrecorded_at: tuple[Lsn, int] | None = None
+        self._recorded_at = -float("inf")
         self.last_commit_time: int | None = None
         self.in_flight: Batch | None = None
         self.in_flight_since: float | None = None  # Unix time the batch in flight began
@@ -149,6 +153,9 @@ class ApplyWorker:
                 progress = self._progress
                 # Idle: the leader's position is everything received (PostgreSQL's last_received).
                 self._leader.sync_tables(progress.received if progress.idle else progress.flushed)
+                if time.monotonic() - self._recorded_at >= self._leader.checkpoint_interval:
+                    self.record_checkpoint()
+        self.record_checkpoint()  # a clean stop: the next start resumes exactly here
 
     def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:
         """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty)."""
@@ -239,6 +246,21 @@ class ApplyWorker:
             and tx.end_lsn <= self._isolate_through
         )
 
+    def record_checkpoint(self) -> None:
+        """Record the checkpoint row of everything applied since the last one, if anything.
+
+        Not every batch: each table's own commits already carry its LSN (that is
+        what makes a restart exactly-once), so the row serves readers who want
+        one LSN for every table, and it is one more Delta commit and file.
+        """
+        if self._leader is None or self._unrecorded_at is None:
+            return
+        lsn, commit_time = self._unrecorded_at
+        self._leader.checkpoints.record(self.subscription, lsn, commit_time, self._unrecorded)
+        self._unrecorded = {}
+        self._unrecorded_at = None
+        self._recorded_at = time.monotonic()
+
     def _apply(self, batch: Batch) -> None:
         self.in_flight = batch
         self.in_flight_since = self._wall_clock()
@@ -246,12 +268,14 @@ class ApplyWorker:
         result = self._applier.apply(batch)
         failpoint("apply.before_checkpoint")
         skipped = self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at
-        # A skipped transaction writes nothing, but its checkpoint is what makes the skip
-        # durable: below the origin LSN, it is never sent again (see SubscriptionRunner).
-        if (result.tables or skipped) and self._leader is not None:
-            self._leader.checkpoints.record(
-                self.subscription, batch.end_lsn, batch.commit_time, result.versions
-            )
+        if self._leader is not None and (result.tables or skipped):
+            self._unrecorded.update(result.versions)
+            self._unrecorded_at = (batch.end_lsn, batch.commit_time)
+            # A skipped transaction writes nothing, but its checkpoint is what makes the skip
+            # durable: below the origin LSN, it is never sent again (see SubscriptionRunner).
+            due = time.monotonic() - self._recorded_at >= self._leader.checkpoint_interval
+            if skipped or due:
+                self.record_checkpoint()
         failpoint("apply.before_flush_report")
         self._progress.confirm_flushed(batch.end_lsn)
         if skipped:

@@ -95,3 +95,25 @@ class Metrics:
         self.subscription_enabled = Gauge(
             "pgsub_subscription_enabled", "1 when the subscription is enabled", SUB, registry=r
         )
+        self.maintenance = Counter(
+            "pgsub_maintenance",
+            "Maintenance operations done on a table (optimize, vacuum, prune)",
+            (*REL, "operation"),
+            registry=r,
+        )
+        self.maintenance_errors = Counter(
+            "pgsub_maintenance_errors", "Failed maintenance of a table", REL, registry=r
+        )
+        self.maintenance_duration = Histogram(
+            "pgsub_maintenance_duration_seconds",
+            "Time of one table's maintenance (with its compaction or vacuum)",
+            SUB,
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.table_files = Gauge(
+            "pgsub_table_files",
+            "Data files in the table's current version (after maintenance, when it ran)",
+            REL,
+            registry=r,
+        )

@@ -118,7 +118,7 @@ def merge_net(
             frame = fill_moved(session, frame, schema, source.keep_columns, target.path)
         bounds = key_bounds(source.table, schema.key[0])
         plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table), bounds)
-        return target.merge(schema, frame, plan), source
+        return target.merge(schema, frame, plan, reads_target=source.moved), source
 
 
 def _write_truncated(

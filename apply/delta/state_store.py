@@ -97,9 +97,44 @@ class CheckpointStore(_StateTable):
     )
 
     def origin_lsn(self, subscription: str) -> Lsn:
-        """The end LSN of the subscription's last recorded batch (0/0 when none)."""
-        lsns = [int(row["lsn"]) for row in self._rows(subscription)]
-        return Lsn(max(lsns)) if lsns else ZERO
+        """The end LSN of the subscription's last recorded batch (0/0 when none).
+
+        One aggregate, whatever the number of rows: start-up does not grow with
+        the batches ever applied.
+        """
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        try:
+            if not DeltaTable.isDeltaTable(self._spark, self.path):
+                return ZERO
+            row = (
+                self._spark.read.format("delta")
+                .load(self.path)
+                .where(fn.col("subscription") == subscription)
+                .agg(fn.max("lsn").alias("lsn"))
+                .first()
+            )
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
+        return ZERO if row is None or row["lsn"] is None else Lsn(int(row["lsn"]))
+
+    def prune(self, subscription: str, older_than: datetime) -> None:
+        """Forget rows recorded before ``older_than`` (past the maintenance retention, time
+        travel to their versions may fail), keeping the subscription's latest row."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        latest = self.origin_lsn(subscription)
+        try:
+            if DeltaTable.isDeltaTable(self._spark, self.path):
+                DeltaTable.forPath(self._spark, self.path).delete(
+                    (fn.col("subscription") == subscription)
+                    & (fn.col("recorded_at") < fn.lit(older_than))
+                    & (fn.col("lsn") < fn.lit(int(latest)))
+                )
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot prune {self.path}: {exc}") from exc
 
     def record(
         self, subscription: str, lsn: Lsn, commit_time: int, versions: dict[str, int]

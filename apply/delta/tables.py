@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -26,14 +27,16 @@ import pyarrow as pa
 import structlog
 
 from apply.collapse import KeyedNet, Net
-from apply.delta.copy import copy_into
+from apply.delta.copy import copy_into, delta_rs_can_write, write_once
 from apply.delta.keyed import raised_conflict, write_keyed
+from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
 from apply.delta.session import SparkErrors, struct
 from apply.delta.target import TargetTable
 from apply.errors import ConflictError, TargetTableError
 from apply.features import PORTABLE, Gain, TableFeatures, creation_properties, gains
+from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy, retention_properties
 from apply.merge_plan import conflict_in
 from apply.records import CommitMark, Within, WriteResult, lsn_from_metadata, within_from_metadata
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
@@ -82,16 +85,22 @@ class DeltaTables:
         track_origin: bool = False,
         features: TableFeatures = PORTABLE,
         shared_tables: bool = False,
+        maintenance: MaintenancePolicy = DEFAULT_POLICY,
         created: CreatedTables | None = None,
     ) -> None:
         self._spark = spark
         self.created = created or _Forgetful()
         self.warehouse = warehouse.rstrip("/")
+        # A warehouse on this machine's file system (delta-rs may write it directly).
+        self._on_local_disk = "://" not in self.warehouse or self.warehouse.startswith("file:")
         self.subscription = subscription
         self.create_tables = create_tables
         self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)
         self.features = features
         self.shared_tables = shared_tables  # may write tables another subscription writes
+        self.maintenance = maintenance
+        # One writer at a time per table: a batch's MERGE, a copy, or maintenance.
+        self._table_locks: dict[str, threading.Lock] = {}
         self._local = threading.local()
         self._schemas: dict[str, TargetSchema] = {}
         self._origins: dict[str, OriginTracker] = {}
@@ -169,29 +178,32 @@ class DeltaTables:
                 return None
         path = self.path(schema.table)
         try:
-            if not self.exists(schema.table):
-                if not self.create_tables:
-                    raise TargetTableError(
-                        f"no Delta table at {path} for {schema.table} and create_tables is off;"
-                        " create it, or turn create_tables on"
-                    )
-                if not recreate and self.created.was_created(schema.table):
-                    raise TargetTableError(
-                        f"the Delta table of {schema.table} at {path} is gone, though "
-                        f'subscription "{self.subscription}" created it: deleted by someone '
-                        "else? Its changes are not applied to an empty table. Copy it again: "
-                        f"`pgsub resync -c <config> {self.subscription} {schema.table}`"
-                    )
-                self._create(schema, path)
-                self.created.record_created(schema.table)
-                evolution = Evolution(add=schema.columns)
-            else:
-                evolution = self._evolve(schema, path)
+            with self.exclusive(schema.table):
+                evolution = self._create_or_evolve(schema, path, recreate=recreate)
         except SparkErrors as exc:
             raise TargetTableError(f"cannot prepare {path} for {schema.table}: {exc}") from exc
         with self._lock:
             self._schemas[schema.table] = schema
         return evolution
+
+    def _create_or_evolve(self, schema: TargetSchema, path: str, *, recreate: bool) -> Evolution:
+        if not self.exists(schema.table):
+            if not self.create_tables:
+                raise TargetTableError(
+                    f"no Delta table at {path} for {schema.table} and create_tables is off;"
+                    " create it, or turn create_tables on"
+                )
+            if not recreate and self.created.was_created(schema.table):
+                raise TargetTableError(
+                    f"the Delta table of {schema.table} at {path} is gone, though "
+                    f'subscription "{self.subscription}" created it: deleted by someone '
+                    "else? Its changes are not applied to an empty table. Copy it again: "
+                    f"`pgsub resync -c <config> {self.subscription} {schema.table}`"
+                )
+            self._create(schema, path)
+            self.created.record_created(schema.table)
+            return Evolution(add=schema.columns)
+        return self._evolve(schema, path)
 
     def _create(self, schema: TargetSchema, path: str) -> None:
         from delta.tables import DeltaTable
@@ -202,6 +214,7 @@ class DeltaTables:
         )
         for gain in needed:
             _warn_gained(schema.table, gain)
+        properties.update(retention_properties(self.maintenance))
         properties["pgsub.source"] = schema.table
         properties["pgsub.key"] = json.dumps(list(schema.key))
         properties[WRITER] = self.subscription
@@ -350,10 +363,8 @@ class DeltaTables:
         """
         target = self.target(schema.table)
         try:
-            if isinstance(net, KeyedNet):
-                origins = self._tracker(schema.table, target.path)
-                return write_keyed(target, schema, net, mark, resolutions, origins=origins)
-            return write_multiset(target, schema, net, mark, resolutions)
+            with self.exclusive(schema.table):
+                return self._write(target, schema, net, mark, resolutions)
         except ConflictError:
             raise
         except SparkErrors as exc:
@@ -366,6 +377,44 @@ class DeltaTables:
                 f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
             ) from exc
 
+    def _write(
+        self,
+        target: TargetTable,
+        schema: TargetSchema,
+        net: Net,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+    ) -> WriteResult:
+        if isinstance(net, KeyedNet):
+            origins = self._tracker(schema.table, target.path)
+            return write_keyed(target, schema, net, mark, resolutions, origins=origins)
+        return write_multiset(target, schema, net, mark, resolutions)
+
+    @contextmanager
+    def exclusive(self, table: str) -> Iterator[None]:
+        """Hold ``table`` for one writer: a batch's MERGE, a copy or maintenance."""
+        with self._lock:
+            lock = self._table_locks.setdefault(table, threading.Lock())
+        with lock:
+            yield
+
+    def known(self) -> list[str]:
+        """The tables this process prepared (created, evolved or checked)."""
+        with self._lock:
+            return sorted(self._schemas)
+
+    def tend(self, table: str, policy: MaintenancePolicy, *, vacuum: bool) -> Tended:
+        """Maintenance of ``table`` (``apply.delta.maintenance``), never beside its writes."""
+        with self.exclusive(table):
+            return tend(
+                self.session(),
+                self.path(table),
+                policy,
+                vacuum=vacuum,
+                mark=self._latest_mark(table),
+                deletion_vectors=self.features.deletion_vectors,
+            )
+
     def copy_into(
         self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]:
@@ -373,7 +422,11 @@ class DeltaTables:
 
         ``staging``: a local directory for the blocks (emptied before and after).
         """
-        return copy_into(self.target(schema.table), schema, blocks, mark, staging)
+        target = self.target(schema.table)
+        with self.exclusive(schema.table):
+            if self._on_local_disk and delta_rs_can_write(target.path):
+                return write_once(target, schema, blocks, mark), None
+            return copy_into(target, schema, blocks, mark, staging)
 
     def _tracker(self, table: str, path: str) -> OriginTracker:
         with self._lock:

@@ -35,6 +35,7 @@ TXN_APP_ID: Final = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION: Final = "spark.databricks.delta.write.txnVersion"
 USER_METADATA: Final = "spark.databricks.delta.commitInfo.userMetadata"
 LAST_VERSION: Final = "spark.databricks.delta.lastCommitVersionInSession"
+MATERIALIZE_SOURCE: Final = "spark.databricks.delta.merge.materializeSource"
 
 
 class TargetTable:
@@ -92,10 +93,24 @@ class TargetTable:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.path)
 
-    def merge(self, schema: TargetSchema, source: DataFrame, plan: MergePlan) -> WriteResult:
-        """One MERGE of ``source`` by ``plan``; call inside ``marked``."""
+    def merge(
+        self,
+        schema: TargetSchema,
+        source: DataFrame,
+        plan: MergePlan,
+        *,
+        reads_target: bool = False,
+    ) -> WriteResult:
+        """One MERGE of ``source`` by ``plan``; call inside ``marked``.
+
+        A MERGE reads its source twice (to find the files it touches, then to
+        write them); Delta copies a source it cannot trust to read the same
+        twice. An Arrow source is immutable, so it is not copied, unless it
+        ``reads_target`` (a join with the table being merged into).
+        """
         from delta.tables import DeltaTable
 
+        self.session.conf.set(MATERIALIZE_SOURCE, "auto" if reads_target else "none")
         builder = (
             DeltaTable.forPath(self.session, self.path)
             .alias("t")

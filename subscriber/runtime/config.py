@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from apply.features import FeatureMode, TableFeatures
+from apply.maintenance_policy import MaintenancePolicy
 from apply.transactions import Bounds
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.replication.commands import Streaming, check_slot_name
@@ -39,8 +40,8 @@ from tablesync.coordinator import SyncSettings
 ENV_PREFIX = "PGSUB_"
 # pgsub's environment variables that are not config keys.
 _NOT_CONFIG = re.compile(r"^PGSUB_(DSN|JARS_DIR|CONFIG|FAILPOINTS|TEST_.*|PG\d+_BIN)$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
 # PostgreSQL's memory units: kB, MB, GB and TB are multiples of 1024 (KiB, MiB, ... too).
 _SIZE_UNITS = {None: 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -153,6 +154,9 @@ class SubscriptionConfig(_Strict):
     # A batch still being written after this long fails /healthz (a hung MERGE).
     apply_timeout: Duration = 1800.0
     wal_receiver_timeout: Duration = 60.0
+    # How often the leader appends a row to _pgsub/checkpoints (every table's Delta version at
+    # one LSN, for readers who want a consistent cross-table point); not every batch.
+    checkpoint_interval: Duration = 10.0
     status_interval: Duration = 10.0
 
     @field_validator("streaming", mode="before")
@@ -243,6 +247,26 @@ class MetricsConfig(_Strict):
     port: int = Field(9187, ge=0, le=65535)
 
 
+class MaintenanceConfig(_Strict):
+    """Compaction, vacuum and history bounds of every table pgsub writes (docs/tables.md)."""
+
+    enabled: bool = True
+    interval: Duration = 300.0  # how often each table is looked at
+    compact_files: int = Field(64, ge=2)  # OPTIMIZE a table holding more data files than this
+    vacuum_interval: Duration = 86400.0
+    # History kept: VACUUM retention, Delta log and idempotent-write ids, checkpoint rows.
+    retention: Duration = 7 * 86400.0
+
+    @model_validator(mode="after")
+    def _positive(self) -> MaintenanceConfig:
+        if self.interval <= 0 or self.retention < 3600:
+            raise ValueError("interval must be positive and retention at least 1h")
+        return self
+
+    def policy(self) -> MaintenancePolicy:
+        return MaintenancePolicy(self.compact_files, self.vacuum_interval, self.retention)
+
+
 class LogConfig(_Strict):
     format: Literal["json", "console", "auto"] = "json"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -253,6 +277,7 @@ class Config(_Strict):
     spark: SparkConfig = Field(default_factory=SparkConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     subscriptions: list[SubscriptionConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
 from subscriber.runtime.config import Config
 from subscriber.runtime.http import StatusServer
+from subscriber.runtime.maintenance import Tender
 from subscriber.runtime.subscription import SubscriptionRunner
 
 log = structlog.get_logger(__name__)
@@ -88,6 +89,22 @@ class Daemon:
                     )
                     for runner in self.runners
                 ]
+                if self.config.maintenance.enabled:
+                    tender = Tender(
+                        self.runners,
+                        self.spark,
+                        self.config.warehouse,
+                        self.config.maintenance,
+                        self.metrics,
+                    )
+                    threads.append(
+                        threading.Thread(
+                            target=tender.run,
+                            args=(self.stopping,),
+                            name="maintenance",
+                            daemon=True,
+                        )
+                    )
                 for thread in threads:
                     thread.start()
                 while not self.stop_requested.wait(JVM_CHECK_INTERVAL):
@@ -151,7 +168,14 @@ class Daemon:
                 self.metrics.subscription_enabled.labels(sub.name).set(0)
                 continue
             self.runners.append(
-                SubscriptionRunner(sub, spark, config.warehouse, checkpoints, self.metrics)
+                SubscriptionRunner(
+                    sub,
+                    spark,
+                    config.warehouse,
+                    checkpoints,
+                    self.metrics,
+                    maintenance=config.maintenance.policy(),
+                )
             )
 
     def _shutdown(self) -> None:

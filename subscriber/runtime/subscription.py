@@ -26,6 +26,7 @@ from apply.assembly import UnsupportedStreamError
 from apply.delta.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
 from apply.delta.tables import DeltaTables
 from apply.errors import ApplyError
+from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
 from apply.pipeline import ApplyContext, ApplyPipeline
 from apply.roles import Leader
 from apply.spool import private_directory
@@ -117,6 +118,8 @@ class SubscriptionRunner:
         warehouse: str,
         checkpoints: CheckpointStore,
         metrics: Metrics,
+        *,
+        maintenance: MaintenancePolicy = DEFAULT_POLICY,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -132,6 +135,7 @@ class SubscriptionRunner:
             track_origin=config.track_origin,
             features=config.table_features.features(),
             shared_tables=config.shared_tables,
+            maintenance=maintenance,
             created=self.settings,
         )
         self.catalog = PublisherCatalog(self._conninfo)
@@ -421,6 +425,7 @@ class SubscriptionRunner:
             sync_tables=self.coordinator.process,
             skip=self.settings,
             isolate_through=isolate,
+            checkpoint_interval=self.config.checkpoint_interval,
         )
         pipeline = ApplyPipeline(self.context, leader, flushed)
         progress = pipeline.progress

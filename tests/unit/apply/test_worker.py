@@ -39,6 +39,7 @@ class Harness:
         bounds: Bounds = BATCH,
         skip: Lsn | None = None,
         isolate_through: Lsn | None = None,
+        checkpoint_interval: float = 0.0,
     ) -> None:
         self.tables = tables or MemoryTables()
         self.checkpoints = MemoryCheckpoints()
@@ -53,6 +54,7 @@ class Harness:
             sync_tables=self.synced.append,
             skip=self.skip,
             isolate_through=isolate_through,
+            checkpoint_interval=checkpoint_interval,
         )
         self.worker = ApplyWorker(
             "s",
@@ -168,6 +170,14 @@ def test_a_transaction_partly_applied_before_a_crash_resumes_after_the_pieces_it
     assert throughs == [6, 9]
     assert tables.lsn["public.t"] == Lsn(0x500)
     assert harness.checkpoints.recorded == [Lsn(0x500)]  # once, with the last piece
+
+
+def test_checkpoint_rows_are_recorded_at_most_every_interval_and_on_stop() -> None:
+    """Each table's commits carry its LSN; the checkpoint row is for readers, not per batch."""
+    harness = Harness(bounds=Bounds(1), checkpoint_interval=3600)
+    harness.run(*(tx(ins(T, n, "v"), end=100 * n) for n in range(1, 4)), until=Lsn(300))
+    assert harness.checkpoints.recorded == [Lsn(100), Lsn(300)]  # the first, then at stop
+    assert harness.progress.flushed == Lsn(300)  # confirmed all along, not at the row
 
 
 def test_the_queue_holds_back_wide_transactions_by_bytes() -> None:

@@ -1,0 +1,33 @@
+"""How maintenance keeps tables bounded, as values: what is compacted, how much history stays.
+
+Pure, so that the config can hold it without importing Spark;
+``apply.delta.maintenance`` does the work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+DAY: Final = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenancePolicy:
+    compact_files: int = 64
+    vacuum_interval: float = DAY
+    retention: float = 7 * DAY
+
+
+DEFAULT_POLICY: Final = MaintenancePolicy()
+
+
+def retention_properties(policy: MaintenancePolicy) -> dict[str, str]:
+    """The table properties that bound a table's history to ``policy.retention``."""
+    hours = max(1, round(policy.retention / 3600))
+    interval = f"interval {hours} hours"
+    return {
+        "delta.logRetentionDuration": interval,
+        "delta.deletedFileRetentionDuration": interval,
+        "delta.setTransactionRetentionDuration": interval,
+    }

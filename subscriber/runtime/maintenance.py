@@ -1,0 +1,121 @@
+"""The daemon's maintenance thread: every subscription's tables and ``_pgsub/``, in turn.
+
+Once per ``maintenance.interval`` it tends each target table a subscription
+has prepared (``DeltaTables.tend``: compaction past ``compact_files``,
+VACUUM once per ``vacuum_interval``, history bounded to ``retention``),
+then the state tables, and prunes checkpoint rows past the retention. A
+table is tended under its write lock, never beside its own MERGE; the
+receivers keep streaming meanwhile. One failure is logged and counted
+(``pgsub_maintenance_errors_total``) and retried next round; it never stops
+replication.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import structlog
+
+from apply.delta.maintenance import Tended, is_delta_table, tend
+from apply.delta.state_store import STATE_TABLES, CheckpointStore
+from apply.errors import ApplyError
+from subscriber.metrics import Metrics
+from subscriber.runtime.config import MaintenanceConfig
+from subscriber.runtime.subscription import SubscriptionRunner
+
+log = structlog.get_logger(__name__)
+
+# The subscription label of the state tables under _pgsub/.
+STATE = "_pgsub"
+
+
+class Tender:
+    def __init__(
+        self,
+        runners: Sequence[SubscriptionRunner],
+        spark: Any,
+        warehouse: str,
+        config: MaintenanceConfig,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._runners = runners
+        self._spark = spark
+        self._warehouse = warehouse
+        self._config = config
+        self._policy = config.policy()
+        self._metrics = metrics
+        self._clock = clock
+        self._vacuumed: dict[tuple[str, str], float] = {}
+        self._started = clock()
+
+    def run(self, stopping: threading.Event) -> None:
+        while not stopping.wait(self._config.interval):
+            self.round(stopping)
+
+    def round(self, stopping: threading.Event | None = None) -> None:
+        """Tend every table once (stops early when ``stopping`` is set)."""
+        for runner in self._runners:
+            for table in runner.tables.known():
+                if stopping is not None and stopping.is_set():
+                    return
+                self._tend(runner.name, table, partial(runner.tables.tend, table, self._policy))
+        retained = datetime.now(UTC) - timedelta(seconds=self._policy.retention)
+        checkpoints = CheckpointStore(self._spark, self._warehouse)
+        for runner in self._runners:
+            try:
+                checkpoints.prune(runner.name, retained)
+                self._metrics.maintenance.labels(STATE, checkpoints.name, "prune").inc()
+            except ApplyError as exc:
+                self._failed(STATE, checkpoints.name, exc)
+        for kind in STATE_TABLES:
+            path = kind(self._spark, self._warehouse).path
+            if not is_delta_table(self._spark, path):
+                continue  # not written yet (no conflict so far, say)
+            self._tend(STATE, kind.name, partial(tend, self._spark, path, self._policy, mark=None))
+
+    def _tend(self, subscription: str, table: str, work: Callable[..., Tended]) -> None:
+        """``work(vacuum=...)`` tends the table; its outcome counted and logged."""
+        key = (subscription, table)
+        now = self._clock()
+        # A daemon's first vacuum of a table comes one interval after it started.
+        vacuum = now - self._vacuumed.get(key, self._started) >= self._policy.vacuum_interval
+        try:
+            done = work(vacuum=vacuum)
+        except ApplyError as exc:
+            self._failed(subscription, table, exc)
+            return
+        if vacuum:
+            self._vacuumed[key] = now
+        metrics = self._metrics
+        metrics.table_files.labels(subscription, table).set(done.files_after)
+        metrics.maintenance_duration.labels(subscription).observe(done.seconds)
+        for operation, did in (("optimize", done.compacted), ("vacuum", done.vacuumed)):
+            if did:
+                metrics.maintenance.labels(subscription, table, operation).inc()
+        if done.compacted or done.vacuumed:
+            log.info(
+                "table maintained",
+                subscription=subscription,
+                table=table,
+                compacted=done.compacted,
+                vacuumed=done.vacuumed,
+                files_before=done.files_before,
+                files_after=done.files_after,
+                seconds=round(done.seconds, 3),
+            )
+
+    def _failed(self, subscription: str, table: str, exc: Exception) -> None:
+        self._metrics.maintenance_errors.labels(subscription, table).inc()
+        log.warning(
+            "table maintenance failed; it is tried again next round",
+            subscription=subscription,
+            table=table,
+            error=str(exc),
+        )
