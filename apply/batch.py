@@ -143,9 +143,12 @@ class Batcher:
     def changes(self) -> int:
         return self._changes
 
-    def add(self, tx: RemoteTransaction) -> None:
-        if self._started is None:
-            self._started = self._clock()
+    def add(self, tx: RemoteTransaction, arrived: float | None = None) -> None:
+        """Add ``tx``; ``arrived`` (on the batcher's clock) is when it was received: a batch
+        is due ``max_delay`` after its oldest transaction arrived, not after it was added."""
+        at = self._clock() if arrived is None else arrived
+        if self._started is None or at < self._started:
+            self._started = at
         self._transactions.append(tx)
         self._changes += len(tx.changes)
         self._size += tx.size

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -45,9 +45,19 @@ from subscriber.replication.wire import PG_EPOCH_OFFSET
 log = structlog.get_logger(__name__)
 
 
+def _in_memory_transaction(tx: AssembledTransaction) -> bool:
+    return isinstance(tx, RemoteTransaction)
+
+
 def _in_memory(tx: AssembledTransaction) -> tuple[int, int]:
     """The changes and bytes of row data ``tx`` holds in memory (a spooled one: one, none)."""
     return (len(tx.changes), tx.size) if isinstance(tx, RemoteTransaction) else (1, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    tx: AssembledTransaction
+    arrived: float  # when the receiver queued it (monotonic clock)
 
 
 class TransactionQueue:
@@ -57,9 +67,10 @@ class TransactionQueue:
     empty, so that any transaction can pass.
     """
 
-    def __init__(self, bounds: Bounds) -> None:
+    def __init__(self, bounds: Bounds, clock: Callable[[], float] = time.monotonic) -> None:
         self._bounds = bounds
-        self._items: deque[AssembledTransaction] = deque()
+        self._clock = clock
+        self._items: deque[Queued] = deque()
         self._changes = 0
         self._size = 0
         self._cond = threading.Condition()
@@ -76,22 +87,29 @@ class TransactionQueue:
         with self._cond:
             if not self._cond.wait_for(lambda: self._room_for(changes, size), timeout):
                 return False
-            self._items.append(tx)
+            self._items.append(Queued(tx, self._clock()))
             self._changes += changes
             self._size += size
             self._cond.notify_all()
             return True
 
-    def get(self, timeout: float) -> AssembledTransaction | None:
+    def get(
+        self,
+        timeout: float,
+        accept: Callable[[AssembledTransaction], bool] = lambda tx: True,
+    ) -> Queued | None:
+        """The oldest transaction, within ``timeout``, if ``accept`` takes it."""
         with self._cond:
             if not self._cond.wait_for(lambda: bool(self._items), timeout):
                 return None
-            tx = self._items.popleft()
-            changes, size = _in_memory(tx)
+            if not accept(self._items[0].tx):
+                return None
+            queued = self._items.popleft()
+            changes, size = _in_memory(queued.tx)
             self._changes -= changes
             self._size -= size
             self._cond.notify_all()
-            return tx
+            return queued
 
     def __len__(self) -> int:
         return len(self._items)
@@ -135,16 +153,23 @@ class ApplyWorker:
         batcher = self._batcher
         while not stopping.is_set():
             wait = batcher.time_left() if len(batcher) else 0.5
-            tx = self._queue.get(timeout=max(0.0, min(wait, 0.5)))
+            queued = self._queue.get(timeout=max(0.0, min(wait, 0.5)))
+            tx = queued.tx if queued is not None else None
             if isinstance(tx, SpooledTransaction):
                 if len(batcher):
                     self._apply(batcher.take())
                 self._apply_spooled(tx, stopping)
                 continue
-            if tx is not None:
-                batcher.add(
-                    replace(tx, changes=(), size=0) if self._skipping(tx, len(tx.changes)) else tx
-                )
+            if queued is not None:
+                self._add(queued)
+                # What else is waiting joins this batch first: a batch due by the age of its
+                # oldest transaction takes everything that arrived while the last one applied.
+                while not (batcher.full() or self._isolating(tx)):
+                    more = self._queue.get(timeout=0, accept=_in_memory_transaction)
+                    if more is None:
+                        break
+                    self._add(more)
+                    tx = more.tx
             elif self._leader is not None:
                 self._leader.skip.refresh()
             if len(batcher) and (batcher.due() or self._isolating(tx)):
@@ -156,6 +181,13 @@ class ApplyWorker:
                 if time.monotonic() - self._recorded_at >= self._leader.checkpoint_interval:
                     self.record_checkpoint()
         self.record_checkpoint()  # a clean stop: the next start resumes exactly here
+
+    def _add(self, queued: Queued) -> None:
+        tx = queued.tx
+        assert isinstance(tx, RemoteTransaction)
+        if self._skipping(tx, len(tx.changes)):
+            tx = replace(tx, changes=(), size=0)
+        self._batcher.add(tx, arrived=queued.arrived)
 
     def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:
         """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty)."""

@@ -42,3 +42,14 @@ def test_batch_is_due_by_bytes_of_row_data() -> None:
     assert not batcher.due()
     batcher.add(tx(ins(T, 3, wide), end=200))
     assert batcher.due() and batcher.take().change_count == 3
+
+
+def test_a_batch_is_due_by_the_age_of_its_oldest_transaction_not_when_it_was_added() -> None:
+    """Transactions that waited in the queue while the last batch applied are not held back
+    another ``max_delay`` once the worker gets to them."""
+    batcher = Batcher(Bounds(1000), max_delay=1.0, clock=lambda: 10.0)
+    batcher.add(tx(ins(T, 1, "a")), arrived=8.5)
+    assert batcher.due() and batcher.time_left() == -0.5
+    batcher.take()
+    batcher.add(tx(ins(T, 2, "b")), arrived=9.5)
+    assert not batcher.due()

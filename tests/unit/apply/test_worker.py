@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,13 +42,15 @@ class Harness:
         skip: Lsn | None = None,
         isolate_through: Lsn | None = None,
         checkpoint_interval: float = 0.0,
+        max_delay: float = 0.05,
+        queue_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tables = tables or MemoryTables()
         self.checkpoints = MemoryCheckpoints()
         self.skip = MemorySkip(skip)
         self.synced: list[Lsn] = []
         self.progress = Progress(Lsn(0))
-        self.queue = TransactionQueue(Bounds(100_000))
+        self.queue = TransactionQueue(Bounds(100_000), clock=queue_clock)
         leader = Leader(
             "s",
             self.checkpoints,
@@ -61,7 +65,7 @@ class Harness:
             self.queue,
             applier=BatchApplier("s", self.tables, lambda oid: None),
             progress=self.progress,
-            batcher=Batcher(bounds, max_delay=0.05),
+            batcher=Batcher(bounds, max_delay=max_delay),
             metrics=Metrics(),
             leader=leader,
         )
@@ -178,6 +182,14 @@ def test_checkpoint_rows_are_recorded_at_most_every_interval_and_on_stop() -> No
     harness.run(*(tx(ins(T, n, "v"), end=100 * n) for n in range(1, 4)), until=Lsn(300))
     assert harness.checkpoints.recorded == [Lsn(100), Lsn(300)]  # the first, then at stop
     assert harness.progress.flushed == Lsn(300)  # confirmed all along, not at the row
+
+
+def test_what_waited_in_the_queue_is_applied_in_one_batch_at_once() -> None:
+    """Three transactions queued 10 s ago: one batch with all three, without waiting
+    ``max_delay`` again (the batch's age is its oldest transaction's)."""
+    harness = Harness(max_delay=5.0, queue_clock=lambda: time.monotonic() - 10)
+    harness.run(*(tx(ins(T, n, "v"), end=100 * n) for n in range(1, 4)), until=Lsn(300))
+    assert len(harness.tables.commits) == 1 and harness.tables.keys() == [1, 2, 3]
 
 
 def test_the_queue_holds_back_wide_transactions_by_bytes() -> None:
