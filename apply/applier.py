@@ -14,6 +14,7 @@ conflict), as PostgreSQL's CONTEXT line does; its finish LSN is what
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +25,15 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
-from apply.collapse import Net, collapse, is_keyed
+from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import CommitMark, Within, WriteResult
+from apply.resolve import looks_up_first, origin_looks_up_first
 from apply.schema import Evolution, TargetSchema, target_schema
-from apply.transactions import RemoteTransaction
+from apply.spool import SpooledTransaction
+from apply.staging import StagedSource
+from apply.transactions import Bounds, RemoteTransaction
 from apply.typemap import TypeLookup
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
@@ -43,6 +47,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 log = structlog.get_logger(__name__)
+
+Stages = dict[str, StagedSource]  # per table
 
 
 class Tables(Protocol):
@@ -61,6 +67,15 @@ class Tables(Protocol):
         net: Net,
         mark: CommitMark,
         resolutions: Mapping[ConflictKind, Resolution] = ...,
+    ) -> WriteResult: ...
+
+    def write_staged(
+        self,
+        schema: TargetSchema,
+        stage: StagedSource,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+        nets: Callable[[], Iterator[KeyedNet]],
     ) -> WriteResult: ...
 
     def copy_into(
@@ -141,9 +156,13 @@ class BatchApplier:
         resolutions: Mapping[ConflictKind, Resolution] = DEFAULTS,
         reporter: ConflictReporter | None = None,
         max_parallel: int = 4,
+        staging: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.subscription = subscription
+        # Where a large transaction's pieces are staged for one MERGE per table (None: never;
+        # the Spark executors must read this local folder, so a local master only).
+        self._staging = staging
         self._tables = tables
         self._types = types
         self._should_apply = should_apply
@@ -249,6 +268,105 @@ class BatchApplier:
         if failure is not None:
             raise failure
         return BatchResult(batch.end_lsn, tuple(results))
+
+    def apply_whole(
+        self, tx: SpooledTransaction, bounds: Bounds, on_piece: Callable[[Batch], None]
+    ) -> BatchResult | None:
+        """Apply a spooled transaction in one commit per table (``apply.staging``); None when
+        it cannot be (the caller applies it in pieces instead, as before).
+
+        ``on_piece`` is told of each piece read (for the change counters).
+        """
+        if self._staging is None or looks_up_first(self._resolutions):
+            return None
+        if origin_looks_up_first(self._resolutions):
+            return None
+        root = self._staging / f"tx-{tx.xid}-{tx.end_lsn}"
+        shutil.rmtree(root, ignore_errors=True)
+        try:
+            started = self._clock()
+            stages = self._stage(tx, bounds, root, on_piece)
+            if stages is None or not all(stage.unique_keys() for stage in stages.values()):
+                log.info(
+                    "transaction applied in pieces",
+                    subscription=self.subscription,
+                    xid=tx.xid,
+                    changes=tx.change_count,
+                    why="a table without a key, a truncate, a key changed in two pieces, or a "
+                    "table resuming pieces applied before a restart",
+                )
+                return None
+            log.info(
+                "transaction staged",
+                subscription=self.subscription,
+                xid=tx.xid,
+                changes=tx.change_count,
+                tables=len(stages),
+                seconds=round(self._clock() - started, 3),
+            )
+            return self._write_stages(tx, bounds, stages)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def _stage(
+        self, tx: SpooledTransaction, bounds: Bounds, root: Path, on_piece: Callable[[Batch], None]
+    ) -> Stages | None:
+        stages: Stages = {}
+        for piece in tx.pieces(bounds):
+            batch = Batch([piece])
+            on_piece(batch)
+            for name, work in batch.tables(self.applied_lsn, self._applies).items():
+                try:
+                    schema = self._schema(work)
+                    net = collapse(work)
+                except Exception as exc:
+                    cause = _as_apply_error(exc)
+                    raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
+                if name not in stages:
+                    if self.applied_through(name, tx.end_lsn) or not schema.key:
+                        return None  # resumes pieces applied before a crash; or a multiset
+                    folder = root / f"{len(stages):04d}"
+                    stages[name] = StagedSource(folder, schema)
+                stage = stages[name]
+                if not isinstance(net, KeyedNet) or stage.schema != schema or not stage.add(net):
+                    return None
+        return stages
+
+    def _write_stages(
+        self,
+        tx: SpooledTransaction,
+        bounds: Bounds,
+        stages: dict[str, StagedSource],
+    ) -> BatchResult:
+        mark = CommitMark(self.subscription, tx.end_lsn, tx.commit_time)
+        batch = Batch([tx.head])
+        results = []
+        resolutions = self._resolutions
+        for name, stage in stages.items():
+
+            def nets(name: str = name) -> Iterator[KeyedNet]:
+                for piece in tx.pieces(bounds):
+                    work = Batch([piece]).tables(self.applied_lsn, self._applies).get(name)
+                    if work is not None:
+                        net = collapse(work)
+                        assert isinstance(net, KeyedNet)
+                        yield net
+
+            started = self._clock()
+            try:
+                write = self._tables.write_staged(stage.schema, stage, mark, resolutions, nets)
+            except ConflictError as exc:
+                self._report(exc.findings, stage.schema, batch, stopping=exc.kind)
+                raise TransactionError(exc, self.subscription, name, tx.head, batch) from exc
+            except Exception as exc:
+                cause = _as_apply_error(exc)
+                raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
+            failpoint("apply.after_table_write")
+            self._applied[name] = tx.end_lsn
+            self._within[name] = None
+            self._report(write.conflicts, stage.schema, batch)
+            results.append(TableResult(name, write, self._clock() - started, stage.rows))
+        return BatchResult(tx.end_lsn, tuple(results))
 
     def _report(
         self,

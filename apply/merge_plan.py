@@ -87,6 +87,21 @@ def shape_of(source: pa.Table) -> Shape:
     return Shape(some(absent), some(inserting), some(present), some(pc.invert(present)))
 
 
+def expected_counts(source: pa.Table) -> tuple[int, int, int]:
+    """(inserted, updated, deleted) a conflict-free MERGE of ``source`` reports."""
+    absent = pc.is_in(source[FIRST], pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value]))
+    present = source[PRESENT]
+
+    def count(mask: pa.ChunkedArray) -> int:
+        return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+    return (
+        count(pc.and_(present, absent)),
+        count(pc.and_(present, pc.invert(absent))),
+        count(pc.and_(pc.invert(present), pc.invert(absent))),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Clause:
     kind: ClauseKind

@@ -57,6 +57,9 @@ class ApplyContext:
     spool_root: Path  # the subscription's spool_dir
     status_interval: float
     wal_receiver_timeout: float
+    # Where a transaction larger than a batch is staged to land in one MERGE per table
+    # (apply.staging); None: applied in pieces (a Spark whose executors cannot read it).
+    staging: Path | None = None
 
 
 class _StopRequestedError(Exception):
@@ -95,6 +98,7 @@ class ApplyPipeline:
             should_apply=should_apply,
             resolutions=context.resolutions,
             reporter=context.reporter,
+            staging=context.staging,
         )
         self._queue = TransactionQueue(context.queue)
         self.worker = ApplyWorker(

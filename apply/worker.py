@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from apply.applier import BatchApplier, TableResult
+from apply.applier import BatchApplier, BatchResult, TableResult
 from apply.assembly import AssembledTransaction
 from apply.batch import Batch, Batcher
 from apply.failpoints import failpoint
@@ -43,6 +43,15 @@ from subscriber.replication.progress import Progress
 from subscriber.replication.wire import PG_EPOCH_OFFSET
 
 log = structlog.get_logger(__name__)
+
+
+def _operations(batch: Batch) -> Counter[str]:
+    """The batch's changes counted by operation."""
+    ops: Counter[str] = Counter()
+    for tx in batch.transactions:
+        for change in tx.changes:
+            ops["TRUNCATE" if not isinstance(change, RowChange) else change.op.value] += 1
+    return ops
 
 
 def _in_memory_transaction(tx: AssembledTransaction) -> bool:
@@ -216,6 +225,9 @@ class ApplyWorker:
             tx.discard()
             self._apply(Batch([tx.head]))
             return
+        if self._apply_whole(tx):
+            tx.discard()
+            return
         for piece in tx.pieces(self._batcher.bounds):
             if stopping.is_set():
                 return  # not confirmed: the publisher sends it again
@@ -224,6 +236,26 @@ class ApplyWorker:
                 break
             self._apply_piece(Batch([piece]))
         tx.discard()
+
+    def _apply_whole(self, tx: SpooledTransaction) -> bool:
+        """The transaction in one commit per table, when the applier can (``apply.staging``)."""
+        batch = Batch([tx.head])
+        self.in_flight = batch
+        self.in_flight_since = self._wall_clock()
+        started = time.monotonic()
+        # Counted as each piece passes (holding the pieces would hold the transaction).
+        counts: Counter[str] = Counter()
+        result = self._applier.apply_whole(
+            tx, self._batcher.bounds, lambda piece: counts.update(_operations(piece))
+        )
+        if result is None:
+            self.in_flight = None
+            self.in_flight_since = None
+            return False
+        if self._leader is not None:
+            self._count(counts)
+        self._finish(batch, result, started, changes=tx.change_count)
+        return True
 
     def _warn_applied_pieces(self, tx: SpooledTransaction) -> None:
         """Pieces committed before the error that led to the skip stay: a Delta commit is final."""
@@ -298,6 +330,12 @@ class ApplyWorker:
         self.in_flight_since = self._wall_clock()
         started = time.monotonic()
         result = self._applier.apply(batch)
+        if self._leader is not None:
+            self._count_changes(batch)
+        self._finish(batch, result, started, changes=batch.change_count)
+
+    def _finish(self, batch: Batch, result: BatchResult, started: float, *, changes: int) -> None:
+        """After the tables committed: checkpoint, confirm upstream, observe."""
         failpoint("apply.before_checkpoint")
         skipped = self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at
         if self._leader is not None and (result.tables or skipped):
@@ -326,22 +364,22 @@ class ApplyWorker:
         seconds = time.monotonic() - started
         self.last_commit_time = batch.commit_time
         if self._leader is not None:
-            self._observe(batch, result.tables, seconds)
+            self._observe(batch, result.tables, seconds, changes)
             self._leader.sync_tables(batch.end_lsn)
 
-    def _count_changes(self, batch: Batch) -> int:
-        ops: Counter[str] = Counter()
-        for tx in batch.transactions:
-            for change in tx.changes:
-                ops["TRUNCATE" if not isinstance(change, RowChange) else change.op.value] += 1
-        for op, count in ops.items():
-            self._metrics.changes_applied.labels(self.subscription, op).inc(count)
-        return sum(ops.values())
+    def _count_changes(self, batch: Batch) -> None:
+        """Count the batch's changes by operation (``pgsub_changes_applied_total``)."""
+        self._count(_operations(batch))
 
-    def _observe(self, batch: Batch, tables: tuple[TableResult, ...], seconds: float) -> None:
+    def _count(self, operations: Counter[str]) -> None:
+        for op, count in operations.items():
+            self._metrics.changes_applied.labels(self.subscription, op).inc(count)
+
+    def _observe(
+        self, batch: Batch, tables: tuple[TableResult, ...], seconds: float, changes: int
+    ) -> None:
         name = self.subscription
         metrics = self._metrics
-        changes = self._count_changes(batch)
         metrics.transactions_applied.labels(name).inc(len(batch.transactions))
         metrics.batch_duration.labels(name).observe(seconds)
         metrics.flushed_lsn.labels(name).set(int(batch.end_lsn))

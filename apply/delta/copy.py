@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Final
 import pyarrow as pa
 
 from apply.columnar import arrow_type
-from apply.delta.session import SparkErrors, struct
+from apply.delta.session import SparkErrors, spark_master, struct
 from apply.errors import TargetTableError
 from apply.records import CommitMark
 from apply.schema import TargetSchema
@@ -109,10 +109,7 @@ def copy_into(
 
 
 def _local_master(target: TargetTable) -> bool:
-    try:
-        return str(target.session.conf.get("spark.master", "")).startswith("local")
-    except SparkErrors:
-        return False
+    return spark_master(target.session).startswith("local")
 
 
 def _copy_staged(

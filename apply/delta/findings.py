@@ -16,13 +16,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from apply.collapse import KeyedNet
 from apply.delta.origins import ROW_VERSION
 from apply.delta.session import arrow_frame
 from apply.schema import TargetSchema, quote
-from apply.source import FIRST, PRESENT
+from apply.source import FIRST
 from conflicts.findings import Finding
 from conflicts.kinds import First, judge
 
@@ -31,22 +30,6 @@ if TYPE_CHECKING:
 
 ROW = "__pgsub_row"
 VERSION = "__pgsub_version"
-_EXPECTS_ABSENT = pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
-
-
-def expected_counts(source: pa.Table) -> tuple[int, int, int]:
-    """(inserted, updated, deleted) a conflict-free MERGE of ``source`` reports."""
-    absent = pc.is_in(source[FIRST], _EXPECTS_ABSENT)
-    present = source[PRESENT]
-
-    def count(mask: Any) -> int:
-        return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
-
-    return (
-        count(pc.and_(present, absent)),
-        count(pc.and_(present, pc.invert(absent))),
-        count(pc.and_(pc.invert(present), pc.invert(absent))),
-    )
 
 
 def find_keyed(

@@ -15,7 +15,7 @@ one overwrite.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -23,15 +23,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from apply.collapse import KeyedNet
-from apply.delta.findings import expected_counts, find_keyed
+from apply.delta.findings import find_keyed
 from apply.delta.moved import fill_moved
 from apply.delta.origins import OriginTracker
+from apply.delta.session import SparkErrors
 from apply.errors import ConflictError
-from apply.merge_plan import key_bounds, keyed_merge, on_exists, shape_of
+from apply.merge_plan import (
+    conflict_in,
+    expected_counts,
+    key_bounds,
+    keyed_merge,
+    on_exists,
+    shape_of,
+)
 from apply.records import CommitMark, WriteResult
 from apply.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
 from apply.schema import TargetSchema
 from apply.source import FIRST, PRESENT, REINSERTED, KeyedSource, keyed_source
+from apply.staging import StagedSource
 from conflicts.findings import Finding
 from conflicts.kinds import ConflictKind, First, Resolution, judge
 
@@ -156,3 +165,42 @@ def _prune_replaced(
     """The batch wrote over other writers' rows: some of their versions may be gone."""
     if any(ConflictKind(f.kind) in ORIGIN for f in findings):
         origins.prune(target.session)
+
+
+def write_staged(
+    target: TargetTable,
+    schema: TargetSchema,
+    stage: StagedSource,
+    mark: CommitMark,
+    resolutions: Mapping[ConflictKind, Resolution],
+    *,
+    nets: Callable[[], Iterator[KeyedNet]],
+) -> WriteResult:
+    """A large transaction's net effect in one MERGE of its staged pieces (``apply.staging``).
+
+    ``nets`` reads the pieces' net effects again: only when the MERGE says something
+    conflicted are they judged, one piece at a time, against the table before it.
+    """
+    stops = on_exists(
+        resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
+        resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
+    )
+    plan = keyed_merge(schema, tuple(sorted(stage.keep)), stops, stage.shape, stage.bounds)
+    with target.marked(mark):
+        frame = target.staged(stage.directory, stage.columns, schema)
+        try:
+            result = target.merge(schema, frame, plan)
+        except SparkErrors as exc:
+            kind = conflict_in(str(exc))
+            if kind is None:
+                raise
+            before = target.read()
+            findings = [
+                f for net in nets() for f in find_keyed(target.session, schema, net, before)
+            ]
+            raise ConflictError(kind, schema.table, findings) from None
+    if (result.inserted, result.updated, result.deleted) == stage.expected:
+        return result
+    before = target.read(None if result.version is None else result.version - 1)
+    findings = [f for net in nets() for f in find_keyed(target.session, schema, net, before)]
+    return replace(result, conflicts=tuple(findings))

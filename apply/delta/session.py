@@ -136,6 +136,14 @@ def arrow_frame(session: SparkSession, table: pa.Table, ddl: str) -> DataFrame:
     return session.createDataFrame(table, schema=ddl)
 
 
+def spark_master(session: SparkSession) -> str:
+    """The session's master (``local[*]``, ``spark://...``); "" for Spark Connect."""
+    try:
+        return str(session.conf.get("spark.master", ""))
+    except SparkErrors:
+        return ""
+
+
 def masked_spark_url(url: str) -> str:
     """``url`` fit for a log: a Spark Connect URL's token (``;token=...``) is masked."""
     return re.sub(r"(;\s*token\s*=)[^;]*", r"\1***", url, flags=re.IGNORECASE)

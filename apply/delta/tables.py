@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
@@ -28,7 +28,7 @@ import structlog
 
 from apply.collapse import KeyedNet, Net
 from apply.delta.copy import copy_into, delta_rs_can_write, write_once
-from apply.delta.keyed import raised_conflict, write_keyed
+from apply.delta.keyed import raised_conflict, write_keyed, write_staged
 from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
@@ -40,6 +40,7 @@ from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy, retentio
 from apply.merge_plan import conflict_in
 from apply.records import CommitMark, Within, WriteResult, lsn_from_metadata, within_from_metadata
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
+from apply.staging import StagedSource
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
@@ -373,6 +374,28 @@ class DeltaTables:
             kind = conflict_in(str(exc))
             if kind is not None and isinstance(net, KeyedNet):
                 raise raised_conflict(target, schema, net, kind) from None
+            raise TargetTableError(
+                f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
+            ) from exc
+
+    def write_staged(
+        self,
+        schema: TargetSchema,
+        stage: StagedSource,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+        nets: Callable[[], Iterator[KeyedNet]],
+    ) -> WriteResult:
+        """A large transaction's staged net effect in one commit (``apply.staging``)."""
+        target = self.target(schema.table)
+        try:
+            with self.exclusive(schema.table):
+                return write_staged(target, schema, stage, mark, resolutions, nets=nets)
+        except ConflictError:
+            raise
+        except SparkErrors as exc:
+            with self._lock:
+                self._schemas.pop(schema.table, None)
             raise TargetTableError(
                 f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
             ) from exc

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from apply.delta.session import arrow_frame
+from apply.delta.session import arrow_frame, struct
 from apply.merge_plan import ClauseKind, MergePlan
 from apply.records import CommitMark, WriteResult
 from apply.schema import TargetSchema, quote
@@ -85,6 +86,12 @@ class TargetTable:
             f"{quote(n)} {types.get(n) or helper_spark_type(n)}" for n in rows.column_names
         )
         return arrow_frame(self.session, rows, ddl)
+
+    def staged(self, directory: Path, columns: list[str], schema: TargetSchema) -> DataFrame:
+        """The Parquet files under ``directory`` (written by ``apply.staging``) as a frame."""
+        types = {c.name: c.spark_type for c in schema.columns}
+        ddl = ", ".join(f"{quote(n)} {types.get(n) or helper_spark_type(n)}" for n in columns)
+        return self.session.read.schema(struct(ddl)).parquet(str(directory))
 
     def read(self, version: int | None = None) -> DataFrame:
         """The table, as of ``version`` (None: the latest)."""

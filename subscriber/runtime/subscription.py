@@ -23,6 +23,7 @@ import structlog
 
 from apply.applier import TransactionError
 from apply.assembly import UnsupportedStreamError
+from apply.delta.session import spark_master
 from apply.delta.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
 from apply.delta.tables import DeltaTables
 from apply.errors import ApplyError
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# Under spool_dir: the staged pieces of transactions larger than a batch (apply.staging).
+STAGING = "staging"
 # A supervising thread that has not gone round its loop for this long is hung.
 HEARTBEAT_LIMIT = 120.0
 
@@ -123,6 +126,8 @@ class SubscriptionRunner:
     ) -> None:
         self.config = config
         self.name = config.name
+        # One MERGE per large transaction reads staged files: the executors must see this disk.
+        stages_locally = spark_master(spark).startswith("local") and not config.track_origin
         self._conninfo = config.conninfo()
         self._checkpoints = checkpoints
         self._metrics = metrics
@@ -163,6 +168,7 @@ class SubscriptionRunner:
             spool_root=config.spool_path,
             status_interval=config.status_interval,
             wal_receiver_timeout=config.wal_receiver_timeout,
+            staging=config.spool_path / STAGING if stages_locally else None,
         )
         self.coordinator = SyncCoordinator(
             config.sync_settings(),
@@ -244,6 +250,7 @@ class SubscriptionRunner:
             private_directory(directory)
         if not self._spool_cleaned:
             shutil.rmtree(base / COPY_STAGING, ignore_errors=True)
+            shutil.rmtree(base / STAGING, ignore_errors=True)
             self._spool_cleaned = True
 
     def _pause(self, stopping: threading.Event, seconds: float) -> bool:

@@ -135,3 +135,58 @@ def test_kill_inside_a_large_transaction_then_resume_with_other_pieces(
             conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",)
         )
         assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+
+
+KEYED_ONLY = """
+BEGIN;
+UPDATE keyed SET v = 'changed' WHERE id % 3 = 0;
+DELETE FROM keyed WHERE id % 7 = 0 AND id % 3 <> 0;
+INSERT INTO keyed SELECT g, 'new' FROM generate_series(3001, 3600) g;
+INSERT INTO other SELECT g, 'o' FROM generate_series(1, 2000) g;
+COMMIT;
+"""
+
+
+@pytest.mark.parametrize("failpoint", ["apply.after_table_write", "apply.before_checkpoint"])
+def test_kill_inside_a_staged_transaction_then_restart(
+    failpoint: str,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """A large transaction on keyed tables lands in one commit per table: killed after the
+    first table's commit (or before the checkpoint), restarted with another piece size, a
+    committed table skips it and the other applies it, once."""
+    publisher.execute(
+        "CREATE TABLE keyed (id int PRIMARY KEY, v text);"
+        "CREATE TABLE other (id int PRIMARY KEY, v text);"
+        "CREATE PUBLICATION pub FOR TABLE keyed, other"
+    )
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    settings: dict[str, Any] = {"spool_dir": str(tmp_path / "spool")}
+    port = write_config(config, publisher, warehouse, batch={"max_changes": 1000}, **settings)
+    first = daemons(config, port)
+    first.wait_ready()
+    publisher.execute("INSERT INTO keyed SELECT g, 'v' || g FROM generate_series(1, 3000) g")
+    wait_confirmed(publisher)
+    assert first.terminate() == 0, first.logs()
+
+    publisher.execute(KEYED_ONLY)  # each key changed once: staged, one MERGE per table
+    doomed = daemons(config, port, failpoint)
+    assert doomed.wait_exit() == -9, doomed.logs()
+    publisher.execute("UPDATE keyed SET v = 'after' WHERE id = 1")
+
+    port = write_config(config, publisher, warehouse, batch={"max_changes": 700}, **settings)
+    survivor = daemons(config, port)
+    survivor.wait_ready()
+    wait_confirmed(publisher)
+    assert survivor.terminate() == 0, survivor.logs()
+    assert "transaction piece applied" not in doomed.logs() + survivor.logs()
+
+    with publisher.connect() as conn:
+        for table in ("keyed", "other"):
+            assert_delta_equals_publisher(
+                conn, f"public.{table}", spark, str(warehouse / "public" / table), ("id",)
+            )

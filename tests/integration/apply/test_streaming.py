@@ -115,7 +115,11 @@ def test_a_transaction_larger_than_a_batch_is_spilled_and_applied_in_pieces(
 def test_skip_of_a_transaction_applied_in_pieces_keeps_its_first_pieces_and_says_so(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
-    """A Delta commit is final: the pieces before the failing one stay, and the skip says so."""
+    """A Delta commit is final: the pieces before the failing one stay, and the skip says so.
+
+    (A transaction that also changes a table without a key is applied in pieces; one that
+    changes keyed tables only lands in one commit, and then nothing of it stays: see
+    ``test_a_conflict_in_a_staged_transaction_commits_nothing_and_names_it``.)"""
     publisher.execute(SCHEMA)
     settings = {"batch": {"max_changes": 4, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
@@ -125,7 +129,8 @@ def test_skip_of_a_transaction_applied_in_pieces_keeps_its_first_pieces_and_says
             "delta"
         ).mode("append").save(rep.path("public.keyed"))
         publisher.execute(  # 10 inserts in pieces of 4: the second piece meets the local 6
-            "INSERT INTO keyed SELECT g, 'remote', 0 FROM generate_series(1, 10) g"
+            "BEGIN; INSERT INTO keyed SELECT g, 'remote', 0 FROM generate_series(1, 10) g;"
+            "INSERT INTO bag VALUES (1, 'b'); COMMIT"
         )
         publisher.execute("INSERT INTO keyed VALUES (11, 'after', 0)")
         with capture_logs() as logs:
@@ -149,16 +154,113 @@ def test_wide_rows_are_bounded_by_bytes_not_by_their_count(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
     """200 rows of 32,000 bytes and ``max_bytes: 1MB``: spilled, and applied 33 rows a piece
-    (the first 33 pass 1 MiB), however high ``max_changes`` is."""
+    (the first 33 pass 1 MiB), however high ``max_changes`` is. (A table without a key: its
+    transaction is applied in pieces, whose marks show where they were cut.)"""
     publisher.execute(SCHEMA)
     settings = {"batch": {"max_changes": 100_000, "max_bytes": "1MB", "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute(
-            "INSERT INTO keyed SELECT g, repeat(md5(g::text), 1000), 0"
-            " FROM generate_series(1, 200) g"
+            "INSERT INTO bag SELECT g, repeat(md5(g::text), 1000) FROM generate_series(1, 200) g"
+        )
+        rep.caught_up()
+        rep.assert_equal("public.bag")
+    marks = commits(spark, rep.path("public.bag"))
+    throughs = sorted(m["within"]["through"] for m in marks if "within" in m)
+    assert throughs == [33, 66, 99, 132, 165, 198], marks
+
+
+def merges(spark: Any, path: str) -> list[str]:
+    """The operations of the table's commits, oldest first."""
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+    return [r["operation"] for r in history]
+
+
+def test_a_transaction_larger_than_a_batch_lands_in_one_commit_per_table(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """Pieces of 500 changes, staged: one MERGE per table for the whole transaction, so a
+    reader never sees part of it, and the table is rewritten once, not once a piece."""
+    publisher.execute(SCHEMA + "CREATE TABLE other (id int PRIMARY KEY, v text);")
+    publisher.execute("ALTER PUBLICATION pub ADD TABLE other")
+    settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        publisher.execute("INSERT INTO keyed SELECT g, 'old', 0 FROM generate_series(1, 3000) g")
+        rep.caught_up()
+        before = len(merges(spark, rep.path("public.keyed")))
+        publisher.execute(
+            "BEGIN;"
+            "UPDATE keyed SET v = 'new', n = id WHERE id % 2 = 0;"
+            "DELETE FROM keyed WHERE id % 5 = 0 AND id % 2 = 1;"
+            "INSERT INTO keyed SELECT g, 'added', 1 FROM generate_series(3001, 4000) g;"
+            "INSERT INTO other SELECT g, 'o' FROM generate_series(1, 900) g;"
+            "COMMIT"
         )
         rep.caught_up()
         rep.assert_equal("public.keyed", key=("id",))
-    marks = commits(spark, rep.path("public.keyed"))
-    throughs = sorted(m["within"]["through"] for m in marks if "within" in m)
-    assert throughs == [33, 66, 99, 132, 165, 198], marks
+        rep.assert_equal("public.other", key=("id",))
+        assert merges(spark, rep.path("public.keyed"))[before:] == ["MERGE"]
+        assert merges(spark, rep.path("public.other")).count("MERGE") == 1
+        assert not [m for m in commits(spark, rep.path("public.keyed")) if "within" in m]
+        assert not list((rep.config.spool_path / "staging").glob("*/*"))  # cleaned after
+
+
+def test_keys_changed_in_two_pieces_are_applied_in_pieces(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """A key with changes in two pieces: one MERGE of the staged pieces would hold it twice,
+    so the transaction is applied piece by piece, as before."""
+    publisher.execute(SCHEMA)
+    settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        publisher.execute(
+            "BEGIN;"
+            "INSERT INTO keyed SELECT g, 'v', 0 FROM generate_series(1, 2000) g;"
+            "UPDATE keyed SET v = 'again' WHERE id = 1;"
+            "COMMIT"
+        )
+        rep.caught_up()
+        rep.assert_equal("public.keyed", key=("id",))
+    throughs = [
+        m["within"]["through"] for m in commits(spark, rep.path("public.keyed")) if "within" in m
+    ]
+    assert sorted(throughs) == [500, 1000, 1500, 2000]
+
+
+def test_a_conflict_in_a_staged_transaction_commits_nothing_and_names_it(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """insert_exists in the one MERGE of a large transaction: nothing of it is committed (no
+    piece before the conflict stays), the error names the transaction, skip gets past it;
+    delete_missing in another one is reported and skipped."""
+    from structlog.testing import capture_logs
+
+    publisher.execute(SCHEMA)
+    settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        publisher.execute("INSERT INTO keyed VALUES (0, 'first', 0)")
+        rep.caught_up()
+        spark.createDataFrame([(1500, "local", 0)], "id int, v string, n int").write.format(
+            "delta"
+        ).mode("append").save(rep.path("public.keyed"))
+        publisher.execute("INSERT INTO keyed SELECT g, 'remote', 0 FROM generate_series(1, 2000) g")
+        failed = rep.failed_at()
+        assert 'relation "public.keyed"' in (rep.runner.status.last_error or "")  # type: ignore[union-attr]
+        assert "insert_exists" in (rep.runner.status.last_error or "")  # type: ignore[union-attr]
+        assert sorted(r["id"] for r in rep.rows("public.keyed")) == [0, 1500]  # all or nothing
+        with capture_logs() as logs:
+            rep.skip(failed)
+            publisher.execute("DELETE FROM keyed WHERE id = 0")
+            rep.caught_up()
+            spark.sql(f"DELETE FROM delta.`{rep.path('public.keyed')}` WHERE id = 1500")
+            publisher.execute(
+                "INSERT INTO keyed SELECT g, 'v', 0 FROM generate_series(2001, 3200) g"
+            )
+            rep.caught_up()
+            spark.sql(f"DELETE FROM delta.`{rep.path('public.keyed')}` WHERE id = 2500")
+            publisher.execute("DELETE FROM keyed WHERE id > 2000")
+            rep.caught_up()
+        missing = [e for e in logs if e.get("event", "").startswith("conflict detected")]
+        assert [e.get("conflict") or e["event"] for e in missing] and any(
+            "delete_missing" in str(e) for e in missing
+        ), missing
+        assert rep.rows("public.keyed") == []

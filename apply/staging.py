@@ -1,0 +1,99 @@
+"""A large transaction's net effect on one table, staged as Parquet a piece at a time.
+
+A transaction larger than a batch is read back from its spool a piece at a
+time (memory stays bounded) and each piece's net effect is collapsed as
+any batch's. Instead of one MERGE per piece - each rewriting the files it
+touches, and each visible to readers on its own - the pieces' MERGE sources
+are written here as Parquet files, and the transaction lands in one MERGE
+per table that reads them all (``apply.delta.tables.DeltaTables.write_staged``).
+
+That is only the same as applying the pieces one after the other when no
+key has a chain in two pieces: ``StagedSource.unique_keys`` checks it at the
+end, and the caller falls back to the pieces otherwise. ``add`` refuses what
+the one-MERGE path does not handle (a TRUNCATE in the transaction,
+unchanged TOAST values that moved with a key change).
+
+What the MERGE needs besides the rows is accumulated on the way: the keep
+columns, which clauses some row can take (``Shape``), the key bounds, and
+the counts a conflict-free MERGE reports (``expected_counts``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from apply.collapse import KeyedNet
+from apply.merge_plan import Shape, expected_counts, key_bounds, shape_of
+from apply.schema import TargetSchema
+from apply.source import FIRST, PRESENT, REINSERTED, TX, keep_flag, keyed_source
+
+
+@dataclass
+class StagedSource:
+    directory: Path
+    schema: TargetSchema
+    pieces: int = 0
+    rows: int = 0
+    keep: set[int] = field(default_factory=set)
+    shape: Shape = field(default_factory=lambda: Shape(False, False, False, False))
+    expected: tuple[int, int, int] = (0, 0, 0)  # inserted, updated, deleted
+    bounds: tuple[int, int] | None = None
+    _keys: list[pa.Table] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        """The staged files' columns: the table's, then the MERGE's helper columns."""
+        flags = [keep_flag(i) for i in range(len(self.schema.columns))]
+        return [*(c.name for c in self.schema.columns), FIRST, PRESENT, REINSERTED, TX, *flags]
+
+    def add(self, net: KeyedNet) -> bool:
+        """Stage one piece's net effect; False when the one-MERGE path cannot take it."""
+        if net.truncated:
+            return False
+        source = keyed_source(net, self.schema)
+        if source.moved:
+            return False
+        table = source.table
+        for index in range(len(self.schema.columns)):
+            flag = keep_flag(index)
+            if flag not in table.column_names:
+                table = table.append_column(flag, pa.array([False] * table.num_rows))
+        table = table.select(self.columns)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pq.write_table(table, self.directory / f"piece-{self.pieces:06d}.parquet")
+        self.pieces += 1
+        self.rows += table.num_rows
+        self.keep.update(source.keep_columns)
+        shape = shape_of(source.table)
+        self.shape = Shape(
+            self.shape.expects_absent or shape.expects_absent,
+            self.shape.inserts or shape.inserts,
+            self.shape.updates or shape.updates,
+            self.shape.deletes or shape.deletes,
+        )
+        self.expected = tuple(  # type: ignore[assignment]
+            a + b for a, b in zip(self.expected, expected_counts(table), strict=True)
+        )
+        self._widen_bounds(key_bounds(table, self.schema.key[0]))
+        self._keys.append(table.select(list(self.schema.key)))
+        return True
+
+    def _widen_bounds(self, bounds: tuple[int, int] | None) -> None:
+        if bounds is None:
+            return
+        if self.bounds is None:
+            self.bounds = bounds
+        else:
+            self.bounds = (min(self.bounds[0], bounds[0]), max(self.bounds[1], bounds[1]))
+
+    def unique_keys(self) -> bool:
+        """Whether no key has a chain in two pieces (within a piece, keys are unique)."""
+        if self.pieces < 2:
+            return True
+        keys = pa.concat_tables(self._keys)
+        groups = keys.group_by(list(self.schema.key)).aggregate([])
+        return bool(groups.num_rows == keys.num_rows)
