@@ -16,7 +16,7 @@ POSTGRES := .setup-postgres
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large
+.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
@@ -32,6 +32,8 @@ help:
 	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber"
 	@echo "make bench-large   one 5M-row INSERT with streaming on (LARGE_ROWS=...), beside PostgreSQL's"
 	@echo "make bench-conflicts  batch apply time with conflict detection on vs off (1M-row UPDATE)"
+	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files"
+	@echo "make bench-ceiling the highest steady rate each subscriber keeps up with (RATES=...)"
 
 setup: venv jars postgres
 
@@ -104,6 +106,14 @@ bench: setup
 
 bench-conflicts: setup
 	$(BIN)/python -m benchmarks.conflict_cost --rows $(ROWS)
+
+MINUTES ?= 60
+bench-soak: setup
+	$(BIN)/python -m benchmarks.soak --minutes $(MINUTES) --rate $(RATE)
+
+RATES ?= 1000,2000,4000,8000
+bench-ceiling: setup
+	$(BIN)/python -m benchmarks.ceiling --rates $(RATES) --seconds $(LOAD_SECONDS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache

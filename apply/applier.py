@@ -69,6 +69,8 @@ class Tables(Protocol):
         resolutions: Mapping[ConflictKind, Resolution] = ...,
     ) -> WriteResult: ...
 
+    def staged_keys_unique(self, stage: StagedSource) -> bool: ...
+
     def write_staged(
         self,
         schema: TargetSchema,
@@ -286,7 +288,10 @@ class BatchApplier:
         try:
             started = self._clock()
             stages = self._stage(tx, bounds, root, on_piece)
-            if stages is None or not all(stage.unique_keys() for stage in stages.values()):
+            if stages is None or not all(
+                stage.pieces < 2 or self._tables.staged_keys_unique(stage)
+                for stage in stages.values()
+            ):
                 log.info(
                     "transaction applied in pieces",
                     subscription=self.subscription,
@@ -331,6 +336,10 @@ class BatchApplier:
                 if not isinstance(net, KeyedNet) or stage.schema != schema or not stage.add(net):
                     return None
         return stages
+
+    def _unique_keys(self, stage: StagedSource) -> bool:
+        """No key has changes in two pieces (within a piece, keys are unique)."""
+        return stage.pieces < 2 or self._tables.staged_keys_unique(stage)
 
     def _write_stages(
         self,

@@ -8,8 +8,9 @@ are written here as Parquet files, and the transaction lands in one MERGE
 per table that reads them all (``apply.delta.tables.DeltaTables.write_staged``).
 
 That is only the same as applying the pieces one after the other when no
-key has a chain in two pieces: ``StagedSource.unique_keys`` checks it at the
-end, and the caller falls back to the pieces otherwise. ``add`` refuses what
+key has a chain in two pieces: the writer counts the staged keys against
+their distinct count (in Spark, so that Python's memory does not grow with
+the transaction), and the caller falls back to the pieces otherwise. ``add`` refuses what
 the one-MERGE path does not handle (a TRUNCATE in the transaction,
 unchanged TOAST values that moved with a key change).
 
@@ -42,7 +43,6 @@ class StagedSource:
     shape: Shape = field(default_factory=lambda: Shape(False, False, False, False))
     expected: tuple[int, int, int] = (0, 0, 0)  # inserted, updated, deleted
     bounds: tuple[int, int] | None = None
-    _keys: list[pa.Table] = field(default_factory=list)
 
     @property
     def columns(self) -> list[str]:
@@ -79,7 +79,6 @@ class StagedSource:
             a + b for a, b in zip(self.expected, expected_counts(table), strict=True)
         )
         self._widen_bounds(key_bounds(table, self.schema.key[0]))
-        self._keys.append(table.select(list(self.schema.key)))
         return True
 
     def _widen_bounds(self, bounds: tuple[int, int] | None) -> None:
@@ -89,11 +88,3 @@ class StagedSource:
             self.bounds = bounds
         else:
             self.bounds = (min(self.bounds[0], bounds[0]), max(self.bounds[1], bounds[1]))
-
-    def unique_keys(self) -> bool:
-        """Whether no key has a chain in two pieces (within a piece, keys are unique)."""
-        if self.pieces < 2:
-            return True
-        keys = pa.concat_tables(self._keys)
-        groups = keys.group_by(list(self.schema.key)).aggregate([])
-        return bool(groups.num_rows == keys.num_rows)

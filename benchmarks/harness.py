@@ -1,9 +1,10 @@
 """What the benchmarks share: the bench table, positions, waits, the steady load, pgsub's run.
 
 ``PgsubRun`` runs a subscription the way the daemon does (``SubscriptionRunner``
-on a thread, local Spark, a temporary warehouse) and gives its durable
-position: what the benchmarks time pgsub by, as PostgreSQL's subscriber is
-timed by its replication origin's ``remote_lsn``.
+on a thread, local Spark, a temporary warehouse, optionally its maintenance
+thread) and gives its durable position: what the benchmarks time pgsub by,
+as PostgreSQL's subscriber (``NativeRun``) is timed by its replication
+origin's ``remote_lsn``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ import psycopg
 from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
-from subscriber.runtime.config import SubscriptionConfig
+from subscriber.runtime.config import MaintenanceConfig, SubscriptionConfig
 from subscriber.runtime.embedded import PgCluster, bin_dir
+from subscriber.runtime.maintenance import Tender
 from subscriber.runtime.subscription import SubscriptionRunner
 
 TABLE = """
@@ -133,6 +135,60 @@ def jvm_peak_rss_mb() -> float | None:
     return None
 
 
+def bench_publisher(rows: int, names: Sequence[str], **settings: str) -> PgCluster:
+    """A PostgreSQL 15 publisher with database ``bench``: per name a table of ``rows`` rows
+    (``TABLE``) and a publication ``pub_<name>``."""
+    publisher = PgCluster(major=15, settings={"max_wal_size": "4GB", **settings}).start()
+    with publisher.connect() as conn:
+        conn.execute("CREATE DATABASE bench")
+    with publisher.connect("bench") as conn:
+        for name in names:
+            conn.execute(TABLE.format(name=name))
+            conn.execute(
+                f"INSERT INTO {name} SELECT g, 0, md5(g::text), now(), g / 100.0"
+                f" FROM generate_series(1, {rows}) g"
+            )
+            conn.execute(f"CREATE PUBLICATION pub_{name} FOR TABLE {name}")
+        conn.execute("VACUUM ANALYZE")
+    return publisher
+
+
+class NativeRun:
+    """PostgreSQL's own subscriber of ``pub_<table>`` on a second cluster, READY on entry."""
+
+    def __init__(self, publisher: PgCluster, table: str) -> None:
+        self.subscriber = PgCluster(major=15).start()
+        with self.subscriber.connect() as conn:
+            conn.execute("CREATE DATABASE bench")
+        self._conn = self.subscriber.connect("bench")
+        self._conn.execute(TABLE.format(name=table))
+        self._conn.execute(
+            f"CREATE SUBSCRIPTION native CONNECTION '{publisher.dsn('bench')}'"
+            f" PUBLICATION pub_{table}"
+        )
+
+    def __enter__(self) -> NativeRun:
+        while self._conn.execute(
+            "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
+        ).fetchone()[0]:  # type: ignore[index]
+            time.sleep(0.1)
+        return self
+
+    def position(self) -> Lsn:
+        return lsn_of(
+            self._conn,
+            "SELECT remote_lsn FROM pg_replication_origin_status s"
+            " JOIN pg_subscription p ON s.external_id = 'pg_' || p.oid",
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        self._conn.execute("ALTER SUBSCRIPTION native DISABLE")
+        self._conn.execute("ALTER SUBSCRIPTION native SET (slot_name = NONE)")
+        self._conn.execute("DROP SUBSCRIPTION native")
+        self._conn.close()
+        self.subscriber.destroy()
+
+
 class PgsubRun:
     """One subscription of pgsub, run as the daemon runs it, with a temporary warehouse."""
 
@@ -144,6 +200,7 @@ class PgsubRun:
             spool_dir=self.spool,
         )
         self.metrics = Metrics()
+        self._spark = spark
         self.runner = SubscriptionRunner(
             self.config,
             spark,
@@ -154,9 +211,25 @@ class PgsubRun:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self.runner.run, args=(self._stopping,), daemon=True)
 
-    def start(self) -> PgsubRun:
+    def start(self, maintenance: MaintenanceConfig | None = None) -> PgsubRun:
+        """Start replicating; with ``maintenance``, the daemon's maintenance thread too."""
         self._thread.start()
+        if maintenance is not None:
+            tender = Tender(
+                [self.runner], self._spark, str(self.warehouse), maintenance, self.metrics
+            )
+            threading.Thread(target=tender.run, args=(self._stopping,), daemon=True).start()
         return self
+
+    def wait_ready(self) -> None:
+        """Until every table of the subscription is READY."""
+        from tablesync.state import TableState
+
+        while True:
+            statuses = self.runner.coordinator.statuses
+            if statuses and all(s.state is TableState.READY for s in statuses):
+                return
+            time.sleep(0.05)
 
     def position(self) -> Lsn:
         """The durable position: flushed, or everything received when nothing is pending."""

@@ -378,6 +378,19 @@ class DeltaTables:
                 f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
             ) from exc
 
+    def staged_keys_unique(self, stage: StagedSource) -> bool:
+        """Whether no key has rows in two of the staged pieces (one Spark job)."""
+        target = self.target(stage.schema.table)
+        frame = target.staged(stage.directory, stage.columns, stage.schema)
+        keys = [quote(k) for k in stage.schema.key]
+        try:
+            row = frame.selectExpr(
+                "count(*) AS n", f"count(DISTINCT {', '.join(keys)}) AS d"
+            ).first()
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot read the staged rows of {target.table}: {exc}") from exc
+        return row is not None and int(row["n"]) == int(row["d"])
+
     def write_staged(
         self,
         schema: TargetSchema,

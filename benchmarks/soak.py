@@ -1,0 +1,133 @@
+"""Soak benchmark: a steady load for many minutes, pgsub beside PostgreSQL's subscriber.
+
+A 1M-row table (``--rows``), copied by each subscriber, then pgbench
+single-row updates at ``--rate`` per second for ``--minutes``. Lag is
+sampled every 100 ms (``benchmarks.harness.steady_load``) and reported per
+window (``--window`` minutes): p50 / p99 / max, so a lag that grows with
+time shows. pgsub runs with its maintenance thread (compaction every
+``--maintenance-interval``), and the target table's data file count, its
+Delta log and ``_pgsub/`` sizes are reported at the start and the end.
+
+    python -m benchmarks.soak --minutes 60 --rate 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from apply.delta.session import SparkSettings, build_session
+from benchmarks.harness import (
+    NativeRun,
+    PgsubRun,
+    bench_publisher,
+    percentile,
+    steady_load,
+)
+from subscriber.runtime.config import MaintenanceConfig
+from subscriber.runtime.daemon import tune_garbage_collector
+
+SAMPLES_PER_SECOND = 10  # steady_load samples every 100 ms
+
+
+def windows(lags: list[float], minutes: float) -> list[dict[str, float]]:
+    size = max(1, int(minutes * 60 * SAMPLES_PER_SECOND))
+    return [
+        {
+            "p50": percentile(part, 0.5),
+            "p99": percentile(part, 0.99),
+            "max": max(part),
+        }
+        for part in (lags[i : i + size] for i in range(0, len(lags), size))
+        if part
+    ]
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def table_health(spark: Any, warehouse: Path, table: str) -> dict[str, int]:
+    path = warehouse / "public" / table
+    files = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
+    return {
+        "data_files": int(files),
+        "delta_log_bytes": folder_bytes(path / "_delta_log"),
+        "pgsub_state_bytes": folder_bytes(warehouse / "_pgsub"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--rate", type=int, default=3000)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--window", type=float, default=10, help="minutes per reported window")
+    parser.add_argument("--maintenance-interval", type=float, default=60)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/soak.json"))
+    args = parser.parse_args()
+    seconds = int(args.minutes * 60)
+    publisher = bench_publisher(args.rows, ["soak_native", "soak_pgsub"])
+    try:
+        with NativeRun(publisher, "soak_native") as native:
+            lags, tps, kept = steady_load(
+                publisher,
+                "soak_native",
+                rate=args.rate,
+                seconds=seconds,
+                rows=args.rows,
+                position=native.position,
+            )
+        their_windows = windows(lags, args.window)
+        theirs = {"windows": their_windows, "tps": tps, "kept_up": kept}
+        spark = build_session(SparkSettings(master="local[*]"))
+        tune_garbage_collector()
+        maintenance = MaintenanceConfig(interval=args.maintenance_interval)
+        with PgsubRun(
+            spark,
+            connection=publisher.dsn("bench"),
+            publications=["pub_soak_pgsub"],
+            copy_data=True,
+        ) as run:
+            run.start(maintenance)
+            run.wait_ready()
+            start = table_health(spark, run.warehouse, "soak_pgsub")
+            lags, tps, kept = steady_load(
+                publisher,
+                "soak_pgsub",
+                rate=args.rate,
+                seconds=seconds,
+                rows=args.rows,
+                position=run.position,
+            )
+            end = table_health(spark, run.warehouse, "soak_pgsub")
+        our_windows = windows(lags, args.window)
+        ours = {
+            "windows": our_windows,
+            "tps": tps,
+            "kept_up": kept,
+            "start": start,
+            "end": end,
+        }
+    finally:
+        publisher.destroy()
+    figures = {"minutes": args.minutes, "rate": args.rate, "pgsub": ours, "native": theirs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2))
+    print(json.dumps(figures, indent=2))
+    print(f"\nsoak, {args.rate}/s for {args.minutes:g} min: lag p50 / p99 / max per window (s)")
+    print("| window | pgsub | PostgreSQL subscriber |\n|---|---|---|")
+    for number, (mine, other) in enumerate(zip(our_windows, their_windows, strict=False)):
+        print(
+            f"| {number + 1} | {mine['p50']:.2f} / {mine['p99']:.2f} / {mine['max']:.2f}"
+            f" | {other['p50']:.2f} / {other['p99']:.2f} / {other['max']:.2f} |"
+        )
+    print(f"pgsub table at the start: {start}; at the end: {end}")
+
+
+if __name__ == "__main__":
+    main()
