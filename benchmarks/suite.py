@@ -10,14 +10,17 @@ own), one after the other, on throwaway PostgreSQL 15 clusters:
 | catch-up, one N-row UPDATE | rows/s commit->applied | same | receive-only stream rows/s |
 | steady load, single-row updates at a fixed rate | p50/p99/max lag, kept up? | same | - |
 | large transaction, N rows, streaming on | rows/s commit->applied, peak RSS | same | - |
+| soak, a steady rate for M minutes | lag p99 first vs last window, table files | same | - |
+| ceiling, stepped rates | the highest rate kept up with | same | pgbench's own rate |
 
 then prints one table with the ratios pgsub / PostgreSQL and pgsub / raw
 and writes every figure to one JSON file.
 
     python -m benchmarks.suite --rows 1000000 --sync-rows 2000000 --rate 3000 --seconds 60 \
-        --large-rows 5000000
+        --large-rows 5000000 --soak-minutes 10 --ceiling-rates 1000,2000,4000,8000
 
-A quick run: ``--rows 100000 --sync-rows 200000 --seconds 15 --large-rows 500000``.
+A quick run: ``--rows 100000 --sync-rows 200000 --seconds 15 --large-rows 500000
+--soak-minutes 2 --ceiling-rates 1000,4000``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,28 @@ def lag(figures: dict[str, Any]) -> str:
 
 def mb(value: float | None) -> str:
     return f"{value or 0:,.0f}"
+
+
+def soak_row(soak: dict[str, Any]) -> str:
+    def p99s(figures: dict[str, Any]) -> str:
+        windows = figures["windows"]
+        return f"{windows[0]['p99']:.2f} -> {windows[-1]['p99']:.2f} s" if windows else "-"
+
+    ours = soak["pgsub"]
+    files = f"files {ours['start']['data_files']} -> {ours['end']['data_files']}"
+    return (
+        f"| soak, {soak['rate']}/s for {soak['minutes']:g} min: lag p99, first -> last window"
+        f" | {p99s(ours)}, {files} | {p99s(soak['native'])} | - | - | - |"
+    )
+
+
+def ceiling_row(ceiling: dict[str, Any]) -> str:
+    ours, theirs = ceiling["pgsub_highest_tps"], ceiling["native_highest_tps"]
+    asked = max((r["tps"] for r in ceiling["native"]), default=0)
+    return (
+        f"| ceiling: highest steady rate kept up with (tx/s) | {ours:,.0f} | {theirs:,.0f}"
+        f" | pgbench reached {asked:,.0f} | {ratio(ours, theirs)} | - |"
+    )
 
 
 def table(
@@ -104,6 +129,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=3000, help="steady load, transactions/s")
     parser.add_argument("--seconds", type=int, default=60, help="steady load duration")
     parser.add_argument("--large-rows", type=int, default=5_000_000, help="streamed INSERT size")
+    parser.add_argument("--soak-minutes", type=float, default=10)
+    parser.add_argument("--ceiling-rates", default="1000,2000,4000,8000")
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench.json"))
     args = parser.parse_args()
     folder = args.out.parent
@@ -120,10 +147,22 @@ def main() -> None:
         *("--out", str(apply_json)),
     )
     run("large_tx", "--rows", str(args.large_rows), "--out", str(large_json))
-    sync, stream, apply, large = (
-        json.loads(p.read_text()) for p in (sync_json, stream_json, apply_json, large_json)
+    soak_json, ceiling_json = folder / "bench-soak.json", folder / "bench-ceiling.json"
+    run(
+        "soak",
+        *("--minutes", str(args.soak_minutes), "--rate", str(args.rate)),
+        *("--window", str(max(1.0, args.soak_minutes / 6)), "--out", str(soak_json)),
     )
-    summary = table(sync, stream, apply, large)
+    run(
+        "ceiling",
+        *("--rates", args.ceiling_rates, "--seconds", str(args.seconds)),
+        *("--out", str(ceiling_json)),
+    )
+    sync, stream, apply, large, soak, ceiling = (
+        json.loads(p.read_text())
+        for p in (sync_json, stream_json, apply_json, large_json, soak_json, ceiling_json)
+    )
+    summary = "\n".join([table(sync, stream, apply, large), soak_row(soak), ceiling_row(ceiling)])
     machine = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {_cores()} cores",
@@ -136,7 +175,15 @@ def main() -> None:
     print(", ".join(f"{k}: {v}" for k, v in machine.items()))
     args.out.write_text(
         json.dumps(
-            {"machine": machine, "sync": sync, "stream": stream, "apply": apply, "large": large},
+            {
+                "machine": machine,
+                "sync": sync,
+                "stream": stream,
+                "apply": apply,
+                "large": large,
+                "soak": soak,
+                "ceiling": ceiling,
+            },
             indent=2,
         )
     )
