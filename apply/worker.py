@@ -155,6 +155,7 @@ class ApplyWorker:
         self._unrecorded_at: tuple[Lsn, int] | None = None
         self._recorded_at = -float("inf")
         self.last_commit_time: int | None = None
+        self.versions: dict[str, int] = {}  # each table's last Delta version this worker made
         self.in_flight: Batch | None = None
         self.in_flight_since: float | None = None  # Unix time the batch in flight began
 
@@ -337,6 +338,7 @@ class ApplyWorker:
     def _finish(self, batch: Batch, result: BatchResult, started: float, *, changes: int) -> None:
         """After the tables committed: checkpoint, confirm upstream, observe."""
         failpoint("apply.before_checkpoint")
+        self.versions.update(result.versions)
         skipped = self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at
         if self._leader is not None and (result.tables or skipped):
             self._unrecorded.update(result.versions)

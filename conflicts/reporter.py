@@ -11,6 +11,7 @@ on every retry, as PostgreSQL counts it). The conflict table under
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -32,6 +33,8 @@ class ConflictReporter:
         self.subscription = subscription
         self._metrics = metrics
         self._table = table
+        # Conflicts by kind since the process started (pg_stat_subscription_stats).
+        self.counts: Counter[str] = Counter()
 
     def report(self, conflicts: Sequence[Conflict]) -> None:
         if not conflicts:
@@ -42,5 +45,6 @@ class ConflictReporter:
             self._metrics.conflicts.labels(
                 self.subscription, conflict.relation, conflict.kind.value
             ).inc()
+            self.counts[conflict.kind.value] += 1
         if self._table is not None:
             self._table.record(self.subscription, conflicts)

@@ -128,6 +128,8 @@ class SyncCoordinator:
         self._failed_at: dict[int, float] = {}
         self._copied_at: dict[int, Lsn] = {}  # FINISHEDCOPY's LSN while SYNCWAIT/CATCHUP
         self._copy_rows: dict[int, tuple[int, int]] = {}  # rows copied, estimated
+        self._copy_started: dict[int, float] = {}
+        self.sync_errors = 0  # failed table-sync workers since the process started
         self.stopping = threading.Event()
 
     # -- table list ----------------------------------------------------------
@@ -233,6 +235,7 @@ class SyncCoordinator:
         )
 
     def copy_progress(self, relid: int, copied: int, estimated: int) -> None:
+        self._copy_started.setdefault(relid, self._clock())
         self._copy_rows[relid] = (copied, estimated)
 
     def describe(self) -> list[dict[str, object]]:
@@ -240,6 +243,7 @@ class SyncCoordinator:
         rows: list[dict[str, object]] = []
         for status in self.statuses:
             copied, estimated = self._copy_rows.get(status.relid, (None, None))
+            rate, left = self._copy_rate(status.relid, copied, estimated)
             rows.append(
                 {
                     "table": status.qualified_name,
@@ -247,10 +251,23 @@ class SyncCoordinator:
                     "lsn": None if status.lsn is None else str(status.lsn),
                     "rows_copied": copied,
                     "rows_estimated": estimated,
+                    "copy_rows_per_second": rate,
+                    "copy_seconds_left": left,
                     "sync_worker": status.relid in self._running,
                 }
             )
         return rows
+
+    def _copy_rate(
+        self, relid: int, copied: int | None, estimated: int | None
+    ) -> tuple[float | None, float | None]:
+        """Rows per second of a copy under way, and its time left by the estimate."""
+        started = self._copy_started.get(relid)
+        if started is None or not copied or relid not in self._running:
+            return None, None
+        rate = copied / max(self._clock() - started, 1e-3)
+        left = max(0.0, (estimated or 0) - copied) / rate if estimated else None
+        return round(rate, 1), None if left is None else round(left, 1)
 
     def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None:
         """The sync worker's SYNCWAIT: wait until the leader sets CATCHUP; its LSN."""
@@ -406,6 +423,7 @@ class SyncCoordinator:
                 )
                 return
         self._metrics.sync_errors.labels(self.settings.subscription).inc()
+        self.sync_errors += 1
         with self._cond:
             self._failed_at[table.relid] = self._clock()
             status = self._statuses.get(table.relid)

@@ -193,6 +193,26 @@ class ConflictStore(_StateTable):
         "recorded_at timestamp, local_version long"
     )
 
+    def counts(self, subscription: str) -> dict[str, int]:
+        """How many conflicts of each kind the table holds for ``subscription``."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        try:
+            if not DeltaTable.isDeltaTable(self._spark, self.path):
+                return {}
+            rows = (
+                self._spark.read.format("delta")
+                .load(self.path)
+                .where(fn.col("subscription") == subscription)
+                .groupBy("type")
+                .count()
+                .collect()
+            )
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
+        return {str(row["type"]): int(row["count"]) for row in rows}
+
     def record(self, subscription: str, conflicts: Sequence[Conflict]) -> None:
         def text(row: object) -> str | None:
             return None if row is None else json.dumps(row, ensure_ascii=False)

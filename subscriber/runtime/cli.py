@@ -1,6 +1,8 @@
 """The ``pgsub`` command line.
 
 - ``pgsub run -c pgsub.yaml``: the daemon.
+- ``pgsub status -c pgsub.yaml [SUB]``: each subscription's state, positions,
+  lag, errors, conflicts and tables, from the running daemon or the state store.
 - ``pgsub refresh -c pgsub.yaml SUB``: REFRESH PUBLICATION; ``pgsub skip
   ... SUB --lsn X/Y``, ``pgsub enable|disable ... SUB``: ALTER SUBSCRIPTION;
   ``pgsub resync ... SUB TABLE...``: copy tables again. They write to the
@@ -19,9 +21,11 @@ Exit codes: 0 done, 1 failed, 2 bad usage or configuration.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -66,6 +70,29 @@ def _parser() -> argparse.ArgumentParser:
         "as PGSUB_<PATH> (e.g. PGSUB_WAREHOUSE, PGSUB_SUBSCRIPTIONS_0_CONNECTION).",
     )
     _config_argument(run)
+    status = commands.add_parser(
+        "status",
+        help="each subscription's state, positions, lag, errors, conflicts and tables",
+        description="What PostgreSQL shows in pg_stat_subscription, pg_subscription_rel and "
+        "pg_stat_subscription_stats, in one view: per subscription its state, received / "
+        "flushed / latest end LSN, lag in bytes and seconds, apply and sync errors, "
+        "conflicts by kind and the last error with its transaction's finish LSN; per table "
+        "its state (i/d/f/w/c/s/r), LSN, copy progress, Delta version and files. From the "
+        "running daemon's /status when one answers on the config's metrics port, otherwise "
+        "from the state store and the publisher's slot (a few seconds: it starts Spark); the "
+        "first line says which. Exit 1 when a subscription is in error.",
+    )
+    status.add_argument("subscription", nargs="?", help="only this subscription")
+    status.add_argument("--json", action="store_true", help="the whole view as JSON")
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C",
+    )
+    _config_argument(status)
     refresh = commands.add_parser(
         "refresh",
         help="REFRESH PUBLICATION: add newly published tables, stop applying removed ones",
@@ -250,6 +277,33 @@ def _resync_or_drop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    from subscriber.runtime import status
+
+    config = load_config(args.config)
+    names = [s.name for s in config.subscriptions]
+    if args.subscription is not None:
+        names = [config.subscription(args.subscription).name]
+    color = sys.stdout.isatty() and not args.json and "NO_COLOR" not in os.environ
+    while True:
+        view = status.from_daemon(config)
+        if view is None:
+            view = status.from_state_store(config, names)
+        view = status.only(view, args.subscription)
+        if args.json:
+            print(json.dumps(view, indent=2, default=str), flush=True)
+        else:
+            screen = status.render(view, color=color)
+            print(("\033[H\033[2J" if args.watch and color else "") + screen, flush=True)
+        if args.watch is None:
+            failing = any(s.get("state") == "error" for s in view["subscriptions"])
+            return 1 if failing else 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
 def _refresh(args: argparse.Namespace) -> int:
     config, subscription = _subscription(args)
     from subscriber.runtime.admin import refresh_publication
@@ -286,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "refresh":
             return _refresh(args)
+        if args.command == "status":
+            return _status(args)
         if args.command in ("skip", "enable", "disable"):
             return _admin(args)
         if args.command in ("resync", "drop"):

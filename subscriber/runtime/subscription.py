@@ -42,6 +42,7 @@ from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver
 from subscriber.replication.slot import PublisherIdentity, SlotAction, check_publisher, plan_slot
 from subscriber.replication.stream import ReplicationConnection
+from subscriber.replication.wire import PG_EPOCH_OFFSET
 from subscriber.runtime.backoff import retry_delay
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
@@ -80,30 +81,46 @@ class SubscriptionStatus:
     """What ``/status`` and ``/readyz`` show for a subscription."""
 
     name: str
+    slot: str = ""
+    enabled: bool = True
     state: str = "starting"  # starting | streaming | error | stopped | disabled
     received_lsn: Lsn | None = None
     flushed_lsn: Lsn | None = None
     latest_end_lsn: Lsn | None = None
+    replication_lag_bytes: int | None = None  # the publisher's WAL end minus flushed
+    apply_lag_seconds: float | None = None  # now minus the last applied commit (0 when idle)
+    last_msg_receipt: float | None = None  # unix time of the last message or keepalive
     last_error: str | None = None
     last_error_at: float | None = None
-    error_count: int = 0
+    last_error_finish_lsn: Lsn | None = None  # what `pgsub skip` takes
+    error_count: int = 0  # apply errors (pg_stat_subscription_stats.apply_error_count)
+    sync_error_count: int = 0
+    conflicts: dict[str, int] = field(default_factory=dict)  # by kind, since the start
     consecutive_failures: int = 0  # attempts that failed in a row, with no progress between
     retry_at: float | None = None  # unix time of the next attempt after a failure
-    extra: dict[str, object] = field(default_factory=dict)
+    tables: list[dict[str, object]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
+            "slot": self.slot,
+            "enabled": self.enabled,
             "state": self.state,
             "received_lsn": _text(self.received_lsn),
             "flushed_lsn": _text(self.flushed_lsn),
             "latest_end_lsn": _text(self.latest_end_lsn),
+            "replication_lag_bytes": self.replication_lag_bytes,
+            "apply_lag_seconds": self.apply_lag_seconds,
+            "last_msg_receipt": self.last_msg_receipt,
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
+            "last_error_finish_lsn": _text(self.last_error_finish_lsn),
             "error_count": self.error_count,
+            "sync_error_count": self.sync_error_count,
+            "conflicts": dict(self.conflicts),
             "consecutive_failures": self.consecutive_failures,
             "retry_at": self.retry_at,
-            **self.extra,
+            "tables": self.tables,
         }
 
 
@@ -180,7 +197,8 @@ class SubscriptionRunner:
             on_error=self._sync_failed,
         )
         self._loaded = False
-        self.status = SubscriptionStatus(config.name)
+        self.status = SubscriptionStatus(config.name, slot=config.slot)
+        self._versions: dict[str, int] = {}  # each table's last Delta version, across attempts
         # Unix time the supervising thread last went round its loop (liveness).
         self.heartbeat = time.time()
         self.progress: Progress | None = None
@@ -320,6 +338,7 @@ class SubscriptionRunner:
         self.settings.refresh(force=True)
         if not self.settings.enabled:
             self.status.state = "disabled"
+            self.status.enabled = False
             self._metrics.subscription_enabled.labels(self.name).set(0)
             log.info("subscription disabled", subscription=self.name)
             while not self.settings.enabled:
@@ -336,6 +355,7 @@ class SubscriptionRunner:
         self.status.state = "error"
         self.status.last_error = str(exc)
         self.status.last_error_at = time.time()
+        self.status.last_error_finish_lsn = finish_lsn
         self.status.error_count += 1
         log.error(
             "logical replication apply worker failed",
@@ -465,7 +485,7 @@ class SubscriptionRunner:
         """Copy positions into the status and the metrics (once every half second)."""
         name, metrics, status = self.name, self._metrics, self.status
         status.state = "streaming" if receiver.streaming.is_set() else status.state
-        status.extra["tables"] = self.coordinator.describe()
+        status.enabled = self.settings.enabled
         status.received_lsn = progress.received
         status.flushed_lsn = progress.flushed
         metrics.received_lsn.labels(name).set(int(progress.received))
@@ -473,14 +493,37 @@ class SubscriptionRunner:
         wal_end = receiver.wal_end
         if wal_end is not None:
             status.latest_end_lsn = wal_end
+            status.replication_lag_bytes = max(0, int(wal_end) - int(progress.flushed))
             metrics.latest_end_lsn.labels(name).set(int(wal_end))
-            metrics.replication_lag_bytes.labels(name).set(
-                max(0, int(wal_end) - int(progress.flushed))
-            )
+            metrics.replication_lag_bytes.labels(name).set(status.replication_lag_bytes)
         if receiver.last_receipt is not None:
+            status.last_msg_receipt = receiver.last_receipt
             metrics.last_msg_receipt.labels(name).set(receiver.last_receipt)
         if progress.idle:
             metrics.apply_lag.labels(name).set(0)
+            status.apply_lag_seconds = 0.0
+        elif worker.last_commit_time is not None:
+            committed = worker.last_commit_time / 1e6 + PG_EPOCH_OFFSET
+            status.apply_lag_seconds = round(max(0.0, time.time() - committed), 3)
+        status.sync_error_count = self.coordinator.sync_errors
+        status.conflicts = dict(self.reporter.counts)
+        self._versions.update(worker.versions)
+        self._describe_tables()
+
+    def _describe_tables(self) -> None:
+        """Each table's sync state and copy progress, its Delta version and data files."""
+        tables = self.coordinator.describe()
+        files = {
+            sample.labels["relation"]: int(sample.value)
+            for family in self._metrics.table_files.collect()
+            for sample in family.samples
+            if sample.labels.get("subscription") == self.name
+        }
+        for table in tables:
+            name = str(table["table"])
+            table["delta_version"] = self._versions.get(name)
+            table["files"] = files.get(name)
+        self.status.tables = tables
 
     @property
     def ready(self) -> bool:

@@ -1,7 +1,8 @@
-"""Admin commands against a running daemon: skip, disable/enable, resync, drop; a lost slot."""
+"""Admin commands against a running daemon: status, skip, disable, enable, resync, drop."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +75,7 @@ def test_skip_reaches_a_daemon_stuck_on_the_transaction(
         other.drop()
 
 
-def test_resync_copies_a_table_again_and_drop_removes_the_subscription(
+def test_status_resync_and_drop_of_a_subscription(
     publisher: PgDatabase, spark: Any, tmp_path: Path, daemons: Callable[..., DaemonProcess]
 ) -> None:
     from tests.support.daemon import write_config
@@ -87,6 +88,18 @@ def test_resync_copies_a_table_again_and_drop_removes_the_subscription(
     daemon.wait_ready()
     wait_until(lambda: table_state(daemon) == "ready", timeout=180, what="kv READY")
     path = str(warehouse / "public" / "kv")
+
+    # pgsub status, from the running daemon: the view of pg_stat_subscription & co.
+    live = pgsub("status", "-c", str(config), "--json")
+    assert live.returncode == 0, live.stderr
+    view = json.loads(live.stdout)
+    assert view["source"] == "daemon"
+    (sub,) = view["subscriptions"]
+    assert sub["state"] == "streaming" and sub["enabled"] and sub["error_count"] == 0
+    assert sub["flushed_lsn"] and sub["replication_lag_bytes"] is not None
+    assert sub["tables"][0]["table"] == "public.kv" and sub["tables"][0]["state"] == "ready"
+    text = pgsub("status", "-c", str(config), "sub1")
+    assert text.returncode == 0 and "ready (r)" in text.stdout, text.stdout
 
     # pgsub disable: streaming stops within its bound, nothing arrives until enabled.
     assert pgsub("disable", "-c", str(config), "sub1").returncode == 0
@@ -120,6 +133,15 @@ def test_resync_copies_a_table_again_and_drop_removes_the_subscription(
     refused = pgsub("drop", "-c", str(config), "sub1")
     assert refused.returncode == 1 and "is being streamed" in refused.stderr
     assert daemon.terminate() == 0
+
+    # pgsub status without a daemon: the state store and the publisher's slot.
+    stored = pgsub("status", "-c", str(config), "--json")
+    assert stored.returncode == 0, stored.stderr
+    view = json.loads(stored.stdout)
+    assert view["source"] == "state store"
+    (sub,) = view["subscriptions"]
+    assert sub["slot_exists"] and not sub["slot_active"] and sub["confirmed_flush_lsn"]
+    assert [(t["table"], t["state"]) for t in sub["tables"]] == [("public.kv", "ready")]
     dropped = pgsub("drop", "-c", str(config), "sub1")
     assert dropped.returncode == 0, dropped.stderr
     assert publisher.slots() == []
