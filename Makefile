@@ -13,13 +13,15 @@ BIN   := $(VENV)/bin
 SYNCED   := $(VENV)/.synced
 JARS     := jars/lib/.resolved
 POSTGRES := .setup-postgres
+HELM_VERSION := v3.22.0
+DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling
+.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling
 
 help:
-	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries"
+	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool"
 	@echo "make demo    the daemon on embedded defaults: demo publisher, local Spark, ./warehouse"
 	@echo "make test    the full suite (unit, integration against real PostgreSQL and Delta)"
 	@echo "make check   ruff, the import layers, mypy --strict, unit tests (a quick pre-commit)"
@@ -35,18 +37,21 @@ help:
 	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files"
 	@echo "make bench-ceiling the highest steady rate each subscriber keeps up with (RATES=...)"
 
-setup: venv jars postgres
+setup: venv jars postgres tools
 
 venv: $(SYNCED)
 jars: $(JARS)
 postgres: $(POSTGRES)
+tools: $(DEPLOY_TOOLS)
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
+# The image (deploy/Dockerfile) runs `make venv jars UV_SYNC_FLAGS=--no-dev`.
+UV_SYNC_FLAGS ?=
 $(SYNCED): pyproject.toml uv.lock | $(UV)
-	$(UV) sync --locked --python $(PYTHON)
+	$(UV) sync --locked --python $(PYTHON) $(UV_SYNC_FLAGS)
 	touch $@
 
 $(JARS): jars/pom.xml
@@ -57,6 +62,11 @@ $(JARS): jars/pom.xml
 
 $(POSTGRES): setup/postgres.sh Makefile
 	bash setup/postgres.sh $(PG_EMBEDDED)
+	touch $@
+
+# helm and promtool, for the checks of deploy/ (tests/deploy/).
+$(DEPLOY_TOOLS): setup/tools.sh Makefile
+	bash setup/tools.sh $(HELM_VERSION) $(TOOLS)/bin
 	touch $@
 
 # DEMO_SECONDS=60 make demo stops by itself after a minute; otherwise Ctrl-C.

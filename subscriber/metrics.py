@@ -95,6 +95,12 @@ class Metrics:
         self.subscription_enabled = Gauge(
             "pgsub_subscription_enabled", "1 when the subscription is enabled", SUB, registry=r
         )
+        self.streaming = Gauge(
+            "pgsub_subscription_streaming",
+            "1 while the subscription streams from its slot (what /readyz waits for)",
+            SUB,
+            registry=r,
+        )
         self.maintenance = Counter(
             "pgsub_maintenance",
             "Maintenance operations done on a table (optimize, vacuum, prune)",

@@ -474,6 +474,7 @@ class SubscriptionRunner:
             failures = pipeline.stop()
             self._worker = None
             self._metrics.workers.labels(self.name, "apply").set(0)
+            self._metrics.streaming.labels(self.name).set(0)
         self._sample(pipeline.receiver, progress, pipeline.worker)
         if failures:
             raise failures[0]
@@ -486,6 +487,7 @@ class SubscriptionRunner:
         name, metrics, status = self.name, self._metrics, self.status
         status.state = "streaming" if receiver.streaming.is_set() else status.state
         status.enabled = self.settings.enabled
+        metrics.streaming.labels(name).set(1 if receiver.streaming.is_set() else 0)
         status.received_lsn = progress.received
         status.flushed_lsn = progress.flushed
         metrics.received_lsn.labels(name).set(int(progress.received))

@@ -1,5 +1,6 @@
 """``pgsub run`` as operators run it: config errors, probes, metrics, SIGTERM."""
 
+import re
 import subprocess
 import sys
 import urllib.request
@@ -93,6 +94,15 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     ):
         assert f"\n{name}{{" in metrics, name
     assert 'pgsub_changes_applied_total{op="INSERT",subscription="sub1"} 100.0' in metrics
+    # The dashboard and the alerts of deploy/ query only what the daemon serves, and the
+    # dashboard shows every family it serves.
+    from tests.deploy.test_chart import queried_metrics
+
+    served, panels = served_metrics(metrics)
+    queried = queried_metrics()
+    assert queried <= served, queried - served
+    missing = {family for family, samples in panels.items() if not samples & queried}
+    assert not missing, f"metric families without a dashboard panel: {missing}"
     request = urllib.request.Request(f"http://127.0.0.1:{port}/status", method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=5)
@@ -132,3 +142,17 @@ def test_demo_replicates_its_publisher_and_checks_itself(tmp_path: Path) -> None
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "accounts: 1000 rows on the publisher, 1000 in Delta" in result.stdout
     assert "Delta tables match the publisher." in result.stdout
+
+
+def served_metrics(exposition: str) -> tuple[set[str], dict[str, set[str]]]:
+    """Every sample name the exposition's pgsub families can have, and per family its names."""
+    panels: dict[str, set[str]] = {}
+    for name, kind in re.findall(r"^# TYPE (pgsub_\w+) (\w+)", exposition, re.MULTILINE):
+        base = name.removesuffix("_total")
+        if kind == "counter":
+            panels[base] = {f"{base}_total"}
+        elif kind == "histogram":
+            panels[base] = {f"{base}_{part}" for part in ("bucket", "sum", "count")}
+        else:
+            panels[base] = {name}
+    return set().union(*panels.values()), panels
