@@ -74,7 +74,7 @@ demo: setup
 	$(BIN)/pgsub demo $(if $(DEMO_SECONDS),--seconds $(DEMO_SECONDS))
 
 test: setup lint typecheck
-	$(BIN)/pytest tests
+	$(BIN)/pytest tests --durations=25
 
 test-unit: venv
 	$(BIN)/pytest tests/unit
