@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# The tools `make test` checks deploy/ with:
-#  - promtool, from Debian's prometheus package (installed when run as root);
+# The tools `make test` checks deploy/ and the status page with:
+#  - promtool, from Debian's prometheus package, and chromium (headless, for the page at / of
+#    the HTTP endpoint), from Debian's chromium package (installed when run as root);
 #  - helm, built with Go from the module proxy into .tools/bin (a few minutes, once).
-# Idempotent: does nothing when both are there.
+# Idempotent: does nothing when all are there.
 set -euo pipefail
 
 HELM_VERSION="$1"   # e.g. v3.22.0
 TOOLS_BIN="$2"      # e.g. .tools/bin
 
-if ! command -v promtool >/dev/null; then
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v chromium >/dev/null || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "setup: installing Debian's prometheus (for promtool)"
+    echo "setup: installing Debian's ${missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "setup: promtool is missing: install Debian's prometheus package" >&2
+    echo "setup: missing Debian packages: ${missing[*]} (install them, as root)" >&2
     exit 1
   fi
 fi

@@ -6,7 +6,13 @@ LSNs are exported as numbers (bytes of WAL), so differences are byte lags.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 SUB = ("subscription",)
 REL = ("subscription", "relation")
@@ -15,6 +21,9 @@ _BATCH_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300)
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # No *_created series beside each counter and histogram: a timestamp per label set,
+        # which no dashboard or alert uses.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.received_lsn = Gauge(

@@ -1,4 +1,5 @@
-"""The daemon's HTTP endpoint: read-only ``/metrics``, ``/healthz``, ``/readyz``, ``/status``.
+"""The daemon's HTTP endpoint: read-only ``/metrics``, ``/healthz``, ``/readyz``, ``/status``,
+and ``/``, a status page for a browser.
 
 Only GET and HEAD are answered; anything else is 405. Nothing here changes
 state. ``/healthz`` fails when the process cannot make progress;
@@ -12,6 +13,7 @@ import threading
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -35,6 +37,7 @@ class StatusServer:
             "/healthz": lambda: _probe(health),
             "/readyz": lambda: _probe(readiness),
             "/status": lambda: (200, "application/json", _json(status())),
+            "/": lambda: (200, "text/html; charset=utf-8", _PAGE),
         }
 
         class Handler(BaseHTTPRequestHandler):
@@ -84,6 +87,10 @@ class StatusServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+# The read-only status page: what `pgsub status` shows, from /status, in a browser.
+_PAGE = (Path(__file__).with_name("static") / "status.html").read_bytes()
 
 
 def _json(value: Any) -> bytes:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.browser import rendered
 from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgdatabase import PgDatabase
@@ -103,6 +104,11 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     assert queried <= served, queried - served
     missing = {family for family, samples in panels.items() if not samples & queried}
     assert not missing, f"metric families without a dashboard panel: {missing}"
+    # The status page at /, as a browser renders it once its script has read /status.
+    dom = rendered(f"http://127.0.0.1:{port}/", tmp_path / "browser")
+    assert 'data-subscription="sub1"' in dom and 'class="state streaming"' in dom, dom[-2000:]
+    assert 'data-table="public.t"' in dom and "ready (r)" in dom
+    assert password not in dom
     request = urllib.request.Request(f"http://127.0.0.1:{port}/status", method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=5)
