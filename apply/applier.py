@@ -28,12 +28,12 @@ from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
-from apply.records import CommitMark, Within, WriteResult
+from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult
 from apply.resolve import looks_up_first, origin_looks_up_first
 from apply.schema import Evolution, TargetSchema, target_schema
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
-from apply.transactions import Bounds, RemoteTransaction
+from apply.transactions import Bounds, MessageChange, RemoteTransaction
 from apply.typemap import TypeLookup
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
@@ -83,6 +83,8 @@ class Tables(Protocol):
     def copy_into(
         self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]: ...
+
+    def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult: ...
 
 
 class TransactionError(ApplyError):
@@ -250,6 +252,7 @@ class BatchApplier:
             )
         results = []
         failure: TransactionError | None = None
+        messages = self._messages(batch)
         for name, schema, mark, changes, future in jobs:
             try:
                 write, seconds = future.result()
@@ -269,7 +272,31 @@ class BatchApplier:
             results.append(TableResult(name, write, seconds, changes))
         if failure is not None:
             raise failure
+        if messages is not None:
+            results.append(self._write_messages(batch, messages))
         return BatchResult(batch.end_lsn, tuple(results))
+
+    def _messages(self, batch: Batch) -> pa.Table | None:
+        """The batch's logical decoding messages the messages table does not have yet."""
+        if not any(isinstance(c, MessageChange) for tx in batch.transactions for c in tx.changes):
+            return None
+        last = batch.transactions[-1]
+        through = self.applied_through(MESSAGES_TABLE, last.end_lsn) if last.total else 0
+        kept = batch.messages(self.applied_lsn(MESSAGES_TABLE), through)
+        return message_rows(self.subscription, batch, kept) if kept else None
+
+    def _write_messages(self, batch: Batch, rows: pa.Table) -> TableResult:
+        started = self._clock()
+        mark = self._mark(batch, MESSAGES_TABLE)  # a piece of a spooled one: how far it is
+        try:
+            write = self._tables.write_messages(rows, mark)
+        except Exception as exc:
+            cause = _as_apply_error(exc)
+            raise TransactionError(cause, self.subscription, None, None, batch) from exc
+        if mark.within is None:
+            self._applied[MESSAGES_TABLE] = batch.end_lsn
+        self._within[MESSAGES_TABLE] = mark.within
+        return TableResult(MESSAGES_TABLE, write, self._clock() - started, rows.num_rows)
 
     def apply_whole(
         self, tx: SpooledTransaction, bounds: Bounds, on_piece: Callable[[Batch], None]
@@ -320,6 +347,8 @@ class BatchApplier:
         for piece in tx.pieces(bounds):
             batch = Batch([piece])
             on_piece(batch)
+            if any(isinstance(change, MessageChange) for change in piece.changes):
+                return None  # the messages table follows the pieces' marks
             for name, work in batch.tables(self.applied_lsn, self._applies).items():
                 try:
                     schema = self._schema(work)
@@ -460,3 +489,38 @@ def _as_apply_error(exc: Exception) -> ApplyError:
     if isinstance(exc, ApplyError):
         return exc
     return ApplyError(f"{type(exc).__name__}: {exc}")
+
+
+def message_rows(
+    subscription: str, batch: Batch, messages: Sequence[tuple[int, MessageChange]]
+) -> pa.Table:
+    """Logical decoding messages as rows of the messages table, in order."""
+    import pyarrow as pa
+
+    def text(content: bytes) -> str | None:
+        try:
+            return content.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    txs = [batch.transactions[index] for index, _ in messages]
+    changes = [change for _, change in messages]
+    return pa.table(
+        {
+            "subscription": pa.array([subscription] * len(changes), pa.string()),
+            "lsn": pa.array([int(m.lsn) for m in changes], pa.int64()),
+            "lsn_text": pa.array([str(m.lsn) for m in changes], pa.string()),
+            "transactional": pa.array([m.transactional for m in changes], pa.bool_()),
+            "xid": pa.array(
+                [tx.xid if m.transactional else None for tx, m in zip(txs, changes, strict=True)],
+                pa.int64(),
+            ),
+            "end_lsn": pa.array([str(tx.end_lsn) for tx in txs], pa.string()),
+            "commit_time": pa.array(
+                [pg_timestamp(tx.commit_time) for tx in txs], pa.timestamp("us", tz="UTC")
+            ),
+            "prefix": pa.array([m.prefix for m in changes], pa.string()),
+            "content": pa.array([m.content for m in changes], pa.binary()),
+            "content_text": pa.array([text(m.content) for m in changes], pa.string()),
+        }
+    )

@@ -34,6 +34,7 @@ from apply.spool import Spool, SpoolDirectory, SpooledTransaction
 from apply.transactions import (
     Bounds,
     Change,
+    MessageChange,
     Op,
     RemoteTransaction,
     RowChange,
@@ -59,6 +60,7 @@ from subscriber.replication.messages import (
     Update,
 )
 from subscriber.replication.tuples import DELETE, INSERT, UPDATE, RowChanges
+from subscriber.replication.wire import pg_now
 
 AssembledTransaction = RemoteTransaction | SpooledTransaction
 _OPS = {INSERT: Op.INSERT, UPDATE: Op.UPDATE, DELETE: Op.DELETE}
@@ -137,7 +139,7 @@ class TransactionAssembler:
                 relations = tuple(self._relation(oid) for oid in oids)
                 self._add(TruncateChange(relations, cascade, restart), xid)
             case LogicalMessage():
-                pass  # routing logical messages to a table is an option not offered yet
+                return self._message(message)
             case Commit():
                 return self._commit(message)
             case StreamStart(xid=xid, first_segment=first):
@@ -247,6 +249,22 @@ class TransactionAssembler:
         spool.close()
         self._spools.track(spool)
         return SpooledTransaction(head, spool.path, spool.changes, self._spools.release)
+
+    def _message(self, message: LogicalMessage) -> RemoteTransaction | None:
+        """A transactional message joins its transaction; another one is a transaction of
+        its own, at its position in the stream (``messages: true``)."""
+        change = MessageChange(message.lsn, message.transactional, message.prefix, message.content)
+        if message.transactional:
+            self._add(change, message.xid)
+            return None
+        return RemoteTransaction(
+            xid=0,
+            final_lsn=message.lsn,
+            end_lsn=message.lsn,
+            commit_time=pg_now(),
+            changes=(change,),
+            size=len(message.content),
+        )
 
     # -- streamed transactions ------------------------------------------------
 

@@ -16,7 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from apply.transactions import Bounds, RemoteTransaction, RowChange, TruncateChange
+from apply.transactions import (
+    Bounds,
+    MessageChange,
+    RemoteTransaction,
+    RowChange,
+    TruncateChange,
+)
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.messages import Relation
 
@@ -108,10 +114,29 @@ class Batch:
             for ordinal, change in enumerate(tx.changes):
                 if isinstance(change, RowChange):
                     add(change.relation, index, ordinal, change)
-                else:
+                elif isinstance(change, TruncateChange):
                     for relation in change.relations:
                         add(relation, index, ordinal, change)
         return work
+
+    def messages(
+        self, applied_lsn: Lsn = ZERO, applied_through: int = 0
+    ) -> list[tuple[int, MessageChange]]:
+        """The batch's logical decoding messages, in order, with their transaction's index,
+        less those the messages table has: transactions at or below ``applied_lsn``, and of
+        a piece of a spooled transaction, its first ``applied_through`` changes (as
+        ``tables`` does for a table)."""
+        found = []
+        for index, tx in enumerate(self.transactions):
+            if tx.end_lsn <= applied_lsn:
+                continue
+            for ordinal, change in enumerate(tx.changes):
+                if not isinstance(change, MessageChange):
+                    continue
+                if tx.total is not None and tx.first + ordinal < applied_through:
+                    continue
+                found.append((index, change))
+        return found
 
 
 DEFAULT_BOUNDS = Bounds(100_000)

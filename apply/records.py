@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Final
 
 from conflicts.findings import Finding
 from subscriber.replication.lsn import Lsn
@@ -106,6 +107,11 @@ def read_mark(user_metadata: str | None) -> dict[str, object]:
     except (ValueError, AttributeError):
         return {}
     return mark if isinstance(mark, dict) else {}
+
+
+# The messages table (``messages: true``) among the target tables: a name no PostgreSQL
+# table's qualified name can be (those are quoted where they hold a colon).
+MESSAGES_TABLE: Final = "pgsub:messages"
 
 
 @dataclass(frozen=True, slots=True)

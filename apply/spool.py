@@ -46,6 +46,7 @@ from apply.errors import ApplyError
 from apply.transactions import (
     Bounds,
     Change,
+    MessageChange,
     Op,
     RemoteTransaction,
     RowChange,
@@ -61,6 +62,7 @@ _LENGTH: Final = struct.Struct("!I")
 _OPS: Final = (Op.INSERT, Op.UPDATE, Op.DELETE)
 _OP_CODES: Final = {op: code for code, op in enumerate(_OPS)}
 _TRUNCATE: Final = len(_OPS)
+_MESSAGE: Final = _TRUNCATE + 1
 
 Frame = tuple[tuple[Any, ...], list[tuple[Any, ...]]]
 
@@ -112,6 +114,9 @@ def encode_frame(changes: list[Change]) -> Frame:
                     None if old is None else old.values,
                 )
             )
+        elif isinstance(change, MessageChange):
+            message = (int(change.lsn), change.transactional, change.prefix, change.content)
+            rows.append((_MESSAGE, *message))
         else:
             oids = tuple(ref(r) for r in change.relations)
             rows.append((_TRUNCATE, oids, change.cascade, change.restart_identity))
@@ -137,6 +142,10 @@ def decode_frame(frame: Frame, known: dict[tuple[Any, ...], Relation]) -> list[C
         relations.append(relation)
     changes: list[Change] = []
     for row in rows:
+        if row[0] == _MESSAGE:
+            _, lsn, transactional, prefix, content = row
+            changes.append(MessageChange(Lsn(lsn), transactional, prefix, content))
+            continue
         if row[0] == _TRUNCATE:
             _, refs, cascade, restart = row
             changes.append(TruncateChange(tuple(relations[r] for r in refs), cascade, restart))

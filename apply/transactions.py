@@ -38,11 +38,27 @@ class TruncateChange:
     restart_identity: bool
 
 
-Change = RowChange | TruncateChange
+@dataclass(frozen=True, slots=True)
+class MessageChange:
+    """A logical decoding message (``pg_logical_emit_message``), with ``messages: true``.
+
+    A transactional one travels with its transaction; a non-transactional one
+    arrives alone and is applied as a transaction of its own.
+    """
+
+    lsn: Lsn
+    transactional: bool
+    prefix: str
+    content: bytes
+
+
+Change = RowChange | TruncateChange | MessageChange
 
 
 def change_size(change: Change) -> int:
     """The bytes of row data ``change`` holds (its values; what ``batch.max_bytes`` counts)."""
+    if isinstance(change, MessageChange):
+        return len(change.content)
     if not isinstance(change, RowChange):
         return 0
     size = 0

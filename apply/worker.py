@@ -36,7 +36,14 @@ from apply.batch import Batch, Batcher
 from apply.failpoints import failpoint
 from apply.roles import Leader
 from apply.spool import SpooledTransaction
-from apply.transactions import Bounds, RemoteTransaction, RowChange
+from apply.transactions import (
+    Bounds,
+    Change,
+    MessageChange,
+    RemoteTransaction,
+    RowChange,
+    TruncateChange,
+)
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
@@ -50,8 +57,15 @@ def _operations(batch: Batch) -> Counter[str]:
     ops: Counter[str] = Counter()
     for tx in batch.transactions:
         for change in tx.changes:
-            ops["TRUNCATE" if not isinstance(change, RowChange) else change.op.value] += 1
+            ops[_operation(change)] += 1
     return ops
+
+
+def _operation(change: Change) -> str:
+    """The ``op`` label of ``pgsub_changes_applied_total``."""
+    if isinstance(change, RowChange):
+        return change.op.value
+    return "MESSAGE" if isinstance(change, MessageChange) else "TRUNCATE"
 
 
 def _in_memory_transaction(tx: AssembledTransaction) -> bool:
@@ -265,7 +279,11 @@ class ApplyWorker:
             for piece in tx.pieces(self._batcher.bounds)
             for change in piece.changes
             for relation in (
-                (change.relation,) if isinstance(change, RowChange) else change.relations
+                (change.relation,)
+                if isinstance(change, RowChange)
+                else change.relations
+                if isinstance(change, TruncateChange)
+                else ()
             )
         }
         for table in sorted(tables):

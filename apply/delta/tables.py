@@ -32,13 +32,20 @@ from apply.delta.keyed import raised_conflict, write_keyed, write_staged
 from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
-from apply.delta.session import SparkErrors, struct
+from apply.delta.session import SparkErrors, arrow_frame, struct
 from apply.delta.target import TargetTable
 from apply.errors import ConflictError, TargetTableError
 from apply.features import PORTABLE, Gain, TableFeatures, creation_properties, gains
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy, retention_properties
 from apply.merge_plan import conflict_in
-from apply.records import CommitMark, Within, WriteResult, lsn_from_metadata, within_from_metadata
+from apply.records import (
+    MESSAGES_TABLE,
+    CommitMark,
+    Within,
+    WriteResult,
+    lsn_from_metadata,
+    within_from_metadata,
+)
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
 from apply.staging import StagedSource
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
@@ -87,6 +94,7 @@ class DeltaTables:
         features: TableFeatures = PORTABLE,
         shared_tables: bool = False,
         maintenance: MaintenancePolicy = DEFAULT_POLICY,
+        messages_path: str | None = None,
         created: CreatedTables | None = None,
     ) -> None:
         self._spark = spark
@@ -100,6 +108,8 @@ class DeltaTables:
         self.features = features
         self.shared_tables = shared_tables  # may write tables another subscription writes
         self.maintenance = maintenance
+        # Logical decoding messages (messages: true): under _pgsub/ unless configured.
+        self.messages_path = (messages_path or f"{self.warehouse}/_pgsub/messages").rstrip("/")
         # One writer at a time per table: a batch's MERGE, a copy, or maintenance.
         self._table_locks: dict[str, threading.Lock] = {}
         self._local = threading.local()
@@ -109,6 +119,8 @@ class DeltaTables:
         self.history_peek = HISTORY_PEEK
 
     def path(self, table: str) -> str:
+        if table == MESSAGES_TABLE:
+            return self.messages_path
         return f"{self.warehouse}/{table_folder(table)}"
 
     def session(self) -> SparkSession:
@@ -425,6 +437,25 @@ class DeltaTables:
             origins = self._tracker(schema.table, target.path)
             return write_keyed(target, schema, net, mark, resolutions, origins=origins)
         return write_multiset(target, schema, net, mark, resolutions)
+
+    def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult:
+        """Append logical decoding messages in one commit carrying ``mark`` (exactly once, as
+        any table: a resent batch at or below the table's LSN is dropped by the applier)."""
+        target = self.target(MESSAGES_TABLE)
+        ddl = (
+            "subscription string, lsn long, lsn_text string, transactional boolean, xid long, "
+            "end_lsn string, commit_time timestamp, prefix string, content binary, "
+            "content_text string"
+        )
+        try:
+            with self.exclusive(MESSAGES_TABLE), target.marked(mark) as session:
+                frame = arrow_frame(session, rows, ddl)
+                frame.write.format("delta").mode("append").save(target.path)
+                return WriteResult(MESSAGES_TABLE, target.committed_version(), rows.num_rows)
+        except SparkErrors as exc:
+            raise TargetTableError(
+                f"writing logical decoding messages to {target.path} failed: {exc}"
+            ) from exc
 
     @contextmanager
     def exclusive(self, table: str) -> Iterator[None]:

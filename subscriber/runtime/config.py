@@ -128,6 +128,10 @@ class SubscriptionConfig(_Strict):
     copy_data: bool = True
     enabled: bool = True
     binary: bool = False
+    # Logical decoding messages (pg_logical_emit_message) into a Delta table, in commit order
+    # with their transaction: messages_path, default <warehouse>/_pgsub/messages.
+    messages: bool = False
+    messages_path: str | None = None
     streaming: Streaming = Streaming.OFF
     two_phase: bool = False
     origin: Literal["any", "none"] = "any"

@@ -158,6 +158,7 @@ class SubscriptionRunner:
             features=config.table_features.features(),
             shared_tables=config.shared_tables,
             maintenance=maintenance,
+            messages_path=config.messages_path,
             created=self.settings,
         )
         self.catalog = PublisherCatalog(self._conninfo)
@@ -166,6 +167,7 @@ class SubscriptionRunner:
         self.options = StreamOptions(
             tuple(config.publications),
             binary=config.binary,
+            messages=config.messages,
             streaming=config.streaming,
             two_phase=config.two_phase,
             origin=config.origin,

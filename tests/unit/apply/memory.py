@@ -27,6 +27,7 @@ class MemoryTables:
         self.within: dict[str, Within | None] = {}
         self.rows: dict[str, dict[bytes | None, tuple[bytes | None, ...]]] = {}
         self.commits: list[tuple[str, CommitMark]] = []
+        self.messages: list[dict[str, Any]] = []
         self.reads = 0
 
     def applied_lsn(self, table: str) -> Lsn:
@@ -70,6 +71,12 @@ class MemoryTables:
         self, schema: TargetSchema, blocks: Iterator[Any], mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]:
         raise NotImplementedError("the copy needs a publisher")
+
+    def write_messages(self, rows: Any, mark: CommitMark) -> WriteResult:
+        self.messages.extend(rows.to_pylist())
+        self.lsn["pgsub:messages"] = mark.lsn
+        self.commits.append(("pgsub:messages", mark))
+        return WriteResult("pgsub:messages", len(self.commits))
 
     def keys(self, table: str = "public.t") -> list[int]:
         return sorted(int(k) for k in self.rows.get(table, {}) if k is not None)

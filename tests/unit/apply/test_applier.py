@@ -56,3 +56,26 @@ def test_an_unexpected_failure_keeps_its_table_and_transaction() -> None:
     message = str(err.value)
     assert "KeyError" in message and 'relation "public.t"' in message
     assert "in transaction 731 finished at 0/FF8" in message
+
+
+def test_messages_are_written_in_order_once_with_their_transaction() -> None:
+    from apply.transactions import MessageChange
+
+    tables = MemoryTables()
+    applier = BatchApplier("s", tables, lambda oid: None)
+    first = tx(ins(T, 1, "a"), MessageChange(Lsn(0x50), True, "app", b"hello"), end=100, xid=701)
+    alone = RemoteTransaction(
+        0, Lsn(0x90), Lsn(0x90), 0, (MessageChange(Lsn(0x90), False, "x", b"\xff"),)
+    )
+    applier.apply(Batch([first, alone]))
+    assert [
+        (m["prefix"], m["transactional"], m["xid"], m["content_text"]) for m in tables.messages
+    ] == [
+        ("app", True, 701, "hello"),
+        ("x", False, None, None),  # not UTF-8: the bytes are in content
+    ]
+    assert tables.messages[1]["content"] == b"\xff"
+    # Resent after a crash: the messages table already has them.
+    applier = BatchApplier("s", tables, lambda oid: None)
+    applier.apply(Batch([first, alone]))
+    assert len(tables.messages) == 2

@@ -362,3 +362,22 @@ def test_runs_count_the_bytes_that_changes_decoded_one_by_one_hold(
                     assert tx.size == sum(map(change_size, tx.changes))
                     sizes.append(tx.size)
     assert sizes[0] == sizes[1] > 0
+
+
+def test_messages_join_their_transaction_or_stand_alone(spools: SpoolDirectory) -> None:
+    from apply.transactions import MessageChange
+    from subscriber.replication.messages import LogicalMessage
+
+    assembler = TransactionAssembler(spools)
+    assembler.feed(rel("id", "v"))
+    assert assembler.feed(LogicalMessage(False, Lsn(0x40), "audit", b"alone")) is not None
+    assembler.feed(Begin(Lsn(100), 0, 700))
+    assembler.feed(ins(1))
+    assert assembler.feed(LogicalMessage(True, Lsn(0x60), "app", b"in")) is None
+    tx = assembler.feed(commit(100))
+    assert isinstance(tx, RemoteTransaction)
+    assert tx.changes[1] == MessageChange(Lsn(0x60), True, "app", b"in")
+    spool = spools.open("frames", 700)
+    spool.append(tx.changes[1])
+    spool.close()
+    assert list(read_changes(spool.path)) == [tx.changes[1]]
