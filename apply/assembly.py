@@ -17,9 +17,10 @@ PostgreSQL's apply worker replays it at commit: changes of the block are
 read with their own transaction's latest Relation, and the session's
 relation cache takes the transaction's Relations when it commits.
 
-Two-phase transactions are not assembled yet; their messages raise
-``UnsupportedStreamError`` so that a misconfigured subscription stops with a
-clear error instead of losing rows.
+With ``two_phase``, Begin Prepare ... Prepare (or a streamed transaction's
+Stream Prepare) makes a ``Prepared`` transaction, staged by the apply worker
+until its Commit Prepared or Rollback Prepared (``PreparedFinish``), which
+arrive later, in their own place in the stream.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from apply.transactions import (
     Change,
     MessageChange,
     Op,
+    PreparedFinish,
     RemoteTransaction,
     RowChange,
     TruncateChange,
@@ -44,25 +46,58 @@ from apply.transactions import (
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import (
     Begin,
+    BeginPrepare,
     Commit,
+    CommitPrepared,
     Delete,
     Insert,
     LogicalMessage,
     Message,
     Origin,
     Relation,
+    RollbackPrepared,
     StreamAbort,
     StreamCommit,
+    StreamPrepare,
     StreamStart,
     StreamStop,
     Truncate,
     Type,
     Update,
 )
+from subscriber.replication.messages import (
+    Prepare as PrepareMessage,
+)
 from subscriber.replication.tuples import DELETE, INSERT, UPDATE, RowChanges
 from subscriber.replication.wire import pg_now
 
-AssembledTransaction = RemoteTransaction | SpooledTransaction
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A PREPAREd remote transaction (``two_phase``): staged durably, applied at its COMMIT
+    PREPARED. ``tx`` carries the prepare's LSNs and time."""
+
+    gid: str
+    tx: RemoteTransaction | SpooledTransaction
+
+    @property
+    def xid(self) -> int:
+        return self.tx.xid
+
+    @property
+    def final_lsn(self) -> Lsn:
+        return self.tx.final_lsn
+
+    @property
+    def end_lsn(self) -> Lsn:
+        return self.tx.end_lsn
+
+    @property
+    def commit_time(self) -> int:
+        return self.tx.commit_time
+
+
+AssembledTransaction = RemoteTransaction | SpooledTransaction | Prepared | PreparedFinish
 _OPS = {INSERT: Op.INSERT, UPDATE: Op.UPDATE, DELETE: Op.DELETE}
 
 
@@ -73,6 +108,7 @@ class UnsupportedStreamError(Exception):
 @dataclass
 class _Open:
     begin: Begin
+    gid: str | None = None  # a transaction being prepared (Begin Prepare)
     changes: list[Change] = field(default_factory=list)
     size: int = 0  # bytes of row data in ``changes``
     origin: Origin | None = None
@@ -150,10 +186,30 @@ class TransactionAssembler:
                 self._stream_abort(xid, subxid)
             case StreamCommit():
                 return self._stream_commit(message)
-            case _:
-                raise UnsupportedStreamError(
-                    f"{type(message).__name__} messages (two-phase transactions) "
-                    "are not applied yet; set two_phase: false"
+            case BeginPrepare():
+                begin = Begin(message.prepare_lsn, message.prepare_time, message.xid)
+                self._open = _Open(begin, gid=message.gid)
+            case PrepareMessage():
+                return self._prepare(message)
+            case StreamPrepare():
+                return self._stream_prepare(message)
+            case CommitPrepared():
+                return PreparedFinish(
+                    message.gid,
+                    message.xid,
+                    True,
+                    message.commit_lsn,
+                    message.end_lsn,
+                    message.commit_time,
+                )
+            case RollbackPrepared():
+                return PreparedFinish(
+                    message.gid,
+                    message.xid,
+                    False,
+                    message.rollback_end_lsn,
+                    message.rollback_end_lsn,
+                    message.rollback_time,
                 )
         return None
 
@@ -226,7 +282,7 @@ class TransactionAssembler:
             open_.size = 0
             open_.spool = spool
 
-    def _commit(self, commit: Commit) -> AssembledTransaction:
+    def _commit(self, commit: Commit) -> RemoteTransaction | SpooledTransaction:
         open_ = self._current()
         self._open = None
         origin = open_.origin
@@ -243,6 +299,20 @@ class TransactionAssembler:
         if open_.spool is None:
             return head
         return self._spooled(open_.spool, head)
+
+    def _prepare(self, prepare: PrepareMessage) -> Prepared:
+        """PREPARE: the transaction is complete, to be staged until COMMIT/ROLLBACK PREPARED."""
+        open_ = self._current()
+        gid = open_.gid if open_.gid is not None else prepare.gid
+        tx = self._commit(Commit(0, prepare.prepare_lsn, prepare.end_lsn, prepare.prepare_time))
+        return Prepared(gid, tx)
+
+    def _stream_prepare(self, prepare: StreamPrepare) -> Prepared:
+        """Stream Prepare: a streamed transaction's blocks, prepared."""
+        tx = self._stream_commit(
+            StreamCommit(prepare.xid, 0, prepare.prepare_lsn, prepare.end_lsn, prepare.prepare_time)
+        )
+        return Prepared(prepare.gid, tx)
 
     def _spooled(self, spool: Spool, head: RemoteTransaction) -> SpooledTransaction:
         assert self._spools is not None

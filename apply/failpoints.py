@@ -21,6 +21,8 @@ NAMES: Final = frozenset(
         "apply.before_checkpoint",  # every table committed, checkpoint not recorded
         "apply.before_flush_report",  # checkpoint recorded, flush not confirmed upstream
         "apply.after_piece",  # a piece of a spooled transaction committed, the rest not
+        "apply.after_prepare_staged",  # a PREPARE staged, its checkpoint not recorded
+        "apply.before_prepared_forgotten",  # COMMIT/ROLLBACK PREPARED done, staging kept
         "tablesync.after_copy_block",  # rows of a copy written, FINISHEDCOPY not stored
         "tablesync.before_syncdone",  # catch-up reached its LSN, SYNCDONE not stored
         "tablesync.after_syncdone",  # SYNCDONE stored, the sync slot not dropped yet

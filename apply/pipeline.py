@@ -22,11 +22,12 @@ from pathlib import Path
 from apply.applier import BatchApplier, Tables
 from apply.assembly import TransactionAssembler
 from apply.batch import Batcher, ShouldApply
+from apply.queue import TransactionQueue
 from apply.roles import Leader, Role
 from apply.spool import SpoolDirectory, SpooledTransaction
 from apply.transactions import Bounds, RemoteTransaction
 from apply.typemap import TypeLookup
-from apply.worker import ApplyWorker, TransactionQueue
+from apply.worker import ApplyWorker
 from conflicts.kinds import ConflictKind, Resolution
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
@@ -109,6 +110,7 @@ class ApplyPipeline:
             batcher=Batcher(context.bounds, context.max_delay),
             metrics=context.metrics,
             leader=role if isinstance(role, Leader) else None,
+            spools=spools,
         )
         self._assembler = TransactionAssembler(spools, context.bounds)
         self._last_queued = start

@@ -16,7 +16,7 @@ that the worker's logic runs in unit tests with stand-ins.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +43,30 @@ class SkipSetting(Protocol):
     def clear_skip(self) -> None: ...
 
 
+class PreparedStaging(Protocol):
+    """Where PREPAREd transactions wait for their COMMIT/ROLLBACK PREPARED, durably
+    (``apply.delta.state_store.PreparedStore``)."""
+
+    def stage(
+        self, subscription: str, gid: str, xid: int, end_lsn: Lsn, frames: Iterable[bytes]
+    ) -> int: ...
+
+    def frames(self, subscription: str, gid: str) -> Iterator[bytes] | None: ...
+
+    def forget(self, subscription: str, gid: str | None = None, xid: int | None = None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedLeftovers:
+    """Stagings whose transaction the publisher no longer held prepared when it was at
+    ``seen_at`` (its WAL insert position then). Their COMMIT/ROLLBACK PREPARED lies before
+    ``seen_at``: once the flush passes it, one still staged was left by a crash between
+    applying its finish and forgetting it, and is forgotten."""
+
+    stagings: tuple[tuple[str, int], ...]  # (gid, xid)
+    seen_at: Lsn
+
+
 @dataclass(frozen=True, slots=True)
 class Leader:
     """The subscription's leader apply worker."""
@@ -59,6 +83,9 @@ class Leader:
     isolate_through: Lsn | None = None
     # Seconds between checkpoint rows (one per batch at most; ApplyWorker.record_checkpoint).
     checkpoint_interval: float = 0.0
+    # two_phase: where prepared transactions are staged (None: two-phase is off).
+    prepared: PreparedStaging | None = None
+    prepared_leftovers: PreparedLeftovers | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ import pickle
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -287,6 +287,29 @@ def read_changes(path: Path) -> Iterator[Change]:
                 yield from changes
     except OSError as exc:
         raise SpoolError(f"cannot read the spool file {path}: {exc}") from exc
+
+
+def frames_of(changes: Iterable[Change]) -> Iterator[bytes]:
+    """``changes`` as pickled frames of ``FRAME`` changes (what a spool file holds, without
+    the length headers): how a prepared transaction is staged in the state store."""
+    pending: list[Change] = []
+    for change in changes:
+        pending.append(change)
+        if len(pending) >= FRAME:
+            yield pickle.dumps(encode_frame(pending), protocol=pickle.HIGHEST_PROTOCOL)
+            pending = []
+    if pending:
+        yield pickle.dumps(encode_frame(pending), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def changes_of(frames: Iterable[bytes]) -> Iterator[Change]:
+    """The changes of frames made by ``frames_of``, read as spool files are (plain values)."""
+    known: dict[tuple[Any, ...], Relation] = {}
+    for frame in frames:
+        try:
+            yield from decode_frame(_Unpickler(io.BytesIO(frame)).load(), known)
+        except (pickle.UnpicklingError, ValueError, TypeError, IndexError) as exc:
+            raise SpoolError(f"a staged frame is damaged: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)

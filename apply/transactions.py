@@ -89,6 +89,18 @@ class Bounds:
 
 
 @dataclass(frozen=True, slots=True)
+class PreparedFinish:
+    """COMMIT PREPARED or ROLLBACK PREPARED of a transaction staged at its PREPARE."""
+
+    gid: str
+    xid: int
+    commit: bool  # False: ROLLBACK PREPARED
+    final_lsn: Lsn  # the COMMIT PREPARED record (what SKIP names); the rollback's end
+    end_lsn: Lsn
+    commit_time: int
+
+
+@dataclass(frozen=True, slots=True)
 class RemoteTransaction:
     """A committed remote transaction, ready to apply."""
 

@@ -24,22 +24,30 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import structlog
 
 from apply.applier import BatchApplier, BatchResult, TableResult
-from apply.assembly import AssembledTransaction
+from apply.assembly import AssembledTransaction, Prepared
 from apply.batch import Batch, Batcher
+from apply.errors import ApplyError
 from apply.failpoints import failpoint
-from apply.roles import Leader
-from apply.spool import SpooledTransaction
+from apply.queue import Queued, TransactionQueue, in_memory_transaction
+from apply.roles import Leader, PreparedStaging
+from apply.spool import (
+    SpoolDirectory,
+    SpooledTransaction,
+    changes_of,
+    frames_of,
+    read_changes,
+)
 from apply.transactions import (
-    Bounds,
     Change,
     MessageChange,
+    PreparedFinish,
     RemoteTransaction,
     RowChange,
     TruncateChange,
@@ -68,76 +76,6 @@ def _operation(change: Change) -> str:
     return "MESSAGE" if isinstance(change, MessageChange) else "TRUNCATE"
 
 
-def _in_memory_transaction(tx: AssembledTransaction) -> bool:
-    return isinstance(tx, RemoteTransaction)
-
-
-def _in_memory(tx: AssembledTransaction) -> tuple[int, int]:
-    """The changes and bytes of row data ``tx`` holds in memory (a spooled one: one, none)."""
-    return (len(tx.changes), tx.size) if isinstance(tx, RemoteTransaction) else (1, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    tx: AssembledTransaction
-    arrived: float  # when the receiver queued it (monotonic clock)
-
-
-class TransactionQueue:
-    """Transactions from the receiver to the apply worker, bounded by row data in memory.
-
-    A transaction larger than the bounds is still accepted when the queue is
-    empty, so that any transaction can pass.
-    """
-
-    def __init__(self, bounds: Bounds, clock: Callable[[], float] = time.monotonic) -> None:
-        self._bounds = bounds
-        self._clock = clock
-        self._items: deque[Queued] = deque()
-        self._changes = 0
-        self._size = 0
-        self._cond = threading.Condition()
-
-    def _room_for(self, changes: int, size: int) -> bool:
-        bounds = self._bounds
-        return not self._items or (
-            self._changes + changes <= bounds.changes and self._size + size <= bounds.size
-        )
-
-    def put(self, tx: AssembledTransaction, timeout: float) -> bool:
-        """False when there was no room within ``timeout`` seconds."""
-        changes, size = _in_memory(tx)
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._room_for(changes, size), timeout):
-                return False
-            self._items.append(Queued(tx, self._clock()))
-            self._changes += changes
-            self._size += size
-            self._cond.notify_all()
-            return True
-
-    def get(
-        self,
-        timeout: float,
-        accept: Callable[[AssembledTransaction], bool] = lambda tx: True,
-    ) -> Queued | None:
-        """The oldest transaction, within ``timeout``, if ``accept`` takes it."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: bool(self._items), timeout):
-                return None
-            if not accept(self._items[0].tx):
-                return None
-            queued = self._items.popleft()
-            changes, size = _in_memory(queued.tx)
-            self._changes -= changes
-            self._size -= size
-            self._cond.notify_all()
-            return queued
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
 class ApplyWorker:
     """The apply loop of one pipeline; ``leader`` holds what only the leader does (None: a
     table-sync worker's catch-up, which records no checkpoint and reports no metrics)."""
@@ -152,6 +90,7 @@ class ApplyWorker:
         batcher: Batcher,
         metrics: Metrics,
         leader: Leader | None = None,
+        spools: SpoolDirectory | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.subscription = subscription
@@ -161,7 +100,9 @@ class ApplyWorker:
         self._batcher = batcher
         self._metrics = metrics
         self._leader = leader
+        self._spools = spools  # where a prepared transaction is spooled back at its commit
         self._isolate_through = leader.isolate_through if leader is not None else None
+        self._leftovers = leader.prepared_leftovers if leader is not None else None
         self._clear_skip_at: Lsn | None = None
         self._wall_clock = wall_clock
         # Table versions applied since the last checkpoint row, and its LSN and commit time.
@@ -176,20 +117,26 @@ class ApplyWorker:
     def run(self, stopping: threading.Event) -> None:
         batcher = self._batcher
         while not stopping.is_set():
+            self._forget_leftovers()
             wait = batcher.time_left() if len(batcher) else 0.5
             queued = self._queue.get(timeout=max(0.0, min(wait, 0.5)))
             tx = queued.tx if queued is not None else None
-            if isinstance(tx, SpooledTransaction):
-                if len(batcher):
+            if isinstance(tx, SpooledTransaction | Prepared | PreparedFinish):
+                if len(batcher):  # what came before it is applied first: commit order
                     self._apply(batcher.take())
-                self._apply_spooled(tx, stopping)
+                if isinstance(tx, Prepared):
+                    self._stage_prepared(tx)
+                elif isinstance(tx, PreparedFinish):
+                    self._finish_prepared(tx, stopping)
+                else:
+                    self._apply_spooled(tx, stopping)
                 continue
             if queued is not None:
                 self._add(queued)
                 # What else is waiting joins this batch first: a batch due by the age of its
                 # oldest transaction takes everything that arrived while the last one applied.
                 while not (batcher.full() or self._isolating(tx)):
-                    more = self._queue.get(timeout=0, accept=_in_memory_transaction)
+                    more = self._queue.get(timeout=0, accept=in_memory_transaction)
                     if more is None:
                         break
                     self._add(more)
@@ -271,6 +218,117 @@ class ApplyWorker:
             self._count(counts)
         self._finish(batch, result, started, changes=tx.change_count)
         return True
+
+    def _staging(self) -> PreparedStaging:
+        if self._leader is None or self._leader.prepared is None or self._spools is None:
+            raise ApplyError(
+                "a prepared transaction arrived but two-phase is off for this worker; "
+                "restart the subscription"
+            )
+        return self._leader.prepared
+
+    def _stage_prepared(self, prepared: Prepared) -> None:
+        """PREPARE: stage the transaction durably, then confirm past it (it no longer holds
+        back the flush of what commits after it)."""
+        tx = prepared.tx
+        changes: Iterable[Change] = (
+            tx.changes if isinstance(tx, RemoteTransaction) else read_changes(tx.path)
+        )
+        # Skipped (`pgsub skip` at the PREPARE's LSN): staged empty, as PostgreSQL prepares
+        # an empty transaction, so that its COMMIT PREPARED finds it.
+        count = tx.change_count if isinstance(tx, SpooledTransaction) else len(tx.changes)
+        if self._skipping(tx, count):
+            changes = ()
+        frames = self._staging().stage(
+            self.subscription, prepared.gid, tx.xid, tx.end_lsn, frames_of(changes)
+        )
+        if isinstance(tx, SpooledTransaction):
+            tx.discard()
+        failpoint("apply.after_prepare_staged")
+        self._record_and_confirm(tx.end_lsn, tx.commit_time)
+        self._skip_done(tx.end_lsn)
+        log.info(
+            "prepared transaction staged",
+            subscription=self.subscription,
+            gid=prepared.gid,
+            xid=tx.xid,
+            frames=frames,
+            end_lsn=str(tx.end_lsn),
+        )
+
+    def _finish_prepared(self, finish: PreparedFinish, stopping: threading.Event) -> None:
+        """COMMIT PREPARED: apply the staged transaction, in commit order; ROLLBACK PREPARED:
+        drop it. Its staging is forgotten only once its checkpoint records the finish, so
+        that a resent finish never finds it gone."""
+        staging = self._staging()
+        if finish.commit:
+            frames = staging.frames(self.subscription, finish.gid)
+            if frames is None:
+                raise ApplyError(
+                    f'prepared transaction "{finish.gid}" (xid {finish.xid}) is committed '
+                    "on the publisher but was never staged here; resync the subscription's "
+                    "tables (`pgsub resync`)"
+                )
+            head = RemoteTransaction(
+                finish.xid, finish.final_lsn, finish.end_lsn, finish.commit_time, ()
+            )
+            self._apply_staged(head, frames, stopping)
+            if stopping.is_set() and self._progress.flushed < finish.end_lsn:
+                return  # not applied: sent again
+        self._record_and_confirm(finish.end_lsn, finish.commit_time)
+        failpoint("apply.before_prepared_forgotten")
+        staging.forget(self.subscription, finish.gid, finish.xid)
+        log.info(
+            "prepared transaction committed"
+            if finish.commit
+            else "prepared transaction rolled back",
+            subscription=self.subscription,
+            gid=finish.gid,
+            xid=finish.xid,
+            end_lsn=str(finish.end_lsn),
+        )
+
+    def _apply_staged(
+        self, head: RemoteTransaction, frames: Iterable[bytes], stopping: threading.Event
+    ) -> None:
+        """A staged transaction, spooled back to local disk and applied as any spooled one
+        (in pieces if it is large; resumed where a table's last piece ended)."""
+        assert self._spools is not None
+        spool = self._spools.open(f"prepared-{head.xid}", head.xid)
+        for change in changes_of(frames):
+            spool.append(change)
+        spool.close()
+        if not spool.changes:  # empty (all of it skipped at its PREPARE)
+            spool.discard()
+            self._apply(Batch([head]))
+            return
+        self._spools.track(spool)
+        tx = SpooledTransaction(head, spool.path, spool.changes, self._spools.release)
+        self._apply_spooled(tx, stopping)
+
+    def _record_and_confirm(self, lsn: Lsn, commit_time: int) -> None:
+        """A checkpoint row at ``lsn`` now, then ``lsn`` confirmed upstream."""
+        self._unrecorded_at = (lsn, commit_time)
+        self.record_checkpoint()
+        self._progress.confirm_flushed(lsn)
+
+    def _forget_leftovers(self) -> None:
+        """Stagings of prepared transactions finished before ``seen_at`` (``PreparedLeftovers``),
+        once the flush has passed it."""
+        leftovers = self._leftovers
+        if leftovers is None or self._progress.done_through < leftovers.seen_at:
+            return
+        self._leftovers = None
+        staging = self._staging()
+        for gid, xid in leftovers.stagings:
+            staging.forget(self.subscription, gid, xid)
+            log.info(
+                "staging of a finished prepared transaction removed",
+                subscription=self.subscription,
+                gid=gid,
+                xid=xid,
+                detail="a stop between applying its finish and removing its staging left it",
+            )
 
     def _warn_applied_pieces(self, tx: SpooledTransaction) -> None:
         """Pieces committed before the error that led to the skip stay: a Delta commit is final."""
@@ -368,15 +426,7 @@ class ApplyWorker:
                 self.record_checkpoint()
         failpoint("apply.before_flush_report")
         self._progress.confirm_flushed(batch.end_lsn)
-        if skipped:
-            assert self._leader is not None
-            self._leader.skip.clear_skip()  # tidying: the checkpoint above already made it so
-            self._clear_skip_at = None
-            log.info(
-                "logical replication completed skipping transaction",
-                subscription=self.subscription,
-                end_lsn=str(batch.end_lsn),
-            )
+        self._skip_done(batch.end_lsn)
         self.in_flight = None
         self.in_flight_since = None
         if self._isolate_through is not None and batch.end_lsn >= self._isolate_through:
@@ -386,6 +436,20 @@ class ApplyWorker:
         if self._leader is not None:
             self._observe(batch, result.tables, seconds, changes)
             self._leader.sync_tables(batch.end_lsn)
+
+    def _skip_done(self, end_lsn: Lsn) -> None:
+        """Clear the skip once the skipped transaction's checkpoint is recorded (or the skip
+        LSN was passed without a match)."""
+        if self._clear_skip_at is None or end_lsn < self._clear_skip_at:
+            return
+        assert self._leader is not None
+        self._leader.skip.clear_skip()  # tidying: the checkpoint already made it so
+        self._clear_skip_at = None
+        log.info(
+            "logical replication completed skipping transaction",
+            subscription=self.subscription,
+            end_lsn=str(end_lsn),
+        )
 
     def _count_changes(self, batch: Batch) -> None:
         """Count the batch's changes by operation (``pgsub_changes_applied_total``)."""

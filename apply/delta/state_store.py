@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -255,4 +255,121 @@ class SettingsStore(_StateTable):
         self._append([(subscription, key, value, datetime.now(UTC))])
 
 
-STATE_TABLES: Final = (CheckpointStore, TableStateStore, ConflictStore, SettingsStore)
+class PreparedStore(_StateTable):
+    """Prepared remote transactions (``two_phase``), staged until COMMIT/ROLLBACK PREPARED.
+
+    Each as its spool frames (``apply.spool.frames_of``), one row a frame, written and
+    read ``CHUNK`` frames at a time so that memory does not grow with the transaction.
+    In the warehouse, not on local disk: a replaced pod still has what it prepared.
+    """
+
+    name = "prepared"
+    ddl = (
+        "subscription string, gid string, xid long, end_lsn long, seq int, frame binary, "
+        "recorded_at timestamp"
+    )
+    CHUNK = 50
+
+    def stage(
+        self, subscription: str, gid: str, xid: int, end_lsn: Lsn, frames: Iterable[bytes]
+    ) -> int:
+        """Stage a prepared transaction (replacing what an earlier try left); frames written."""
+        self.forget(subscription, gid)
+        now = datetime.now(UTC)
+        chunk: list[tuple[object, ...]] = []
+        written = 0
+        for seq, frame in enumerate(frames):
+            chunk.append((subscription, gid, xid, int(end_lsn), seq, frame, now))
+            if len(chunk) >= self.CHUNK:
+                self._append(chunk)
+                written += len(chunk)
+                chunk = []
+        if chunk or not written:
+            self._append(chunk or [(subscription, gid, xid, int(end_lsn), -1, b"", now)])
+            written += len(chunk)
+        return written
+
+    def frames(self, subscription: str, gid: str) -> Iterator[bytes] | None:
+        """The staged frames in order (None: nothing is staged under ``gid``)."""
+        from pyspark.sql import functions as fn
+
+        rows = self._matching(subscription, gid)
+        if rows is None:
+            return None
+        last = rows.agg(fn.max("seq").alias("last"), fn.count("*").alias("n")).first()
+        if last is None or not int(last["n"]):
+            return None
+        return self._read(rows, int(last["last"]))
+
+    def _read(self, rows: Any, last: int) -> Iterator[bytes]:
+        from pyspark.sql import functions as fn
+
+        for low in range(0, last + 1, self.CHUNK):
+            part = (
+                rows.where((fn.col("seq") >= low) & (fn.col("seq") < low + self.CHUNK))
+                .orderBy("seq")
+                .select("frame")
+                .collect()
+            )
+            yield from (bytes(row["frame"]) for row in part)
+
+    def _matching(self, subscription: str, gid: str) -> Any:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        try:
+            if not DeltaTable.isDeltaTable(self._spark, self.path):
+                return None
+            return (
+                self._spark.read.format("delta")
+                .load(self.path)
+                .where((fn.col("subscription") == subscription) & (fn.col("gid") == gid))
+            )
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
+
+    def forget(self, subscription: str, gid: str | None = None, xid: int | None = None) -> None:
+        """Delete the staging of ``gid`` (only if it is ``xid``'s, given one; every staging
+        of ``subscription`` without a ``gid``)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        condition = fn.col("subscription") == subscription
+        if gid is not None:
+            condition = condition & (fn.col("gid") == gid)
+        if xid is not None:
+            condition = condition & (fn.col("xid") == xid)
+        try:
+            if DeltaTable.isDeltaTable(self._spark, self.path):
+                DeltaTable.forPath(self._spark, self.path).delete(condition)
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot delete from {self.path}: {exc}") from exc
+
+    def staged(self, subscription: str) -> list[tuple[str, int]]:
+        """The (gid, xid) staged for ``subscription``: prepared, not yet seen finished."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as fn
+
+        try:
+            if not DeltaTable.isDeltaTable(self._spark, self.path):
+                return []
+            rows = (
+                self._spark.read.format("delta")
+                .load(self.path)
+                .where(fn.col("subscription") == subscription)
+                .select("gid", "xid")
+                .distinct()
+                .collect()
+            )
+        except SparkErrors as exc:
+            raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
+        return sorted((str(row["gid"]), int(row["xid"])) for row in rows)
+
+
+STATE_TABLES: Final = (
+    CheckpointStore,
+    TableStateStore,
+    ConflictStore,
+    SettingsStore,
+    PreparedStore,
+)

@@ -15,6 +15,7 @@ from typing import Any, Final
 import psycopg
 
 from subscriber.replication.errors import ConnectionLostError
+from subscriber.replication.lsn import Lsn
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,23 @@ def fetch_type_rows(conn: psycopg.Connection[Any], oids: list[int]) -> dict[int,
         int(r[0]): PgTypeRow(int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), str(r[5]))
         for r in rows
     }
+
+
+def prepared_transactions(conn: psycopg.Connection[Any]) -> tuple[set[tuple[str, int]], Lsn]:
+    """The database's prepared transactions (gid, xid) and the WAL insert position after
+    them: a transaction missing from the set was finished below that position."""
+    prepared = conn.execute(
+        "SELECT gid, transaction::text::bigint FROM pg_catalog.pg_prepared_xacts"
+        " WHERE database = pg_catalog.current_database()"
+    ).fetchall()
+    # Read after the list: whatever finished before the list was read lies below it.
+    row = conn.execute(
+        "SELECT CASE WHEN pg_catalog.pg_is_in_recovery()"
+        " THEN pg_catalog.pg_last_wal_replay_lsn()"
+        " ELSE pg_catalog.pg_current_wal_insert_lsn() END::text"
+    ).fetchone()
+    assert row is not None
+    return {(str(gid), int(xid)) for gid, xid in prepared}, Lsn.parse(str(row[0]))
 
 
 class PublisherCatalog:

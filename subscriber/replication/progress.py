@@ -91,6 +91,11 @@ class Progress:
             flush = max(self._flushed, self._received) if self.idle else self._flushed
             return Feedback(write=self._received, flush=flush, apply=flush)
 
+    @property
+    def done_through(self) -> Lsn:
+        """Everything of the stream up to here is applied (idle: all that was received)."""
+        return self.feedback().flush
+
 
 class HeldProgress(Progress):
     """Reports its starting position as flushed forever: reading consumes nothing.

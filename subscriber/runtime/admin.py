@@ -19,7 +19,7 @@ from subscriber.replication.errors import SubscriberError, UsageError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.names import qualified_name, split_qualified
 from subscriber.runtime.config import Config, SubscriptionConfig
-from subscriber.runtime.settings import ENABLED, SKIP_LSN
+from subscriber.runtime.settings import ENABLED, SKIP_LSN, TWO_PHASE
 from tablesync.coordinator import plan_refresh, record_refresh
 from tablesync.publication import published_tables
 from tablesync.state import TableState
@@ -58,8 +58,11 @@ def refresh_publication(
     """REFRESH PUBLICATION; the names of the tables added and removed."""
     with psycopg.connect(subscription.conninfo(), autocommit=True) as conn:
         published = published_tables(conn, list(subscription.publications))
-    store = TableStateStore(_spark(config), config.warehouse)
+    spark = _spark(config)
+    store = TableStateStore(spark, config.warehouse)
     refresh = plan_refresh(store.load(subscription.name), published)
+    if refresh.added and subscription.copy_data:
+        _refuse_copy_under_two_phase(spark, config, subscription, "`pgsub refresh`")
     record_refresh(store, subscription.sync_settings(), refresh)
     return (
         [t.qualified_name for t in refresh.added],
@@ -74,7 +77,9 @@ def resync(config: Config, subscription: SubscriptionConfig, tables: list[str]) 
     anew (replacing the Delta table's rows) and hand them back, as for a
     table just added. The qualified names of the tables, as stored.
     """
-    store = TableStateStore(_spark(config), config.warehouse)
+    spark = _spark(config)
+    _refuse_copy_under_two_phase(spark, config, subscription, "`pgsub resync`")
+    store = TableStateStore(spark, config.warehouse)
     known = {qualified_name(s.schema, s.name): s for s in store.load(subscription.name).values()}
     try:
         wanted = [qualified_name(*split_qualified(name)) for name in tables]
@@ -95,6 +100,21 @@ def resync(config: Config, subscription: SubscriptionConfig, tables: list[str]) 
     ]
     store.record(subscription.name, rows)
     return wanted
+
+
+def _refuse_copy_under_two_phase(
+    spark: Any, config: Config, subscription: SubscriptionConfig, command: str
+) -> None:
+    """As PostgreSQL refuses REFRESH with copy_data once two_phase is enabled: a table-sync
+    worker's catch-up cannot follow a transaction prepared before its copy."""
+    state = SettingsStore(spark, config.warehouse).load(subscription.name).get(TWO_PHASE)
+    if state == "enabled":
+        raise AdminError(
+            f"{command} cannot copy tables of subscription {subscription.name!r}: two_phase is "
+            "enabled, and a table copied now could miss a transaction prepared before its "
+            "copy (PostgreSQL refuses REFRESH with copy_data too). Add tables without a copy "
+            "(copy_data: false), or `pgsub drop` the subscription and start it again"
+        )
 
 
 def drop(config: Config, subscription: SubscriptionConfig, *, keep_slot: bool) -> list[str]:

@@ -202,8 +202,6 @@ class SubscriptionConfig(_Strict):
         check_slot_name(self.slot)
         if self.binary:
             raise ValueError("binary: true is not applied yet; use binary: false")
-        if self.two_phase:
-            raise ValueError("two_phase: true is not applied yet; use two_phase: false")
         return self
 
     def sync_settings(self) -> SyncSettings:

@@ -26,6 +26,8 @@ ENABLED = "enabled"
 PUBLISHER_SYSTEM_ID = "publisher_system_id"
 PUBLISHER_TIMELINE = "publisher_timeline"
 CREATED = "created:"  # + a table's qualified name: its Delta table was created
+# pg_subscription.subtwophasestate: "pending" until every table is READY, then "enabled".
+TWO_PHASE = "two_phase"
 REFRESH_INTERVAL = 3.0
 
 
@@ -113,6 +115,16 @@ class SubscriptionSettings:
         self._store.record(self.subscription, ENABLED, "true" if enabled else "false")
         with self._lock:
             self._values[ENABLED] = "true" if enabled else "false"
+
+    @property
+    def two_phase(self) -> str | None:
+        with self._lock:
+            return self._values.get(TWO_PHASE)
+
+    def set_two_phase(self, state: str) -> None:
+        self._store.record(self.subscription, TWO_PHASE, state)
+        with self._lock:
+            self._values[TWO_PHASE] = state
 
     def clear_skip(self) -> None:
         self._store.record(self.subscription, SKIP_LSN, "")

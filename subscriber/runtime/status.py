@@ -67,10 +67,11 @@ def from_state_store(config: Config, names: list[str]) -> View:
     from apply.delta.state_store import (
         CheckpointStore,
         ConflictStore,
+        PreparedStore,
         SettingsStore,
         TableStateStore,
     )
-    from subscriber.runtime.settings import ENABLED, SKIP_LSN
+    from subscriber.runtime.settings import ENABLED, SKIP_LSN, TWO_PHASE
 
     spark = build_session(
         SparkSettings(
@@ -83,6 +84,7 @@ def from_state_store(config: Config, names: list[str]) -> View:
     warehouse = config.warehouse
     checkpoints, states = CheckpointStore(spark, warehouse), TableStateStore(spark, warehouse)
     settings, conflicts = SettingsStore(spark, warehouse), ConflictStore(spark, warehouse)
+    prepared = PreparedStore(spark, warehouse)
     subscriptions = []
     for name in names:
         sub = config.subscription(name)
@@ -97,6 +99,8 @@ def from_state_store(config: Config, names: list[str]) -> View:
             "name": name,
             "slot": sub.slot,
             "enabled": enabled,
+            "two_phase": stored.get(TWO_PHASE) or ("pending" if sub.two_phase else "off"),
+            "prepared": [gid for gid, _ in prepared.staged(name)],
             "state": "disabled" if not enabled else "not running",
             "flushed_lsn": str(origin) if int(origin) else None,
             "skip_lsn": stored.get(SKIP_LSN),
@@ -166,7 +170,9 @@ def render(view: View, *, color: bool = False, now: float | None = None) -> str:
         state = str(sub.get("state"))
         tone = {"streaming": _GREEN, "error": _RED}.get(state, _YELLOW)
         enabled = "enabled" if sub.get("enabled", True) else "disabled"
-        lines.append(f"{sub['name']}  {paint(state, tone)}  {enabled}  slot {sub.get('slot')}")
+        two_phase = sub.get("two_phase", "off")
+        head = f"{sub['name']}  {paint(state, tone)}  {enabled}  slot {sub.get('slot')}"
+        lines.append(head + (f"  two_phase {two_phase}" if two_phase != "off" else ""))
         lines.append(
             "  received {}  flushed {}  latest end {}".format(
                 sub.get("received_lsn") or "-",
@@ -185,6 +191,9 @@ def render(view: View, *, color: bool = False, now: float | None = None) -> str:
             if finish:
                 skip = f"pgsub skip -c ... {sub['name']} --lsn {finish}"
                 lines.append(f"  (the transaction finished at {finish}: `{skip}` skips it)")
+        if sub.get("prepared"):
+            gids = ", ".join(sub["prepared"])
+            lines.append(f"  prepared, waiting for COMMIT/ROLLBACK PREPARED: {gids}")
         if sub.get("slot_exists") is False:
             lines.append(
                 paint(f"  the slot {sub.get('slot')} does not exist on the publisher", _RED)

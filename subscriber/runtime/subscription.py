@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -24,17 +24,23 @@ import structlog
 from apply.applier import TransactionError
 from apply.assembly import UnsupportedStreamError
 from apply.delta.session import spark_master
-from apply.delta.state_store import CheckpointStore, ConflictStore, SettingsStore, TableStateStore
+from apply.delta.state_store import (
+    CheckpointStore,
+    ConflictStore,
+    PreparedStore,
+    SettingsStore,
+    TableStateStore,
+)
 from apply.delta.tables import DeltaTables
 from apply.errors import ApplyError
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
 from apply.pipeline import ApplyContext, ApplyPipeline
-from apply.roles import Leader
+from apply.roles import Leader, PreparedLeftovers
 from apply.spool import private_directory
 from apply.worker import ApplyWorker
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
-from subscriber.replication.catalog import PublisherCatalog
+from subscriber.replication.catalog import PublisherCatalog, prepared_transactions
 from subscriber.replication.commands import StreamOptions, quote_literal
 from subscriber.replication.errors import ReplicationError, SubscriberError
 from subscriber.replication.lsn import ZERO, Lsn
@@ -83,6 +89,7 @@ class SubscriptionStatus:
     name: str
     slot: str = ""
     enabled: bool = True
+    two_phase: str = "off"  # off | pending | enabled (pg_subscription.subtwophasestate)
     state: str = "starting"  # starting | streaming | error | stopped | disabled
     received_lsn: Lsn | None = None
     flushed_lsn: Lsn | None = None
@@ -105,6 +112,7 @@ class SubscriptionStatus:
             "name": self.name,
             "slot": self.slot,
             "enabled": self.enabled,
+            "two_phase": self.two_phase,
             "state": self.state,
             "received_lsn": _text(self.received_lsn),
             "flushed_lsn": _text(self.flushed_lsn),
@@ -164,6 +172,7 @@ class SubscriptionRunner:
         self.catalog = PublisherCatalog(self._conninfo)
         self.system_id = ""
         self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))
+        self._prepared = PreparedStore(spark, warehouse)
         self.options = StreamOptions(
             tuple(config.publications),
             binary=config.binary,
@@ -438,15 +447,42 @@ class SubscriptionRunner:
                 confirmed=flushed,
             )
             if action is SlotAction.CREATE:
-                connection.create_slot(
-                    slot, two_phase=self.config.two_phase, failover=self.config.failover
-                )
+                # Two-phase is switched on at START_REPLICATION once every table is READY
+                # (the walsender marks the slot then), as PostgreSQL's subscriber does.
+                connection.create_slot(slot, failover=self.config.failover)
         # Recorded once the slot exists: a crash in between leaves a first start.
         self.settings.record_publisher(found)
 
     # -- one attempt ---------------------------------------------------------
 
+    def _two_phase(self) -> bool:
+        """Whether this attempt streams with two-phase on. As PostgreSQL: pending while a table
+        is not READY (a table-sync worker cannot handle a prepared transaction), then on."""
+        state = self.settings.two_phase
+        if not self.config.two_phase:
+            if state == "enabled":
+                # Its slot now decodes prepared transactions whatever START_REPLICATION asks.
+                raise SubscriberError(
+                    f"subscription {self.name!r} has two_phase enabled (its slot "
+                    f"{self.config.slot!r} sends prepared transactions) and it cannot be turned "
+                    "off: set two_phase: true again, or `pgsub drop` the subscription and "
+                    "start it anew"
+                )
+            self.status.two_phase = "off"
+            return False
+        statuses = self.coordinator.statuses
+        if state != "enabled" and all(s.state is TableState.READY for s in statuses):
+            self.settings.set_two_phase(state := "enabled")
+            log.info("two_phase enabled", subscription=self.name)
+        elif state is None:
+            self.settings.set_two_phase(state := "pending")
+            log.info("two_phase pending until every table is ready", subscription=self.name)
+        self.status.two_phase = state
+        return state == "enabled"
+
     def _attempt(self, flushed: Lsn, isolate: Lsn | None, stopping: threading.Event) -> Lsn:
+        two_phase = self._two_phase()
+        context = replace(self.context, options=replace(self.options, two_phase=two_phase))
         leader = Leader(
             slot=self.config.slot,
             checkpoints=self._checkpoints,
@@ -455,8 +491,10 @@ class SubscriptionRunner:
             skip=self.settings,
             isolate_through=isolate,
             checkpoint_interval=self.config.checkpoint_interval,
+            prepared=self._prepared if two_phase else None,
+            prepared_leftovers=self._prepared_leftovers() if two_phase else None,
         )
-        pipeline = ApplyPipeline(self.context, leader, flushed)
+        pipeline = ApplyPipeline(context, leader, flushed)
         progress = pipeline.progress
         self.progress, self.receiver = progress, pipeline.receiver
         pipeline.start()
@@ -472,6 +510,8 @@ class SubscriptionRunner:
                 if not self.settings.enabled:
                     self.status.state = "disabled"  # said at once; the stop follows
                     break  # pgsub disable: stop, then wait to be enabled
+                if self.config.two_phase and not two_phase and self._all_ready():
+                    break  # every table READY: start again, with two-phase on
         finally:
             failures = pipeline.stop()
             self._worker = None
@@ -480,9 +520,23 @@ class SubscriptionRunner:
         self._sample(pipeline.receiver, progress, pipeline.worker)
         if failures:
             raise failures[0]
-        if not stopping.is_set() and self.settings.enabled:
+        two_phase_due = self.config.two_phase and not two_phase and self._all_ready()
+        if not stopping.is_set() and self.settings.enabled and not two_phase_due:
             raise ReplicationError("the apply worker stopped unexpectedly")
         return progress.flushed
+
+    def _prepared_leftovers(self) -> PreparedLeftovers | None:
+        """Stagings the publisher no longer holds prepared (see ``PreparedLeftovers``)."""
+        staged = self._prepared.staged(self.name)
+        if not staged:
+            return None
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            upstream, seen_at = prepared_transactions(conn)
+        stale = tuple(s for s in staged if s not in upstream)
+        return PreparedLeftovers(stale, seen_at) if stale else None
+
+    def _all_ready(self) -> bool:
+        return all(s.state is TableState.READY for s in self.coordinator.statuses)
 
     def _sample(self, receiver: Receiver, progress: Progress, worker: ApplyWorker) -> None:
         """Copy positions into the status and the metrics (once every half second)."""

@@ -8,9 +8,25 @@ import pytest
 
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 
 pytestmark = pytest.mark.e2e
+
+KEYED_AND_BAG = """
+CREATE TABLE keyed (id int PRIMARY KEY, v text);
+CREATE TABLE bag (a int, b text); ALTER TABLE bag REPLICA IDENTITY FULL;
+CREATE PUBLICATION pub FOR TABLE keyed, bag
+"""
+
+
+def assert_keyed_and_bag_equal(publisher: PgDatabase, spark: Any, warehouse: Path) -> None:
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(
+            conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",)
+        )
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+
 
 WORKLOAD = """
 INSERT INTO keyed SELECT g, 'v' || g FROM generate_series(1, 200) g;
@@ -41,11 +57,7 @@ def test_kill_at_a_failpoint_then_restart(
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
-    publisher.execute(
-        "CREATE TABLE keyed (id int PRIMARY KEY, v text);"
-        "CREATE TABLE bag (a int, b text); ALTER TABLE bag REPLICA IDENTITY FULL;"
-        "CREATE PUBLICATION pub FOR TABLE keyed, bag"
-    )
+    publisher.execute(KEYED_AND_BAG)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
     port = write_config(config, publisher, warehouse, batch={"max_delay": "2s"})
@@ -66,11 +78,7 @@ def test_kill_at_a_failpoint_then_restart(
     wait_confirmed(publisher)
     assert survivor.terminate() == 0, survivor.logs()
 
-    with publisher.connect() as conn:
-        assert_delta_equals_publisher(
-            conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",)
-        )
-        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+    assert_keyed_and_bag_equal(publisher, spark, warehouse)
 
 
 BIG = """
@@ -104,11 +112,7 @@ def test_kill_inside_a_large_transaction_then_resume_with_other_pieces(
 ) -> None:
     """Killed between the pieces of a spooled transaction, restarted with another piece
     size: each table resumes where its last piece ended, without loss or duplicates."""
-    publisher.execute(
-        "CREATE TABLE keyed (id int PRIMARY KEY, v text);"
-        "CREATE TABLE bag (a int, b text); ALTER TABLE bag REPLICA IDENTITY FULL;"
-        "CREATE PUBLICATION pub FOR TABLE keyed, bag"
-    )
+    publisher.execute(KEYED_AND_BAG)
     publisher.set_config("logical_decoding_work_mem", "64kB")
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
@@ -130,11 +134,7 @@ def test_kill_inside_a_large_transaction_then_resume_with_other_pieces(
     assert survivor.terminate() == 0, survivor.logs()
     assert "transaction piece applied" in survivor.logs()
 
-    with publisher.connect() as conn:
-        assert_delta_equals_publisher(
-            conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",)
-        )
-        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+    assert_keyed_and_bag_equal(publisher, spark, warehouse)
 
 
 KEYED_ONLY = """
@@ -190,3 +190,69 @@ def test_kill_inside_a_staged_transaction_then_restart(
             assert_delta_equals_publisher(
                 conn, f"public.{table}", spark, str(warehouse / "public" / table), ("id",)
             )
+
+
+def staged_gids(warehouse: Path) -> list[str]:
+    """Prepared transactions staged in the state store (read by delta-rs)."""
+    import deltalake
+
+    path = warehouse / "_pgsub" / "prepared"
+    if not path.exists():
+        return []
+    rows = deltalake.DeltaTable(str(path)).to_pyarrow_table(columns=["gid"]).to_pylist()
+    return sorted({row["gid"] for row in rows})
+
+
+PREPARE = """
+BEGIN;
+INSERT INTO keyed SELECT g, 'p' || g FROM generate_series(1, 200) g;
+INSERT INTO bag SELECT g % 10, 'prepared' FROM generate_series(1, 100) g;
+UPDATE keyed SET v = 'changed' WHERE id % 3 = 0;
+PREPARE TRANSACTION 'crash';
+"""
+
+
+@pytest.mark.parametrize(
+    ("failpoint", "commit_before_crash"),
+    [
+        ("apply.after_prepare_staged", False),  # staged, not confirmed: PREPARE sent again
+        ("apply.after_table_write", True),  # COMMIT PREPARED half applied: sent again
+        ("apply.before_prepared_forgotten", True),  # applied and confirmed, staging left
+    ],
+)
+def test_kill_around_a_prepared_transaction_then_restart(
+    failpoint: str,
+    commit_before_crash: bool,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """two_phase: whichever step a kill interrupts, the prepared transaction is applied
+    exactly once at its COMMIT PREPARED, and no staging is left behind."""
+    publisher.execute(KEYED_AND_BAG)
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, warehouse, two_phase=True, batch={"max_delay": "1s"})
+    first = daemons(config, port)
+    first.wait_ready()
+    publisher.execute("INSERT INTO keyed VALUES (0, 'first')")
+    wait_confirmed(publisher)
+    assert first.terminate() == 0, first.logs()
+
+    publisher.execute(PREPARE)
+    if commit_before_crash:
+        publisher.execute("COMMIT PREPARED 'crash'")
+    doomed = daemons(config, port, failpoint)
+    assert doomed.wait_exit() == -9, doomed.logs()
+    if not commit_before_crash:
+        publisher.execute("COMMIT PREPARED 'crash'")
+    publisher.execute(AFTER_CRASH)
+
+    survivor = daemons(config, port)
+    survivor.wait_ready()
+    wait_confirmed(publisher)
+    wait_until(lambda: staged_gids(warehouse) == [], timeout=60, what="no staging left")
+    assert survivor.terminate() == 0, survivor.logs()
+
+    assert_keyed_and_bag_equal(publisher, spark, warehouse)

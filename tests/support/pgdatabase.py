@@ -99,6 +99,13 @@ class PgDatabase:
                             )
                         )
                         db.execute(sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(sub)))
+            # A prepared transaction left behind would hold up every slot created in the
+            # cluster after it (a consistent snapshot waits for it) and the DROP DATABASE.
+            with psycopg.connect(self.dsn, autocommit=True) as db:
+                for (gid,) in db.execute(
+                    "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+                ).fetchall():
+                    db.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
             conn.execute(
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
                 " WHERE database = %s AND active_pid IS NOT NULL",

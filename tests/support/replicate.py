@@ -62,7 +62,8 @@ class Replication:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> Replication:
+    def start(self, *, wait: bool = True) -> Replication:
+        """Run the subscription; with ``wait``, until it streams."""
         self._stopping = threading.Event()
         self.runner = SubscriptionRunner(
             self.config, self.spark, str(self.warehouse), self.checkpoints, self.metrics
@@ -70,6 +71,8 @@ class Replication:
         self._thread = threading.Thread(target=self.runner.run, args=(self._stopping,), daemon=True)
         self._thread.start()
         runner = self.runner
+        if not wait:
+            return self
         try:
             wait_until(lambda: runner.ready, timeout=120, what="the subscription to stream")
         except BaseException:

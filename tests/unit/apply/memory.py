@@ -1,4 +1,4 @@
-"""In-memory stand-ins for the apply worker's collaborators: target tables, checkpoints, skip.
+"""In-memory stand-ins for the apply worker's collaborators: tables, checkpoints, skip, staging.
 
 ``MemoryTables`` keeps, per table, its rows by key and the marks its commits
 carried, the way a Delta table's history holds them: ``applied_lsn`` and
@@ -8,7 +8,7 @@ already there raises ``ConflictError`` as the MERGE's ``raise_error`` does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +105,25 @@ class MemorySkip:
     def clear_skip(self) -> None:
         self.skip_lsn = None
         self.cleared += 1
+
+
+class MemoryStaging:
+    """Prepared transactions staged as ``apply.delta.state_store.PreparedStore`` does."""
+
+    def __init__(self) -> None:
+        self.staged: dict[tuple[str, str], tuple[int, list[bytes]]] = {}
+
+    def stage(
+        self, subscription: str, gid: str, xid: int, end_lsn: Lsn, frames: Iterable[bytes]
+    ) -> int:
+        self.staged[(subscription, gid)] = (xid, list(frames))
+        return len(self.staged[(subscription, gid)][1])
+
+    def frames(self, subscription: str, gid: str) -> Iterator[bytes] | None:
+        found = self.staged.get((subscription, gid))
+        return iter(found[1]) if found is not None else None
+
+    def forget(self, subscription: str, gid: str | None = None, xid: int | None = None) -> None:
+        for key, (staged_xid, _) in list(self.staged.items()):
+            if key[0] == subscription and gid in (None, key[1]) and xid in (None, staged_xid):
+                del self.staged[key]

@@ -10,22 +10,23 @@ from pathlib import Path
 import pytest
 
 from apply.applier import BatchApplier, TransactionError
-from apply.assembly import TransactionAssembler
+from apply.assembly import AssembledTransaction, Prepared, TransactionAssembler
 from apply.batch import Batcher
 from apply.collapse import Net
 from apply.errors import ApplyError
+from apply.queue import TransactionQueue
 from apply.records import CommitMark, Within, WriteResult
-from apply.roles import Leader
+from apply.roles import Leader, PreparedLeftovers
 from apply.schema import TargetSchema
 from apply.spool import SpoolDirectory, SpooledTransaction
-from apply.transactions import Bounds, RemoteTransaction
-from apply.worker import ApplyWorker, TransactionQueue
+from apply.transactions import Bounds, PreparedFinish
+from apply.worker import ApplyWorker
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, Insert
 from subscriber.replication.progress import Progress
 from tests.unit.apply.builders import ins, relation, row, tx
-from tests.unit.apply.memory import MemoryCheckpoints, MemorySkip, MemoryTables
+from tests.unit.apply.memory import MemoryCheckpoints, MemorySkip, MemoryStaging, MemoryTables
 
 T = relation("id", "v")
 BATCH = Bounds(1000)
@@ -44,8 +45,11 @@ class Harness:
         checkpoint_interval: float = 0.0,
         max_delay: float = 0.05,
         queue_clock: Callable[[], float] = time.monotonic,
+        spools: SpoolDirectory | None = None,
+        leftovers: PreparedLeftovers | None = None,
     ) -> None:
         self.tables = tables or MemoryTables()
+        self.staging = MemoryStaging()
         self.checkpoints = MemoryCheckpoints()
         self.skip = MemorySkip(skip)
         self.synced: list[Lsn] = []
@@ -59,6 +63,8 @@ class Harness:
             skip=self.skip,
             isolate_through=isolate_through,
             checkpoint_interval=checkpoint_interval,
+            prepared=self.staging,
+            prepared_leftovers=leftovers,
         )
         self.worker = ApplyWorker(
             "s",
@@ -68,9 +74,10 @@ class Harness:
             batcher=Batcher(bounds, max_delay=max_delay),
             metrics=Metrics(),
             leader=leader,
+            spools=spools,
         )
 
-    def run(self, *txs: RemoteTransaction | SpooledTransaction, until: Lsn) -> None:
+    def run(self, *txs: AssembledTransaction, until: Lsn) -> None:
         """Apply ``txs`` until ``until`` is confirmed; the worker's error, if it fails."""
         for item in txs:
             assert self.queue.put(item, timeout=1)
@@ -204,3 +211,68 @@ def test_the_queue_holds_back_wide_transactions_by_bytes() -> None:
     # Any transaction passes an empty queue, however large.
     assert queue.get(timeout=0) is not None
     assert queue.put(tx(*(ins(T, n, wide) for n in range(10)), end=400), timeout=0)
+
+
+def finish(gid: str, *, end: int, commit: bool = True, xid: int = 700) -> PreparedFinish:
+    return PreparedFinish(gid, xid, commit, Lsn(end - 8), Lsn(end), 0)
+
+
+def test_a_prepared_transaction_is_staged_then_applied_at_its_commit_prepared(
+    tmp_path: Path,
+) -> None:
+    """PREPARE: staged and confirmed, the table untouched; COMMIT PREPARED applies it in its
+    place (after what committed between), then forgets the staging."""
+    harness = Harness(spools=SpoolDirectory(tmp_path))
+    harness.run(Prepared("g1", tx(ins(T, 1, "prepared"), end=100)), until=Lsn(100))
+    assert harness.tables.rows == {} and list(harness.staging.staged) == [("s", "g1")]
+    assert harness.checkpoints.recorded == [Lsn(100)]  # durable: the PREPARE is not resent
+    harness.run(tx(ins(T, 2, "between"), end=200, xid=701), finish("g1", end=300), until=Lsn(300))
+    assert harness.tables.keys() == [1, 2]
+    assert [mark.lsn for _, mark in harness.tables.commits] == [Lsn(200), Lsn(300)]
+    assert harness.staging.staged == {}
+
+
+def test_a_rolled_back_prepared_transaction_applies_nothing(tmp_path: Path) -> None:
+    harness = Harness(spools=SpoolDirectory(tmp_path))
+    harness.run(
+        Prepared("g1", tx(ins(T, 1, "undone"), end=100)),
+        finish("g1", end=200, commit=False),
+        until=Lsn(200),
+    )
+    assert harness.tables.rows == {} and harness.staging.staged == {}
+    assert harness.checkpoints.recorded == [Lsn(100), Lsn(200)]
+
+
+def test_a_skip_at_the_prepare_stages_it_empty_as_postgresql_prepares_it_empty(
+    tmp_path: Path,
+) -> None:
+    harness = Harness(spools=SpoolDirectory(tmp_path), skip=Lsn(100 - 8))
+    harness.run(Prepared("g1", tx(ins(T, 1, "skipped"), end=100)), until=Lsn(100))
+    assert harness.skip.skip_lsn is None and harness.skip.cleared == 1
+    harness.run(finish("g1", end=200), until=Lsn(200))
+    assert harness.tables.rows == {}
+
+
+def test_a_commit_prepared_of_a_transaction_never_staged_stops_with_what_to_do(
+    tmp_path: Path,
+) -> None:
+    harness = Harness(spools=SpoolDirectory(tmp_path))
+    with pytest.raises(ApplyError, match=r'"g9" \(xid 700\).*pgsub resync'):
+        harness.run(finish("g9", end=200), until=Lsn(200))
+    assert harness.progress.flushed < Lsn(200)
+
+
+def test_leftover_stagings_are_forgotten_once_the_flush_passes_where_they_were_seen(
+    tmp_path: Path,
+) -> None:
+    """A staging whose finish was applied before a crash is forgotten only past ``seen_at``:
+    before it, its COMMIT PREPARED could still come; the xid guards against a reused gid."""
+    leftovers = PreparedLeftovers((("old", 600), ("reused", 601)), seen_at=Lsn(300))
+    harness = Harness(spools=SpoolDirectory(tmp_path), leftovers=leftovers)
+    harness.staging.staged[("s", "old")] = (600, [])
+    harness.staging.staged[("s", "reused")] = (602, [])  # prepared again since: kept
+    harness.run(tx(ins(T, 1, "a"), end=200), until=Lsn(200))
+    assert set(harness.staging.staged) == {("s", "old"), ("s", "reused")}
+    harness.run(tx(ins(T, 2, "b"), end=300), until=Lsn(300))
+    harness.run(tx(ins(T, 3, "c"), end=400), until=Lsn(400))  # next time round the loop
+    assert set(harness.staging.staged) == {("s", "reused")}

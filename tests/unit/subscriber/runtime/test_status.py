@@ -84,6 +84,8 @@ def test_the_stored_view_says_where_it_comes_from_and_what_the_slot_is() -> None
                 "slot_active": False,
                 "replication_lag_bytes": 4096,
                 "conflicts": {},
+                "two_phase": "enabled",
+                "prepared": ["g1", "g2"],
                 "tables": [{"table": "public.t", "state": "ready", "lsn": "0/100"}],
             },
             {
@@ -97,6 +99,8 @@ def test_the_stored_view_says_where_it_comes_from_and_what_the_slot_is() -> None
     }
     text = render(stored)
     assert text.startswith("source: state store\n")
-    assert "sub1  disabled  disabled  slot sub1" in text
+    assert "sub1  disabled  disabled  slot sub1  two_phase enabled" in text
+    assert "prepared, waiting for COMMIT/ROLLBACK PREPARED: g1, g2" in text
+    assert "gone  not running  enabled  slot gone\n" in text  # two_phase off: not shown
     assert "flushed 0/1F00" in text and "lag 4.0 kB" in text and "slot idle" in text
     assert "the slot gone does not exist on the publisher" in text
