@@ -2,6 +2,8 @@
 # The tools `make test` checks deploy/ and the status page with:
 #  - promtool, from Debian's prometheus package, and chromium (headless, for the page at / of
 #    the HTTP endpoint), from Debian's chromium package (installed when run as root);
+#  - a container engine to build and run deploy/Dockerfile: Debian's docker.io (its client has
+#    BuildKit built in) and debootstrap for the base image (as root; the test starts dockerd);
 #  - helm, built with Go from the module proxy into .tools/bin (a few minutes, once).
 # Idempotent: does nothing when all are there.
 set -euo pipefail
@@ -12,6 +14,10 @@ TOOLS_BIN="$2"      # e.g. .tools/bin
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v chromium >/dev/null || missing+=(chromium)
+if [ "$(id -u)" = 0 ]; then
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing Debian's ${missing[*]}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,10 +93,14 @@ def session_conf(settings: SparkSettings, jars_dir: Path | None = None) -> dict[
     if settings.remote is None:
         # The driver JVM's logging: one line per event, stack traces only when asked for.
         traces, tasks = ("true", "warn") if settings.jvm_traces else ("false", "error")
+        # The JVM's scratch space where Python's is (TMPDIR), not a fixed /tmp: the chart's
+        # pod has a read-only root filesystem with TMPDIR on its spool volume.
+        scratch = tempfile.gettempdir()
         conf["spark.driver.extraJavaOptions"] = (
             f"-Dlog4j2.configurationFile={_LOG4J_CONFIG} -Dpgsub.jvm.traces={traces} "
-            f"-Dpgsub.jvm.task_failures={tasks}"
+            f"-Dpgsub.jvm.task_failures={tasks} -Djava.io.tmpdir={scratch}"
         )
+        conf["spark.local.dir"] = scratch
     if settings.remote is None and "spark.jars" not in settings.conf:
         conf["spark.jars"] = ",".join(str(j) for j in delta_jars(jars_dir))
     conf.update(settings.conf)

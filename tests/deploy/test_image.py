@@ -1,8 +1,8 @@
 """deploy/Dockerfile is built from the Makefile targets CI runs, and fits the chart.
 
-No container engine runs in CI here, so the image is not built by ``make test``
-(docs/operations.md says how it was built and run by hand); this keeps the
-Dockerfile's steps the same ones CI exercises, and its contract with the chart.
+test_image_build.py builds and runs the image where a container engine can
+run; these checks hold everywhere: the Dockerfile's steps are the ones CI
+exercises, and its contract with the chart.
 """
 
 from __future__ import annotations
