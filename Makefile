@@ -3,8 +3,8 @@
 
 PYTHON      ?= python3.11
 UV_VERSION  := 0.13.8
-# Newer PostgreSQL majors for the protocol-version matrix (npm's embedded builds).
-PG_EMBEDDED := 18=18.4.0-beta.17
+# The other PostgreSQL majors of the publisher matrix (npm's embedded builds; 15 is Debian's).
+PG_EMBEDDED := 14=14.23.0-beta.17 16=16.14.0-beta.17 17=17.10.0-beta.17 18=18.4.0-beta.17
 
 TOOLS := .tools
 UV    := $(TOOLS)/bin/uv

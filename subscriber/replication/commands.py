@@ -80,13 +80,17 @@ def create_slot_command(
         raise UnsupportedFeatureError(
             f"failover slots need PostgreSQL 17 or newer; the publisher runs {major}"
         )
+    if two_phase and major < 15:
+        raise UnsupportedFeatureError(
+            f"two_phase needs PostgreSQL 15 or newer; the publisher runs {major}"
+        )
     if major < 15:
         legacy = {
             SnapshotAction.NOTHING: "NOEXPORT_SNAPSHOT",
             SnapshotAction.EXPORT: "EXPORT_SNAPSHOT",
             SnapshotAction.USE: "USE_SNAPSHOT",
         }[snapshot]
-        return f"{head} {legacy}{' TWO_PHASE' if two_phase else ''}"
+        return f"{head} {legacy}"
     options = [f"SNAPSHOT '{snapshot.value}'"]
     if two_phase:
         options.append("TWO_PHASE")

@@ -22,8 +22,10 @@ def all_ready(rep: Replication) -> bool:
 
 
 def test_initial_sync_under_a_write_workload(
-    publisher: PgDatabase, spark: Any, warehouse: Path
+    publisher_any: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
+    """On every publisher major (the matrix's copy and handoff scenario)."""
+    publisher = publisher_any
     publisher.execute(
         "CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10,2));"
         "CREATE TABLE b (id bigint PRIMARY KEY, doc jsonb, at timestamptz);"

@@ -31,6 +31,8 @@ def test_create_slot_new_and_old_syntax() -> None:
     )
     with pytest.raises(UnsupportedFeatureError, match="17"):
         create_slot_command(160000, "s1", failover=True)
+    with pytest.raises(UnsupportedFeatureError, match="15"):
+        create_slot_command(140000, "s1", two_phase=True)
 
 
 @pytest.mark.parametrize("name", ["Sub", "a-b", "x" * 64, "", "a;DROP"])
