@@ -26,6 +26,7 @@ import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
+from apply.columnar import binary_text
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult
@@ -34,13 +35,13 @@ from apply.schema import Evolution, TargetSchema, target_schema
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
-from apply.typemap import TypeLookup
+from apply.typemap import ColumnType, TypeLookup
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from conflicts.report import Conflict
 from conflicts.reporter import ConflictReporter
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import UNCHANGED, Relation
+from subscriber.replication.messages import BINARY, TEXT, UNCHANGED, Relation
 from subscriber.replication.wire import pg_timestamp
 
 if TYPE_CHECKING:
@@ -434,10 +435,14 @@ class BatchApplier:
         return result, self._clock() - started
 
 
-def _text(value: bytes | None, kind: int) -> str | None:
+def _text(value: bytes | None, kind: int, column_type: ColumnType) -> str | None:
     if kind == UNCHANGED:
         return "(unchanged)"
-    return None if value is None else value.decode(errors="replace")
+    if value is None:
+        return None
+    if kind == BINARY:
+        return binary_text(value, column_type)
+    return value.decode(errors="replace")
 
 
 def conflict_of(
@@ -449,17 +454,20 @@ def conflict_of(
 ) -> Conflict:
     """A finding of the writer with the remote transaction it came from."""
     tx = batch.transactions[finding.tx_index]
-    names = [c.name for c in schema.columns]
     image = finding.image
     remote = (
         None
         if image is None
-        else {n: _text(v, k) for n, v, k in zip(names, image.values, image.kinds, strict=True)}
+        else {
+            c.name: _text(v, k, c.type)
+            for c, v, k in zip(schema.columns, image.values, image.kinds, strict=True)
+        }
     )
     if schema.key:
+        kinds = finding.key_kinds or bytes([TEXT]) * len(schema.key)
         key = {
-            n: (None if v is None else v.decode())
-            for n, v in zip(schema.key, finding.key, strict=True)
+            n: _text(v, k, schema.column(n).type)
+            for n, v, k in zip(schema.key, finding.key, kinds, strict=True)
         }
     else:
         key = dict(remote or {})

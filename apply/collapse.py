@@ -32,7 +32,14 @@ from apply.batch import TableChange, TableWork
 from apply.errors import ApplyError
 from apply.transactions import Op, RowChange
 from conflicts.kinds import First
-from subscriber.replication.messages import NULL, UNCHANGED, Relation, ReplicaIdentity, TupleData
+from subscriber.replication.messages import (
+    BINARY,
+    NULL,
+    UNCHANGED,
+    Relation,
+    ReplicaIdentity,
+    TupleData,
+)
 
 Key = tuple[bytes | None, ...]
 
@@ -71,6 +78,12 @@ class KeyedNet:
     key_columns: tuple[str, ...]
     rows: dict[Key, KeyedRow] = field(default_factory=dict)
     truncated: bool = False
+    # The key values' format (TEXT or BINARY per key column), from the first image: a key
+    # is never NULL or unchanged, and a column's format is its type's (``binary: true``).
+    key_kinds: bytes | None = None
+
+    def key_is_binary(self, position: int) -> bool:
+        return self.key_kinds is not None and self.key_kinds[position] == BINARY
 
 
 @dataclass
@@ -163,6 +176,8 @@ def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: _Layo
     key_positions = [i for i, c in enumerate(net.relation.columns) if c.is_key]
 
     def key_of(image: TupleData) -> Key:
+        if net.key_kinds is None:
+            net.key_kinds = bytes(image.kinds[p] for p in key_positions)
         values = image.values
         return tuple(values[p] for p in key_positions)
 

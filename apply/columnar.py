@@ -1,6 +1,7 @@
 """Row values to Arrow columns, a column at a time (the mapping of ``apply.typemap``).
 
-Values arrive as the bytes of PostgreSQL's text output (the replication
+Values arrive as the bytes of PostgreSQL's text output (or, with ``binary:
+true``, of its binary output: ``apply.binary``) (the replication
 connection fixes DateStyle ISO, TimeZone UTC, IntervalStyle postgres and
 client_encoding UTF8, so the forms are known). Scalars are parsed by
 Arrow's compute casts in C - no Python object per value; arrays and
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import binascii
 import re
+import struct
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, Final, TypeAlias
@@ -25,6 +27,7 @@ import pyarrow.compute as pc
 from psycopg import pq
 from psycopg.adapt import Transformer
 
+import apply.binary
 from apply import typemap
 from apply.errors import ApplyError
 from apply.typemap import ColumnType
@@ -82,9 +85,27 @@ def _listed(values: Values) -> Sequence[bytes | None]:
     return values.to_pylist() if isinstance(values, pa.Array) else values
 
 
-def to_arrow(values: Values, column_type: ColumnType, column: str) -> pa.Array:
-    """The Arrow column of ``values`` (text-format bytes or None for NULL)."""
+def to_arrow(
+    values: Values, column_type: ColumnType, column: str, *, binary: bool = False
+) -> pa.Array:
+    """The Arrow column of ``values`` (text-format bytes, or binary-format with ``binary``;
+    None for NULL)."""
     target = arrow_type(column_type)
+    if binary:
+        try:
+            return apply.binary.to_arrow(values, column_type, target)
+        except apply.binary.BinaryValueError as exc:
+            raise ValueConversionError(column, column_type, exc.problem) from exc
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            problem = (
+                "a value with more digits than the declared precision"
+                if column_type.oid == typemap.NUMERIC
+                else f"a value that does not fit {column_type.spark_type}"
+            )
+            raise ValueConversionError(column, column_type, problem) from exc
+        except (struct.error, ValueError, IndexError) as exc:
+            problem = "a binary value that does not parse as its type"
+            raise ValueConversionError(column, column_type, problem) from exc
     if column_type.is_array:
         return _arrays(_listed(values), column_type, target, column)
     try:
@@ -107,6 +128,15 @@ def to_arrow(values: Values, column_type: ColumnType, column: str) -> pa.Array:
         raise ValueConversionError(
             column, column_type, _why_not(_listed(values), column_type)
         ) from exc
+
+
+def binary_text(value: bytes, column_type: ColumnType) -> str:
+    """One binary-format value as text, for a conflict report (never for a target column)."""
+    try:
+        decoded = to_arrow([value], column_type, "", binary=True).to_pylist()[0]
+    except ValueConversionError:
+        return "\\x" + value.hex()
+    return decoded if isinstance(decoded, str) else str(decoded)
 
 
 def _unhex(value: bytes | None) -> bytes | None:

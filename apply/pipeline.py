@@ -86,7 +86,12 @@ class ApplyPipeline:
             status_interval = context.status_interval
         else:
             self.name = f"sync-{role.relid}"
-            options = StreamOptions(context.options.publications, origin=context.options.origin)
+            # PostgreSQL's sync worker streams with the subscription's binary and origin.
+            options = StreamOptions(
+                context.options.publications,
+                binary=context.options.binary,
+                origin=context.options.origin,
+            )
             should_apply = _only(role.relid)
             spools = SpoolDirectory(context.spool_root / self.name)
             status_interval = 1.0  # the leader waits on this worker's progress

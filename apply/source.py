@@ -93,15 +93,22 @@ def _column_values(images: Sequence[TupleData | None], index: int) -> list[bytes
     return [None if image is None else image.values[index] for image in images]
 
 
-def _value_arrays(schema: TargetSchema, images: Sequence[TupleData | None]) -> dict[str, pa.Array]:
+def binary_columns(images: Sequence[TupleData | None]) -> frozenset[int]:
+    """The columns whose values are in binary format (``binary: true``): a column's format
+    is its type's, so one image that holds a value of it says."""
+    found: set[int] = set()
     for image in images:
         if image is not None and BINARY in image.kinds:
-            raise ApplyError(
-                f"{schema.table}: binary-format values arrived; set binary: false for this "
-                "subscription (binary transfer is not applied yet)"
-            )
+            found.update(i for i, kind in enumerate(image.kinds) if kind == BINARY)
+    return frozenset(found)
+
+
+def _value_arrays(schema: TargetSchema, images: Sequence[TupleData | None]) -> dict[str, pa.Array]:
+    binary = binary_columns(images)
     return {
-        column.name: to_arrow(_column_values(images, i), column.type, column.name)
+        column.name: to_arrow(
+            _column_values(images, i), column.type, column.name, binary=i in binary
+        )
         for i, column in enumerate(schema.columns)
     }
 
@@ -115,7 +122,12 @@ def keyed_source(net: KeyedNet, schema: TargetSchema) -> KeyedSource:
     for position, name in enumerate(net.key_columns):
         index = [c.name for c in schema.columns].index(name)
         column = schema.columns[index]
-        arrays[name] = to_arrow([row.key[position] for row in rows], column.type, name)
+        arrays[name] = to_arrow(
+            [row.key[position] for row in rows],
+            column.type,
+            name,
+            binary=net.key_is_binary(position),
+        )
     arrays[FIRST] = pa.array([row.first.value for row in rows], type=pa.string())
     arrays[PRESENT] = pa.array([row.present for row in rows], type=pa.bool_())
     arrays[REINSERTED] = pa.array([row.reinserted for row in rows], type=pa.bool_())
@@ -135,6 +147,7 @@ def keyed_source(net: KeyedNet, schema: TargetSchema) -> KeyedSource:
                 [None if row.toast_key is None else row.toast_key[position] for row in rows],
                 column.type,
                 name,
+                binary=net.key_is_binary(position),
             )
     return KeyedSource(pa.table(arrays), tuple(keep), moved)
 

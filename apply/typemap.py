@@ -10,7 +10,7 @@ is lossless for every type.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from subscriber.replication.catalog import PgTypeRow
@@ -145,6 +145,15 @@ class ColumnType:
     oid: int
     typmod: int = -1
     is_array: bool = False
+    # The type whose binary form (``binary: true``) values of this column arrive in, when not
+    # ``oid``: a composite, range or extension type held as text (0: ``oid`` itself; an
+    # enum's binary form is its label, text).
+    binary_oid: int = field(default=0, compare=False)
+
+    @property
+    def wire_oid(self) -> int:
+        """The (element) type whose binary form the values have."""
+        return self.binary_oid or self.oid
 
     @property
     def spark_type(self) -> str:
@@ -172,13 +181,15 @@ def resolve(type_oid: int, typmod: int, lookup: TypeLookup) -> ColumnType:
         return ColumnType(type_oid, typmod)
     row = lookup(type_oid)
     if row is None:
-        return ColumnType(TEXT)
+        return ColumnType(TEXT, binary_oid=type_oid)
     if row.typtype == "d":
         # A domain's own typmod (numeric(10,2) under the domain) is the one that counts.
         return resolve(row.basetype, row.typtypmod, lookup)
     if row.category == "A" and row.elem:
         element = resolve(row.elem, typmod, lookup)
         if element.is_array:
-            return ColumnType(TEXT)
-        return ColumnType(element.oid, element.typmod, is_array=True)
-    return ColumnType(TEXT)
+            return ColumnType(TEXT, binary_oid=type_oid)
+        return ColumnType(element.oid, element.typmod, True, element.binary_oid)
+    if row.typtype == "e":
+        return ColumnType(TEXT)  # an enum's binary form is its label
+    return ColumnType(TEXT, binary_oid=type_oid)

@@ -12,7 +12,10 @@ timestamptz, numeric), then streams it from each slot:
 - decode one by one: each message on its own (``PgOutputDecoder.decode``),
   the way before runs, for comparison;
 - decode + assemble: as the daemon's receiver thread does, up to complete
-  transactions of per-row changes for the apply side.
+  transactions of per-row changes for the apply side;
+- receive and decode + cast with ``binary: true``: the same values in
+  PostgreSQL's binary format, read into the same typed Arrow columns
+  (``apply.binary``), beside text mode.
 
 Rates count rows from the first data frame to the Commit, so the server's
 own decoding time weighs on every pass alike; each pass runs ``--rounds``
@@ -42,10 +45,18 @@ from subscriber.runtime.daemon import tune_garbage_collector
 from tests.support.pgcluster import DEFAULT_MAJOR, running_cluster
 from tests.support.pgdatabase import PgDatabase
 
-PASSES: Final = ("receive", "decode", "decode_typed", "decode_one_by_one", "decode_assemble")
+PASSES: Final = (
+    "receive",
+    "decode",
+    "decode_typed",
+    "decode_one_by_one",
+    "decode_assemble",
+    "receive_binary",
+    "decode_typed_binary",
+)
 
 
-def typed(decoder: PgOutputDecoder, changes: RowChanges) -> int:
+def typed(decoder: PgOutputDecoder, changes: RowChanges, binary: bool = False) -> int:
     """Casts every walked column to its Arrow type, as the apply side's casts do."""
     cast = 0
     for group in changes.groups:
@@ -54,12 +65,14 @@ def typed(decoder: PgOutputDecoder, changes: RowChanges) -> int:
         columns = decoder.relations[group.relation_oid].columns
         for column, values in zip(columns, group.walked.new.values, strict=True):
             column_type = resolve(column.type_oid, column.typmod, lambda _: None)
-            cast += len(to_arrow(values, column_type, column.name))
+            cast += len(to_arrow(values, column_type, column.name, binary=binary))
     return cast
 
 
 def stream_rate(db: PgDatabase, slot: str, rows: int, mode: str) -> float:
-    options = StreamOptions(("bench",))
+    binary = mode.endswith("_binary")
+    mode = mode.removesuffix("_binary")
+    options = StreamOptions(("bench",), binary=binary)
     connection = ReplicationConnection(db.replication_dsn)
     decoder = PgOutputDecoder(options.negotiated_proto(connection.server_version))
     runs = RunDecoder(decoder)
@@ -78,7 +91,7 @@ def stream_rate(db: PgDatabase, slot: str, rows: int, mode: str) -> float:
             elif mode == "decode_typed":
                 for decoded in runs.push(data.payload, data.data_start):
                     if isinstance(decoded, RowChanges):
-                        typed(decoder, decoded)
+                        typed(decoder, decoded, binary)
             elif mode == "decode_one_by_one":
                 decoder.decode(data.payload, data.data_start)
             elif mode == "decode_assemble":
@@ -131,6 +144,8 @@ def main() -> None:
         "receive_decode_typed_rows_per_s": round(rates["decode_typed"]),
         "receive_decode_one_by_one_rows_per_s": round(rates["decode_one_by_one"]),
         "receive_decode_assemble_rows_per_s": round(rates["decode_assemble"]),
+        "binary_receive_only_rows_per_s": round(rates["receive_binary"]),
+        "binary_receive_decode_typed_rows_per_s": round(rates["decode_typed_binary"]),
     }
     labels = {
         "receive": "receive only",
@@ -138,6 +153,8 @@ def main() -> None:
         "decode_typed": "receive + decode + cast to typed Arrow columns",
         "decode_one_by_one": "receive + decode one message at a time",
         "decode_assemble": "receive + decode + assemble transactions (receiver thread)",
+        "receive_binary": "binary: true - receive only",
+        "decode_typed_binary": "binary: true - receive + decode + read into typed Arrow columns",
     }
     print("| pass | rows/s | of receive only |\n|---|---|---|")
     for mode in PASSES:

@@ -17,8 +17,9 @@ from subscriber.replication.messages import TupleData
 class Finding:
     kind: str  # a conflicts.kinds.ConflictKind value
     tx_index: int  # the first change's transaction in the batch
-    key: tuple[bytes | None, ...]  # the key's text (every column for a multiset row)
+    key: tuple[bytes | None, ...]  # the key's values as they arrived
     image: TupleData | None  # the remote row: the chain's last image, None when deleted
     existing: dict[str, str | None] | None  # the local row, as text
     local_version: int | None = None  # the Delta version that last changed the local row
     resolution: str | None = None  # the action taken, when it is not the configured one
+    key_kinds: bytes | None = None  # the key values' formats (TEXT or BINARY), when not text

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from apply.collapse import KeyedNet
+from apply.columnar import to_arrow
 from apply.delta.origins import ROW_VERSION
 from apply.delta.session import arrow_frame
 from apply.schema import TargetSchema, quote
@@ -53,12 +54,19 @@ def find_keyed(
     keys = list(schema.key)
     key_types = {name: schema.column(name).spark_type for name in keys}
     data: dict[str, Any] = {
-        name: [row.key[i].decode() if row.key[i] is not None else None for row in rows]  # type: ignore[union-attr]
+        name: to_arrow(
+            [row.key[i] for row in rows],
+            schema.column(name).type,
+            name,
+            binary=net.key_is_binary(i),
+        )
         for i, name in enumerate(keys)
     }
     data[FIRST] = [row.first.value for row in rows]
     data[ROW] = list(range(len(rows)))
-    ddl = ", ".join([f"{quote(k)} string" for k in keys] + [f"{FIRST} string", f"{ROW} int"])
+    ddl = ", ".join(
+        [f"{quote(k)} {key_types[k]}" for k in keys] + [f"{FIRST} string", f"{ROW} int"]
+    )
     source = arrow_frame(session, pa.table(data), ddl)
     source = source.select(
         *[fn.col(quote(k)).cast(key_types[k]).alias(f"__pgsub_s{i}") for i, k in enumerate(keys)],
@@ -98,7 +106,15 @@ def find_keyed(
             else None
         )
         findings.append(
-            Finding(kind.value, chain.first_tx, chain.key, chain.image, existing, local_version)
+            Finding(
+                kind.value,
+                chain.first_tx,
+                chain.key,
+                chain.image,
+                existing,
+                local_version,
+                key_kinds=net.key_kinds,
+            )
         )
     findings.sort(key=lambda f: f.tx_index)
     return findings

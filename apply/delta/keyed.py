@@ -141,7 +141,7 @@ def _write_truncated(
 ) -> WriteResult:
     """A batch with a TRUNCATE: its chains are judged against an empty table."""
     missing = [
-        Finding(kind.value, r.first_tx, r.key, r.image, None)
+        Finding(kind.value, r.first_tx, r.key, r.image, None, key_kinds=net.key_kinds)
         for r in net.rows.values()
         if (kind := judge(r.first, False)) is not None and not r.reinserted
     ]

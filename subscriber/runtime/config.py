@@ -200,8 +200,6 @@ class SubscriptionConfig(_Strict):
     @model_validator(mode="after")
     def _supported(self) -> SubscriptionConfig:
         check_slot_name(self.slot)
-        if self.binary:
-            raise ValueError("binary: true is not applied yet; use binary: false")
         return self
 
     def sync_settings(self) -> SyncSettings:

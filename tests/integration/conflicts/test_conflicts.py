@@ -28,13 +28,18 @@ def conflict_rows(spark: Any, warehouse: Path) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
 def test_missing_rows_are_logged_counted_recorded_and_skipped(
-    publisher: PgDatabase, spark: Any, warehouse: Path
+    publisher: PgDatabase, spark: Any, warehouse: Path, binary: bool
 ) -> None:
+    """Binary mode too: its keys are looked up typed and its values logged as text."""
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )
-    with Replication(publisher, spark, warehouse) as rep, capture_logs() as events:
+    with (
+        Replication(publisher, spark, warehouse, binary=binary) as rep,
+        capture_logs() as events,
+    ):
         publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 5) g")
         rep.caught_up()
         # Another writer removes two rows from the Delta table...
@@ -58,6 +63,8 @@ def test_missing_rows_are_logged_counted_recorded_and_skipped(
     assert update["event"] == 'conflict detected on relation "public.t": conflict=update_missing'
     assert update["remote_row"] == {"id": "1", "v": "new"}
     assert update["replica_identity"] == {"id": "1"}
+    delete = next(e for e in messages if e["conflict"] == "delete_missing")
+    assert delete["replica_identity"] == {"id": "2"}
     assert update["detail"].startswith("Could not find the row to be updated.")
     assert update["log_level"] == "warning" and update["remote_xid"] > 0
     rows = conflict_rows(spark, warehouse)
