@@ -11,7 +11,8 @@ store's ``table_states`` (PostgreSQL's pg_subscription_rel).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Final
 
 from conflicts.findings import Finding
@@ -121,3 +122,6 @@ class StoredTableState:
     name: str
     state: str  # pg_subscription_rel.srsubstate letter; "" when the table left the subscription
     lsn: Lsn | None
+    # When the row was recorded (as loaded; None when being recorded): tells a newer row of
+    # another process (``pgsub resync``) from an older one of this process read back late.
+    recorded_at: datetime | None = field(default=None, compare=False)

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Protocol
 
 import structlog
@@ -60,7 +61,9 @@ class TableStates(Protocol):
 
     def load(self, subscription: str) -> dict[int, StoredTableState]: ...
 
-    def record(self, subscription: str, states: list[StoredTableState]) -> None: ...
+    def record(self, subscription: str, states: list[StoredTableState]) -> datetime:
+        """Appends ``states``; returns the time they are recorded at."""
+        ...
 
 
 # How often a running leader looks for tables added or removed by ``pgsub refresh``.
@@ -121,6 +124,7 @@ class SyncCoordinator:
         self._held = False  # a failure disabled the subscription: no workers until resume()
         self._clock = clock
         self._reloaded_at = clock()
+        self._recorded_at: dict[int, datetime] = {}  # each table's last row of this process
         self._cond = threading.Condition()
         self._statuses: dict[int, TableStatus] = {}
         self._published: dict[int, PublishedTable] = {}
@@ -229,10 +233,20 @@ class SyncCoordinator:
         return moved
 
     def _persist(self, statuses: list[TableStatus]) -> None:
-        self._store.record(
+        recorded_at = self._store.record(
             self.settings.subscription,
             [StoredTableState(s.relid, s.schema, s.name, s.state.value, s.lsn) for s in statuses],
         )
+        for status in statuses:
+            self._recorded_at[status.relid] = recorded_at
+
+    def _resync_requested(self, status: TableStatus, stored: StoredTableState) -> bool:
+        """A stored INIT newer than this process's own last row: ``pgsub resync``. A store
+        read that began before this process's last write shows an older row, not a request."""
+        if stored.state != TableState.INIT.value or status.state is TableState.INIT:
+            return False
+        mine = self._recorded_at.get(status.relid)
+        return mine is None or stored.recorded_at is None or stored.recorded_at > mine
 
     def copy_progress(self, relid: int, copied: int, estimated: int) -> None:
         self._copy_started.setdefault(relid, self._clock())
@@ -310,9 +324,7 @@ class SyncCoordinator:
             resynced = [
                 self._renamed_as_published(replace(s, state=TableState.INIT, lsn=None))
                 for relid, s in self._statuses.items()
-                if relid in stored
-                and stored[relid].state == TableState.INIT.value
-                and s.state is not TableState.INIT
+                if relid in stored and self._resync_requested(s, stored[relid])
             ]
             for status in added + resynced:
                 self._statuses[status.relid] = status

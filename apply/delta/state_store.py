@@ -143,6 +143,11 @@ class CheckpointStore(_StateTable):
         self._append([(subscription, int(lsn), str(lsn), pg_timestamp(commit_time), versions, now)])
 
 
+def _aware(at: datetime | None) -> datetime | None:
+    """PySpark's collect() gives timestamps as naive local times: as UTC instants."""
+    return at.astimezone(UTC) if at is not None and at.tzinfo is None else at
+
+
 class TableStateStore(_StateTable):
     name = "table_states"
     ddl = (
@@ -160,11 +165,17 @@ class TableStateStore(_StateTable):
         for row in self._rows(subscription):
             lsn = None if row["lsn"] is None else Lsn(int(row["lsn"]))
             latest[int(row["relid"])] = StoredTableState(
-                int(row["relid"]), row["schema_name"], row["table_name"], row["state"], lsn
+                int(row["relid"]),
+                row["schema_name"],
+                row["table_name"],
+                row["state"],
+                lsn,
+                recorded_at=_aware(row["recorded_at"]),
             )
         return {relid: s for relid, s in latest.items() if s.state}
 
-    def record(self, subscription: str, states: list[StoredTableState]) -> None:
+    def record(self, subscription: str, states: list[StoredTableState]) -> datetime:
+        """Appends ``states``; returns the time they are recorded at."""
         now = datetime.now(UTC)
         rows = [
             (
@@ -180,6 +191,7 @@ class TableStateStore(_StateTable):
         ]
         with self._lock:  # one writer at a time keeps recorded_at in order
             self._append(rows)
+        return now
 
 
 class ConflictStore(_StateTable):

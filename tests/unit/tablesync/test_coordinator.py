@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from apply.records import StoredTableState
 from subscriber.metrics import Metrics
@@ -16,16 +18,21 @@ TABLE = PublishedTable(1, "public", "t", ("id",), None, False, 10)
 
 
 class MemoryStore:
-    """The state store's table-state log, in memory: every recorded row kept."""
+    """The state store's table-state log, in memory: every recorded row kept, with the
+    time it was recorded at (a second apart, in order)."""
 
     def __init__(self) -> None:
         self.rows: list[StoredTableState] = []
+        self.stale: int | None = None  # load() sees only this many rows (a late snapshot)
 
-    def record(self, subscription: str, rows: list[StoredTableState]) -> None:
-        self.rows.extend(rows)
+    def record(self, subscription: str, rows: list[StoredTableState]) -> datetime:
+        at = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=len(self.rows))
+        self.rows.extend(replace(row, recorded_at=at) for row in rows)
+        return at
 
     def load(self, subscription: str) -> dict[int, StoredTableState]:
-        latest = {row.relid: row for row in self.rows}
+        visible = self.rows if self.stale is None else self.rows[: self.stale]
+        latest = {row.relid: row for row in visible}
         return {relid: row for relid, row in latest.items() if row.state}
 
 
@@ -145,3 +152,20 @@ def test_a_table_stored_back_at_init_is_synchronized_again() -> None:
     assert status.state is TableState.INIT and not status.applies(Lsn(40))
     sync.process(Lsn(40))
     assert started.wait(5), "no sync worker started for the resynced table"
+
+
+def test_a_late_read_of_the_store_is_not_a_resync() -> None:
+    """A reload whose read of the state store began before a sync worker's last write sees
+    the table's older INIT row: that is not ``pgsub resync`` (seen on a Spark cluster, where
+    every copy was started twice)."""
+    store = MemoryStore()
+    sync = coordinator(store)
+    sync.load([TABLE], Lsn(0))
+    sync.store(TABLE.relid, TableState.DATASYNC)
+    store.stale = 1  # only the INIT row that load() recorded
+    sync.reload()
+    assert sync.status(TABLE.relid).state is TableState.DATASYNC
+    store.stale = None
+    store.record("s", [StoredTableState(TABLE.relid, "public", "t", "i", None)])  # pgsub resync
+    sync.reload()
+    assert sync.status(TABLE.relid).state is TableState.INIT
