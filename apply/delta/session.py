@@ -100,7 +100,8 @@ def session_conf(settings: SparkSettings, jars_dir: Path | None = None) -> dict[
             f"-Dlog4j2.configurationFile={_LOG4J_CONFIG} -Dpgsub.jvm.traces={traces} "
             f"-Dpgsub.jvm.task_failures={tasks} -Djava.io.tmpdir={scratch}"
         )
-        conf["spark.local.dir"] = scratch
+        if settings.master.startswith("local"):
+            conf["spark.local.dir"] = scratch  # a cluster's workers set their executors' own
     if settings.remote is None and "spark.jars" not in settings.conf:
         conf["spark.jars"] = ",".join(str(j) for j in delta_jars(jars_dir))
     conf.update(settings.conf)

@@ -31,13 +31,25 @@ def pgsub(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
-def write_config(path: Path, publisher: PgDatabase, warehouse: Path, **subscription: Any) -> int:
+def write_config(
+    path: Path,
+    publisher: PgDatabase,
+    warehouse: Path,
+    *,
+    master: str = "local[2]",
+    **subscription: Any,
+) -> int:
     """A config for one subscription ``sub1`` of publication ``pub``; returns the metrics port."""
-    return write_subscriptions(path, warehouse, {"sub1": publisher}, **subscription)
+    return write_subscriptions(path, warehouse, {"sub1": publisher}, master=master, **subscription)
 
 
 def write_subscriptions(
-    path: Path, warehouse: Path, publishers: dict[str, PgDatabase], **settings: Any
+    path: Path,
+    warehouse: Path,
+    publishers: dict[str, PgDatabase],
+    *,
+    master: str = "local[2]",
+    **settings: Any,
 ) -> int:
     """A config with one subscription of publication ``pub`` per (name, publisher); the port."""
     port = free_port()
@@ -55,7 +67,7 @@ def write_subscriptions(
     ]
     config = {
         "warehouse": str(warehouse),
-        "spark": {"master": "local[2]"},
+        "spark": {"master": master},
         "metrics": {"host": "127.0.0.1", "port": port},
         "log": {"format": "json", "level": "info"},
         "subscriptions": subscriptions,
