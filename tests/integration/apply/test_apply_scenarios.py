@@ -96,6 +96,30 @@ def test_binary_mode_writes_the_same_tables_as_text_mode(
         assert publisher.fetchval("SELECT count(*) FROM typed") == 47
 
 
+def test_binary_mode_reads_a_type_without_binary_output_as_text(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """A base type with no send function: pgoutput sends its values as text even in binary
+    mode, and they are applied as text beside the binary ones, as PostgreSQL does."""
+    publisher.execute(
+        "CREATE TYPE plain;"
+        "CREATE FUNCTION plain_in(cstring) RETURNS plain AS 'textin' LANGUAGE internal STRICT;"
+        "CREATE FUNCTION plain_out(plain) RETURNS cstring AS 'textout' LANGUAGE internal STRICT;"
+        "CREATE TYPE plain (INPUT = plain_in, OUTPUT = plain_out, LIKE = text);"  # no SEND
+        "CREATE TABLE p (id int PRIMARY KEY, v plain, n int); CREATE PUBLICATION pub FOR TABLE p"
+    )
+    assert publisher.fetchval("SELECT typsend = 0 FROM pg_type WHERE typname = 'plain'")
+    with Replication(publisher, spark, warehouse, binary=True) as rep:
+        publisher.execute(
+            "INSERT INTO p SELECT g, plain_in(('v' || g)::cstring), g FROM generate_series(1, 5) g"
+        )
+        publisher.execute("UPDATE p SET v = 'changed' WHERE id = 2")
+        rep.caught_up()
+        assert sorted((r["id"], r["v"], r["n"]) for r in rep.rows("public.p")) == [
+            (1, "v1", 1), (2, "changed", 2), (3, "v3", 3), (4, "v4", 4), (5, "v5", 5),
+        ]  # fmt: skip
+
+
 def test_binary_mode_stops_on_a_type_it_cannot_read(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
