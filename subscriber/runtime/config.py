@@ -232,6 +232,17 @@ class SparkConfig(_Strict):
     remote: str | None = None
     conf: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("remote")
+    @classmethod
+    def _not_yet(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(
+                "Spark Connect is not supported yet: pgsub still drives Delta through the "
+                "driver's JVM (docs/scale-out.md); use spark.master (local[*], spark://..., "
+                "k8s://...)"
+            )
+        return value
+
     @field_validator("conf", mode="before")
     @classmethod
     def _as_text(cls, value: Any) -> Any:

@@ -48,6 +48,13 @@ def test_bad_value_is_named(tmp_path: Path) -> None:
     assert "subscriptions.0.batch.max_delay" in str(err.value) and "duration" in str(err.value)
 
 
+def test_spark_connect_is_refused_with_the_way_that_works(tmp_path: Path) -> None:
+    text = GOOD.replace('master: "local[2]"', 'remote: "sc://spark:15002"')
+    with pytest.raises(ConfigError) as err:
+        load(write(tmp_path, text), environ={})
+    assert "spark.remote" in str(err.value) and "use spark.master" in str(err.value)
+
+
 def test_environment_overrides_by_path_position_and_name(tmp_path: Path) -> None:
     env = {
         "PGSUB_WAREHOUSE": "s3a://bucket/wh",
