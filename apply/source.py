@@ -27,8 +27,8 @@ import pyarrow as pa
 from apply.collapse import KeyedNet, KeyedRow, MultisetNet, MultisetRow
 from apply.columnar import arrow_type, to_arrow
 from apply.errors import ApplyError
-from apply.schema import TargetSchema
-from subscriber.replication.messages import BINARY, UNCHANGED, TupleData
+from apply.schema import TargetColumn, TargetSchema
+from subscriber.replication.messages import BINARY, TEXT, UNCHANGED, TupleData
 
 PREFIX: Final = "__pgsub_"
 FIRST: Final = PREFIX + "first"
@@ -103,14 +103,37 @@ def binary_columns(images: Sequence[TupleData | None]) -> frozenset[int]:
     return frozenset(found)
 
 
+def _mixed(images: Sequence[TupleData | None], index: int) -> bool:
+    """Whether a binary column also holds text values in this batch: only when ``binary``
+    changed between transactions of one batch (a staged prepared transaction, say)."""
+    return any(image is not None and image.kinds[index] == TEXT for image in images)
+
+
 def _value_arrays(schema: TargetSchema, images: Sequence[TupleData | None]) -> dict[str, pa.Array]:
     binary = binary_columns(images)
-    return {
-        column.name: to_arrow(
-            _column_values(images, i), column.type, column.name, binary=i in binary
-        )
-        for i, column in enumerate(schema.columns)
-    }
+    arrays: dict[str, pa.Array] = {}
+    for i, column in enumerate(schema.columns):
+        values = _column_values(images, i)
+        if i in binary and _mixed(images, i):
+            arrays[column.name] = _value_by_value(values, images, i, schema.columns[i])
+        else:
+            arrays[column.name] = to_arrow(values, column.type, column.name, binary=i in binary)
+    return arrays
+
+
+def _value_by_value(
+    values: list[bytes | None],
+    images: Sequence[TupleData | None],
+    index: int,
+    column: TargetColumn,
+) -> pa.Array:
+    decoded = [
+        None
+        if value is None or image is None
+        else to_arrow([value], column.type, column.name, binary=image.kinds[index] == BINARY)[0]
+        for value, image in zip(values, images, strict=True)
+    ]
+    return pa.array([None if v is None else v.as_py() for v in decoded], arrow_type(column.type))
 
 
 def keyed_source(net: KeyedNet, schema: TargetSchema) -> KeyedSource:

@@ -24,9 +24,14 @@ from apply.binary import (
     to_arrow,
     zone_text,
 )
+from apply.collapse import MultisetNet, MultisetRow
 from apply.columnar import ValueConversionError, arrow_type
 from apply.columnar import to_arrow as column_to_arrow
+from apply.schema import target_schema
+from apply.source import multiset_source
 from apply.typemap import ColumnType
+from subscriber.replication.messages import BINARY, TEXT, ReplicaIdentity, TupleData
+from tests.unit.apply.builders import relation
 
 PG_EPOCH = datetime(2000, 1, 1)
 
@@ -156,3 +161,14 @@ def test_types_without_a_reader_are_named_not_guessed() -> None:
     inet = ColumnType(869)
     with pytest.raises(ValueConversionError, match="OID 869"):
         column_to_arrow([b"\x02\x20\x00\x04\x0a\x00\x00\x01"], inet, "addr", binary=True)
+
+
+def test_a_batch_holding_both_formats_of_a_column_reads_each_value_in_its_own() -> None:
+    """binary turned on between two transactions of one batch (a prepared transaction staged
+    in text mode, committed in binary mode): each value is read in the format it came in."""
+    rel = relation("id", "v", key=(), identity=ReplicaIdentity.FULL)
+    as_text = TupleData(bytes([TEXT, TEXT]), (b"1", b"a"))
+    as_binary = TupleData(bytes([BINARY, BINARY]), (struct.pack("!i", 2), b"b"))
+    rows = {image: MultisetRow(image, 1, 0) for image in (as_text, as_binary)}
+    source = multiset_source(MultisetNet(rel, rows=rows), target_schema(rel, lambda _: None, False))
+    assert sorted(zip(*source.inserts.to_pydict().values(), strict=True)) == [(1, "a"), (2, "b")]
