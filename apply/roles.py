@@ -78,9 +78,11 @@ class Leader:
     # coordinator's process_syncing_tables_for_apply.
     sync_tables: Callable[[Lsn], None]
     skip: SkipSetting
-    # After a failed batch: apply one transaction at a time up to here, so that the error
-    # names exactly one transaction.
+    # After a failed batch: up to here, batches of at most ``isolate_size`` transactions -
+    # half the failed batch's, so that repeated failures home in on the one transaction the
+    # error then names, while a passing failure (the JVM short of memory) costs one retry.
     isolate_through: Lsn | None = None
+    isolate_size: int = 1
     # Seconds between checkpoint rows (one per batch at most; ApplyWorker.record_checkpoint).
     checkpoint_interval: float = 0.0
     # two_phase: where prepared transactions are staged (None: two-phase is off).

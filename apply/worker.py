@@ -8,9 +8,11 @@ Delta, records the checkpoint and only then confirms the batch's end LSN to
 queue is bounded by changes, so a slow apply holds back reading (the
 receiver keeps answering keepalives while it waits).
 
-After a failed batch, the next attempts apply one transaction at a time up
-to the failed batch's end, so that the error names exactly one remote
-transaction - the one ``pgsub skip`` would skip.
+After a failed batch, the next attempt applies batches of at most half as
+many transactions up to the failed batch's end, and so on after each
+failure, until the error names exactly one remote transaction - the one
+``pgsub skip`` would skip. A failure that does not come back (the JVM short
+of memory) costs one retry, not one batch per transaction.
 
 A spooled transaction (streamed, or larger than a batch) is applied alone,
 a piece within the batch bounds at a time read back from its file:
@@ -102,6 +104,7 @@ class ApplyWorker:
         self._leader = leader
         self._spools = spools  # where a prepared transaction is spooled back at its commit
         self._isolate_through = leader.isolate_through if leader is not None else None
+        self._isolate_size = leader.isolate_size if leader is not None else 1
         self._leftovers = leader.prepared_leftovers if leader is not None else None
         self._clear_skip_at: Lsn | None = None
         self._wall_clock = wall_clock
@@ -381,10 +384,13 @@ class ApplyWorker:
             )
 
     def _isolating(self, tx: AssembledTransaction | None) -> bool:
+        """Whether the batch holding ``tx`` is to be applied now: after a failure, batches
+        up to the failed one's end hold at most ``isolate_size`` transactions."""
         return (
             self._isolate_through is not None
             and tx is not None
             and tx.end_lsn <= self._isolate_through
+            and len(self._batcher) >= self._isolate_size
         )
 
     def record_checkpoint(self) -> None:

@@ -223,7 +223,7 @@ class SubscriptionRunner:
         name = self.name
         self._metrics.subscription_enabled.labels(name).set(1)
         flushed: Lsn | None = None
-        isolate: Lsn | None = None
+        isolate: tuple[Lsn, int] | None = None  # after a failed batch: (its end, batch size)
         failures = 0
         while not stopping.is_set():
             failed = False
@@ -241,7 +241,7 @@ class SubscriptionRunner:
                 flushed = self._attempt(flushed, isolate, stopping)
                 isolate = None
             except TransactionError as exc:
-                isolate = exc.batch.end_lsn
+                isolate = (exc.batch.end_lsn, max(1, len(exc.batch.transactions) // 2))
                 self._failed(exc, finish_lsn=exc.finish_lsn)
                 failed = True
             except _FAILURES as exc:
@@ -480,7 +480,9 @@ class SubscriptionRunner:
         self.status.two_phase = state
         return state == "enabled"
 
-    def _attempt(self, flushed: Lsn, isolate: Lsn | None, stopping: threading.Event) -> Lsn:
+    def _attempt(
+        self, flushed: Lsn, isolate: tuple[Lsn, int] | None, stopping: threading.Event
+    ) -> Lsn:
         two_phase = self._two_phase()
         context = replace(self.context, options=replace(self.options, two_phase=two_phase))
         leader = Leader(
@@ -489,7 +491,8 @@ class SubscriptionRunner:
             should_apply=self.coordinator.should_apply,
             sync_tables=self.coordinator.process,
             skip=self.settings,
-            isolate_through=isolate,
+            isolate_through=isolate[0] if isolate else None,
+            isolate_size=isolate[1] if isolate else 1,
             checkpoint_interval=self.config.checkpoint_interval,
             prepared=self._prepared if two_phase else None,
             prepared_leftovers=self._prepared_leftovers() if two_phase else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,17 +11,29 @@ import pytest
 
 from apply.delta.session import SparkSettings, build_session
 
+# The whole suite shares one JVM: room for its hundreds of tables, beside the daemons.
+DRIVER_MEMORY = "2g"
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    session = build_session(SparkSettings(master="local[2]", app_name="pgsub-tests"))
+    settings = SparkSettings(
+        master="local[2]", app_name="pgsub-tests", conf={"spark.driver.memory": DRIVER_MEMORY}
+    )
+    session = build_session(settings)
     yield session
     session.stop()
 
 
 @pytest.fixture
-def warehouse(tmp_path: Path) -> Path:
-    """A temporary Delta root for one test."""
+def warehouse(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A temporary Delta root for one test; its tables leave the shared JVM's caches after it
+    (Delta keeps a snapshot per table path: over a suite of tests, the heap filled up)."""
     root = tmp_path / "warehouse"
     root.mkdir()
-    return root
+    yield root
+    if "spark" in request.fixturenames:
+        session = request.getfixturevalue("spark")
+        with contextlib.suppress(Exception):  # best effort: never fail a test on cleanup
+            session._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+            session.catalog.clearCache()

@@ -42,6 +42,7 @@ class Harness:
         bounds: Bounds = BATCH,
         skip: Lsn | None = None,
         isolate_through: Lsn | None = None,
+        isolate_size: int = 1,
         checkpoint_interval: float = 0.0,
         max_delay: float = 0.05,
         queue_clock: Callable[[], float] = time.monotonic,
@@ -62,6 +63,7 @@ class Harness:
             sync_tables=self.synced.append,
             skip=self.skip,
             isolate_through=isolate_through,
+            isolate_size=isolate_size,
             checkpoint_interval=checkpoint_interval,
             prepared=self.staging,
             prepared_leftovers=leftovers,
@@ -151,6 +153,25 @@ def test_after_a_failed_batch_transactions_are_applied_one_at_a_time_to_name_the
     assert again.value.finish_lsn == Lsn(200 - 8)
     assert "in transaction 702 finished at 0/C0" in str(again.value)
     assert retry.checkpoints.recorded == [Lsn(100)] and retry.tables.keys() == [1]
+
+
+def test_retries_halve_the_failed_batch_until_one_transaction_is_named() -> None:
+    """Four transactions failed together: the retry applies two at a time (a failure that
+    does not come back costs one retry), the failing pair is halved again, and the error
+    then names the one transaction."""
+    batch = tuple(
+        tx(ins(T, n, "bad" if n == 3 else "ok"), end=100 * n, xid=700 + n) for n in (1, 2, 3, 4)
+    )
+    halves = Harness(RefusesBad(), isolate_through=Lsn(400), isolate_size=2)
+    with pytest.raises(TransactionError) as err:
+        halves.run(*batch, until=Lsn(400))
+    assert "in the 2 transactions finished from" in str(err.value)
+    assert halves.checkpoints.recorded == [Lsn(200)] and halves.tables.keys() == [1, 2]
+    assert len(err.value.batch.transactions) == 2
+    single = Harness(RefusesBad(), isolate_through=Lsn(400), isolate_size=1)
+    with pytest.raises(TransactionError) as again:
+        single.run(*batch[2:], until=Lsn(400))
+    assert "in transaction 703 finished at" in str(again.value)
 
 
 def spooled(tmp_path: Path, keys: range, end: int) -> SpooledTransaction:
