@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Final, TypeAlias
 
@@ -293,87 +292,34 @@ _SCALAR_READERS: Final[dict[int, Callable[[bytes], Any]]] = {
 }
 
 
-def _element_reader(column_type: ColumnType) -> Callable[[bytes], Any]:
-    """One value (or array element) as the Python value its Arrow type takes."""
-    oid = column_type.wire_oid
-    if oid in _TEXTUAL:
-        return _text
-    if oid in _FIXED:
-        big_endian, _ = _FIXED[oid]
-        return _FIXED_ELEMENT[oid](np.dtype(big_endian))
-    return _scalar(column_type)
-
-
 def _scalar(column_type: ColumnType) -> Callable[[bytes], Any]:
     if column_type.wire_oid == typemap.NUMERIC and not column_type.text_form:
         return _numeric_decimal(column_type)
     return _SCALAR_READERS[column_type.wire_oid]
 
 
-def _number(dtype: np.dtype[Any]) -> Callable[[bytes], Any]:
-    return lambda v: np.frombuffer(v, dtype=dtype)[0].item()
-
-
-def _date_element(_: np.dtype[Any]) -> Callable[[bytes], date]:
-    def read(value: bytes) -> date:
-        days = struct.unpack("!i", value)[0]
-        _check_range(np.array([days]), _INT32, _MIN_DAYS, _MAX_DAYS, "date")
-        return date(2000, 1, 1) + timedelta(days=days)
-
-    return read
-
-
-def _timestamp_element(zone: timezone | None) -> Callable[[np.dtype[Any]], Callable[[bytes], Any]]:
-    def make(_: np.dtype[Any]) -> Callable[[bytes], datetime]:
-        def read(value: bytes) -> datetime:
-            micros = struct.unpack("!q", value)[0]
-            _check_range(np.array([micros]), _INT64, _MIN_US, _MAX_US, "timestamp")
-            return datetime(2000, 1, 1, tzinfo=zone) + timedelta(microseconds=micros)
-
-        return read
-
-    return make
-
-
-_FIXED_ELEMENT: Final[dict[int, Callable[[np.dtype[Any]], Callable[[bytes], Any]]]] = {
-    typemap.INT2: _number,
-    typemap.INT4: _number,
-    typemap.INT8: _number,
-    typemap.FLOAT4: _number,
-    typemap.FLOAT8: _number,
-    typemap.BOOL: lambda _: lambda v: v != b"\x00",
-    typemap.DATE: _date_element,
-    typemap.TIMESTAMP: _timestamp_element(None),
-    typemap.TIMESTAMPTZ: _timestamp_element(UTC),
-}
-
-
 def _arrays(
     values: Sequence[bytes | None], column_type: ColumnType, target: pa.DataType
 ) -> pa.Array:
-    """array_send's form: dimensions, flags, element type, bounds, then (length, bytes)s."""
-    read = _element_reader(column_type)
-    lists: list[list[Any] | None] = []
+    """array_send's form: dimensions, flags, element type, bounds, then (length, bytes)s.
+
+    The elements of every array are read together, as a column of their own type."""
+    elements: list[bytes | None] = []
+    offsets = [0]
     for value in values:
-        if value is None:
-            lists.append(None)
-            continue
-        ndim = struct.unpack_from("!i", value)[0]
-        if ndim > 1:
-            raise BinaryValueError("a multidimensional array has no array<> representation")
-        count = struct.unpack_from("!i", value, 12)[0] if ndim == 1 else 0
-        position = 12 + 8 * ndim
-        items: list[Any] = []
-        for _ in range(count):
-            length = struct.unpack_from("!i", value, position)[0]
-            position += 4
-            if length < 0:
-                items.append(None)
-                continue
-            items.append(read(value[position : position + length]))
-            position += length
-        lists.append(items)
-    try:
-        return pa.array(lists, type=target)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise BinaryValueError("an element that does not fit the element type") from exc
+        if value is not None:
+            ndim = struct.unpack_from("!i", value)[0]
+            if ndim > 1:
+                raise BinaryValueError("a multidimensional array has no array<> representation")
+            count = struct.unpack_from("!i", value, 12)[0] if ndim == 1 else 0
+            position = 12 + 8 * ndim
+            for _ in range(count):
+                length = struct.unpack_from("!i", value, position)[0]
+                position += 4
+                elements.append(None if length < 0 else value[position : position + length])
+                position += max(length, 0)
+        offsets.append(len(elements))
+    element_type = ColumnType(column_type.oid, column_type.typmod, False, column_type.binary_oid)
+    read = to_arrow(elements, element_type, target.value_type)
+    missing = pa.array([value is None for value in values], type=pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), read, target, mask=missing)
