@@ -31,7 +31,8 @@ help:
 	@echo "             ROWS=100000 SYNC_ROWS=200000 LOAD_SECONDS=15 LARGE_ROWS=500000 SOAK_MINUTES=2)"
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction, best of 3 (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
-	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber"
+	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber;"
+	@echo "                   SYNC_RANGES=1,2,4 one run per CTID range count, SYNC_MASTER=standalone on a cluster"
 	@echo "make bench-large   one 5M-row INSERT with streaming on (LARGE_ROWS=...), beside PostgreSQL's"
 	@echo "make bench-conflicts  batch apply time with conflict detection on vs off (1M-row UPDATE)"
 	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files"
@@ -103,8 +104,12 @@ bench-apply: setup
 	$(BIN)/python -m benchmarks.apply_bench --rows $(ROWS) --rate $(RATE) --seconds $(LOAD_SECONDS)
 
 SYNC_ROWS ?= 2000000
+SYNC_RANGES ?= auto
+SYNC_MASTER ?= local[*]
 bench-sync: setup
-	$(BIN)/python -m benchmarks.sync_bench --rows $(SYNC_ROWS)
+	$(BIN)/python -m benchmarks.sync_bench --rows $(SYNC_ROWS) --ranges $(SYNC_RANGES) \
+		--master '$(SYNC_MASTER)'
+
 
 LARGE_ROWS ?= 5000000
 bench-large: setup

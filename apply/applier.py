@@ -27,6 +27,7 @@ import structlog
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.columnar import binary_text
+from apply.copy_source import CopySource
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult
@@ -81,8 +82,13 @@ class Tables(Protocol):
         nets: Callable[[], Iterator[KeyedNet]],
     ) -> WriteResult: ...
 
+    @property
+    def copy_on_executors(self) -> bool:
+        """Whether ``copy_into`` reads ``source.parts`` on Spark executors (a cluster)."""
+        ...
+
     def copy_into(
-        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, staging: Path
+        self, schema: TargetSchema, source: CopySource, mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]: ...
 
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult: ...

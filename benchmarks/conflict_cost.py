@@ -37,6 +37,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from apply.collapse import KeyedNet, KeyedRow
+from apply.copy_source import CopySource
 from apply.delta.keyed import merge_net
 from apply.delta.session import SparkSettings, build_session
 from apply.delta.tables import DeltaTables
@@ -82,7 +83,9 @@ def load(tables: DeltaTables, schema: TargetSchema, rows: int) -> None:
         }
     ).cast(layout)
     with tempfile.TemporaryDirectory() as staging:
-        tables.copy_into(schema, iter([block]), CommitMark("bench", Lsn(1), 0), Path(staging))
+        tables.copy_into(
+            schema, CopySource.of([block]), CommitMark("bench", Lsn(1), 0), Path(staging)
+        )
 
 
 def updates(first: int, count: int, n: int) -> KeyedNet:

@@ -82,7 +82,8 @@ def ceiling_row(ceiling: dict[str, Any]) -> str:
 def table(
     sync: dict[str, Any], stream: dict[str, Any], apply: dict[str, Any], large: dict[str, Any]
 ) -> str:
-    ours_sync = sync["pgsub"]["rows_per_s"] or 0.0
+    first = sync["pgsub"][0]  # one run: ranges auto
+    ours_sync = first["rows_per_s"] or 0.0
     theirs_sync = sync["native_rows_per_s"]
     ours_update = apply["pgsub"]["update_rows_per_s"]
     theirs_update = apply["native"]["update_rows_per_s"]
@@ -111,8 +112,8 @@ def table(
         f" | {mb(ours_large['peak_rss_mb'])} / {mb(ours_large['peak_rss_jvm_mb'])} MB"
         f" (spooled {mb(ours_large['peak_spill_mb'])} MB)"
         f" | {large['native']['peak_rss_mb'] or 0:,.0f} MB | - | - | - |",
-        f"| peak RSS Python / JVM, initial sync | {sync['pgsub']['peak_rss_python_mb'] or 0:,.0f}"
-        f" / {sync['pgsub']['peak_rss_jvm_mb'] or 0:,.0f} MB | - | - | - | - |",
+        f"| peak RSS Python / JVM, initial sync | {first['peak_rss_python_mb'] or 0:,.0f}"
+        f" / {first['peak_rss_jvm_mb'] or 0:,.0f} MB | - | - | - | - |",
         "| peak RSS Python / JVM, catch-up + steady load"
         f" | {apply['pgsub']['peak_rss_python_mb'] or 0:,.0f}"
         f" / {apply['pgsub']['peak_rss_jvm_mb'] or 0:,.0f} MB | - | - | - | - |",

@@ -12,14 +12,19 @@ One N-row table (bigint key, int, text, timestamptz, numeric), default
   Python process and of its Spark driver JVM.
 
 Run it at two sizes (``--rows 2000000`` and ``--rows 10000000``) to see
-whether memory depends on table size. Prints one table, writes JSON.
+whether memory depends on table size. ``--ranges 1,2,4`` runs pgsub once
+per number of CTID ranges (``copy.ranges``); ``--master spark://...`` runs
+it on a cluster, ``--master standalone`` on a two-worker standalone cluster
+started here. Prints one table, writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,10 +83,15 @@ def native(publisher: PgCluster, rows: int) -> float:
     return rows / seconds
 
 
-def pgsub(publisher: PgCluster, rows: int, spark: Any) -> dict[str, float | None]:
+def pgsub(
+    publisher: PgCluster, rows: int, spark: Any, ranges: int | None
+) -> dict[str, float | None]:
     from structlog.testing import capture_logs
 
-    run = PgsubRun(spark, connection=publisher.dsn("bench"), publications=["pub"], copy_data=True)
+    copy = {"ranges": ranges or "auto"}
+    run = PgsubRun(
+        spark, connection=publisher.dsn("bench"), publications=["pub"], copy_data=True, copy=copy
+    )
     with run, capture_logs() as events:
         started = time.monotonic()
         run.start()
@@ -91,11 +101,14 @@ def pgsub(publisher: PgCluster, rows: int, spark: Any) -> dict[str, float | None
                 break
             time.sleep(0.05)
         seconds = time.monotonic() - started
-        copy = next((e.get("seconds") for e in events if e["event"] == "table copy finished"), None)
+        copied = next((e["seconds"] for e in events if e["event"] == "table copy finished"), None)
+        started_copy = next((e for e in events if e["event"] == "table copy started"), {})
         return {
+            "ranges": started_copy.get("ranges"),
+            "read_by": started_copy.get("read_by"),
             "rows_per_s": rows / seconds,
             "seconds": seconds,
-            "copy_seconds": copy,  # COPY read, parse and the Delta write, in the sync worker
+            "copy_seconds": copied,  # COPY read, parse and the Delta write, in the sync worker
             "peak_rss_python_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "peak_rss_jvm_mb": jvm_peak_rss_mb(),
         }
@@ -106,9 +119,17 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--out", type=Path, default=Path("bench-results/sync.json"))
     parser.add_argument("--skip-native", action="store_true")
+    parser.add_argument(
+        "--ranges", default="auto", help="comma-separated CTID range counts, or auto"
+    )
+    parser.add_argument(
+        "--master", default="local[*]", help="pgsub's Spark master; standalone: start one here"
+    )
     args = parser.parse_args()
+    counts = [None if r == "auto" else int(r) for r in args.ranges.split(",")]
     publisher = PgCluster(major=15, settings={"max_wal_size": "4GB"}).start()
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(publisher.destroy)
         with publisher.connect() as conn:
             conn.execute("CREATE DATABASE bench")
         with publisher.connect("bench") as conn:
@@ -118,30 +139,38 @@ def main() -> None:
             conn.execute("CREATE PUBLICATION pub FOR TABLE bench")
         raw = raw_copy(publisher)
         theirs = None if args.skip_native else native(publisher, args.rows)
-        spark = build_session(SparkSettings(master="local[*]"))
+        master = args.master
+        if master == "standalone":
+            from tests.support.spark_cluster import standalone_cluster
+
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pgsub-bench-")))
+            master = stack.enter_context(standalone_cluster(root, workers=2)).url
+        spark = build_session(SparkSettings(master=master))
+        stack.callback(spark.stop)
         tune_garbage_collector()  # as `pgsub run` does
-        ours = pgsub(publisher, args.rows, spark)
-    finally:
-        publisher.destroy()
+        ours = [pgsub(publisher, args.rows, spark, count) for count in counts]
     figures = {
         "rows": args.rows,
+        "master": args.master,
         "raw_copy_rows_per_s": raw,
         "native_rows_per_s": theirs,
         "pgsub": ours,
     }
     print(json.dumps(figures, indent=2))
-    mine = ours["rows_per_s"] or 0
     print(
-        f"\n| initial sync, {args.rows:,} rows | pgsub | PostgreSQL 15 subscriber | raw COPY read |"
+        f"\n| initial sync, {args.rows:,} rows, {args.master} | rows/s to READY"
+        " | copy / to READY (s) | peak RSS Python / JVM (MB) |"
     )
     print("|---|---|---|---|")
-    print(f"| rows/s to READY | {mine:,.0f} | {theirs or 0:,.0f} | {raw:,.0f} |")
-    if theirs:
-        print(f"| pgsub / PostgreSQL | {mine / theirs:.2f}x | | pgsub / raw {mine / raw:.2f}x |")
-    memory = f"{ours['peak_rss_python_mb'] or 0:.0f} / {ours['peak_rss_jvm_mb'] or 0:.0f}"
-    print(f"| peak RSS python / JVM (MB) | {memory} | | |")
-    phases = f"copy {ours['copy_seconds'] or 0:.1f} s of {ours['seconds']:.1f} s to READY"
-    print(f"| pgsub: {phases} | | | |")
+    for run in ours:
+        mine = run["rows_per_s"] or 0
+        ratio = f" ({mine / theirs:.2f}x)" if theirs else ""
+        label = f"pgsub, {run['ranges']} range(s) read by {run['read_by']}"
+        seconds = f"{run['copy_seconds'] or 0:.1f} / {run['seconds'] or 0:.1f}"
+        memory = f"{run['peak_rss_python_mb'] or 0:.0f} / {run['peak_rss_jvm_mb'] or 0:.0f}"
+        print(f"| {label} | {mine:,.0f}{ratio} | {seconds} | {memory} |")
+    print(f"| PostgreSQL 15 subscriber | {theirs or 0:,.0f} | | |")
+    print(f"| raw COPY read | {raw:,.0f} | | |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2))
 

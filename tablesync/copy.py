@@ -9,26 +9,56 @@ stays at a few blocks whatever the table's size.
 
 PostgreSQL's CSV output writes NULL as an unquoted empty field and the
 empty string as ``""``; the reader is told exactly that.
+
+A large table is cut into CTID ranges (``split``), each read by its own
+connection under the sync slot's exported snapshot (``RangeReader``):
+by threads of this process (``parallel``) on a local Spark, by Spark tasks
+on the executors of a cluster. Every row lies in exactly one range,
+whatever the split: a row's CTID under the snapshot is fixed.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Iterator
-from typing import Final
+import math
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
 
+import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
+from psycopg import sql
+from psycopg.abc import Buffer
 
 from apply.columnar import to_arrow
 from apply.schema import TargetSchema
+from tablesync.publication import PublishedTable
 
 BLOCK_BYTES: Final = 32 << 20
+MAX_RANGES: Final = 1024
+PAGE_BYTES: Final = 8192  # PostgreSQL's default block size; only sizes the ranges
+
+Part = TypeVar("Part")
 
 
-def blocks(rows: Iterable[bytes], block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+@dataclass(frozen=True, slots=True)
+class CopySettings:
+    """How a table's copy is read (the subscription's ``copy`` config)."""
+
+    ranges: int | None = None  # CTID ranges per table; None: one per range_bytes of heap
+    range_bytes: int = 64 << 20
+    readers: int = 2  # ranges read at once by the daemon (a cluster: its cores)
+
+    def ranges_for(self, heap_blocks: int) -> int:
+        return range_count(heap_blocks, self.range_bytes, self.ranges)
+
+
+def blocks(rows: Iterable[Buffer], block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
     """CSV rows (each ending in a newline) joined into blocks cut at row boundaries."""
-    pending: list[bytes] = []
+    pending: list[Buffer] = []
     size = 0
     for row in rows:
         pending.append(row)
@@ -62,6 +92,132 @@ def parse_block(block: bytes, schema: TargetSchema) -> pa.Table:
     )
 
 
-def arrow_blocks(rows: Iterable[bytes], schema: TargetSchema) -> Iterator[pa.Table]:
+def arrow_blocks(rows: Iterable[Buffer], schema: TargetSchema) -> Iterator[pa.Table]:
     for block in blocks(rows):
         yield parse_block(block, schema)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRange:
+    """Heap blocks ``[first, stop)`` of a table; ``stop`` None: to its end."""
+
+    first: int
+    stop: int | None
+
+    def condition(self) -> sql.Composable | None:
+        """The rows of the range, as a WHERE condition (None: every row)."""
+        bounds = []
+        if self.first > 0:
+            bounds.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.first},0)")))
+        if self.stop is not None:
+            bounds.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({self.stop},0)")))
+        return sql.SQL(" AND ").join(bounds) if bounds else None
+
+
+def range_count(heap_blocks: int, range_bytes: int, ranges: int | None) -> int:
+    """How many ranges a table of ``heap_blocks`` is read in: ``ranges`` when set, else
+    one per ``range_bytes`` of heap; at least one, at most one per block."""
+    wanted = ranges or math.ceil(heap_blocks * PAGE_BYTES / range_bytes)
+    return max(1, min(wanted, heap_blocks, MAX_RANGES))
+
+
+def split(heap_blocks: int, count: int) -> list[BlockRange]:
+    """``count`` ranges of about equal size covering every block, the last open-ended
+    (blocks added after the size was read hold no row the snapshot sees, but the
+    ranges must not depend on that)."""
+    count = max(1, min(count, heap_blocks))
+    firsts = [heap_blocks * i // count for i in range(count)]
+    stops: list[int | None] = [*firsts[1:], None]
+    return [BlockRange(first, stop) for first, stop in zip(firsts, stops, strict=True)]
+
+
+@dataclass(frozen=True)
+class RangeReader:
+    """Reads one range of ``table`` under the exported ``snapshot``.
+
+    Picklable, so a Spark task on an executor runs it: it opens its own
+    connection with the subscription's connection string (kept out of
+    ``repr``, so out of every log and Spark UI).
+    """
+
+    conninfo: str = field(repr=False)
+    snapshot: str
+    table: PublishedTable
+    schema: TargetSchema
+
+    def __call__(self, part: BlockRange) -> Iterator[pa.Table]:
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(self.snapshot_literal))
+            with conn.cursor().copy(self.table.copy_query(part.condition())) as copy:
+                yield from arrow_blocks(copy, self.schema)
+            conn.execute("COMMIT")
+
+    @property
+    def snapshot_literal(self) -> sql.Literal:
+        return sql.Literal(self.snapshot)
+
+
+_DONE: Final = object()
+
+
+def parallel(
+    read: Callable[[Part], Iterator[pa.Table]], parts: Sequence[Part], readers: int
+) -> Iterator[pa.Table]:
+    """The blocks of every part, ``readers`` parts read at once by threads, in no set
+    order. A reader's error is raised here; closing the iterator stops the readers."""
+    pending = iter(parts)
+    taken = threading.Lock()
+    out: queue.Queue[object] = queue.Queue(maxsize=2 * readers)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            while not stop.is_set():
+                with taken:
+                    part = next(pending, None)
+                if part is None:
+                    break
+                blocks = read(part)
+                try:
+                    for block in blocks:
+                        if not put(block):
+                            return
+                finally:
+                    close = getattr(blocks, "close", None)
+                    if close is not None:
+                        close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put(exc)
+        finally:
+            put(_DONE)
+
+    threads = [
+        threading.Thread(target=work, name=f"copy-reader-{n}", daemon=True)
+        for n in range(max(1, min(readers, len(parts))))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        running = len(threads)
+        while running:
+            item = out.get()
+            if item is _DONE:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()

@@ -42,17 +42,26 @@ class PublishedTable:
     def qualified_name(self) -> str:
         return qualified_name(self.schema, self.name)
 
-    def copy_query(self) -> sql.Composed:
-        """``COPY (SELECT cols FROM [ONLY] t WHERE f) TO STDOUT`` in CSV, as tablesync does."""
+    def copy_query(self, within: sql.Composable | None = None) -> sql.Composed:
+        """``COPY (SELECT cols FROM [ONLY] t WHERE f) TO STDOUT`` in CSV, as tablesync does;
+        ``within`` (a condition, e.g. a CTID range) is AND'ed with the row filter."""
         only = sql.SQL("") if self.partitioned else sql.SQL("ONLY ")
         query = sql.SQL("SELECT {} FROM {}{}").format(
             sql.SQL(", ").join(sql.Identifier(c) for c in self.columns),
             only,
             sql.Identifier(self.schema, self.name),
         )
-        if self.row_filter:
-            query = sql.SQL("{} WHERE {}").format(query, sql.SQL(self.row_filter))
+        conditions = [c for c in (within, self.row_filter and sql.SQL(self.row_filter)) if c]
+        if conditions:
+            where = sql.SQL(" AND ").join(sql.SQL("({})").format(c) for c in conditions)
+            query = sql.SQL("{} WHERE {}").format(query, where)
         return sql.SQL("COPY ({}) TO STDOUT WITH (FORMAT csv)").format(query)
+
+    def heap_blocks(self, conn: psycopg.Connection[Any]) -> int:
+        """The table's heap size in blocks (its largest partition's, for a partitioned
+        table: each partition numbers its own blocks); what CTID ranges are cut from."""
+        row = conn.execute(_HEAP_BLOCKS, {"relid": self.relid}).fetchone()
+        return int(row[0]) if row else 0
 
 
 # Column lists (attnames) and row filters exist from PostgreSQL 15.
@@ -81,6 +90,12 @@ SELECT a.attname, a.atttypid, a.atttypmod,
        (c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
  WHERE c.oid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
  ORDER BY a.attnum
+"""
+_HEAP_BLOCKS = """
+SELECT greatest(pg_catalog.pg_relation_size(%(relid)s), (
+         SELECT coalesce(max(pg_catalog.pg_relation_size(relid)), 0)
+           FROM pg_catalog.pg_partition_tree(%(relid)s) WHERE isleaf))
+       / pg_catalog.current_setting('block_size')::bigint
 """
 _PUBLICATIONS = "SELECT pubname FROM pg_catalog.pg_publication WHERE pubname = ANY(%s)"
 

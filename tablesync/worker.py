@@ -32,6 +32,7 @@ import psycopg
 import structlog
 
 from apply.collapse import is_keyed
+from apply.copy_source import CopySource
 from apply.failpoints import failpoint
 from apply.pipeline import ApplyContext, ApplyPipeline
 from apply.records import CommitMark
@@ -40,7 +41,7 @@ from apply.schema import target_schema
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
-from tablesync.copy import arrow_blocks
+from tablesync.copy import CopySettings, RangeReader, arrow_blocks, parallel, split
 from tablesync.publication import PublishedTable, describe
 from tablesync.state import TableState, TableStatus
 
@@ -90,13 +91,20 @@ class SyncWorker:
     """One table's synchronization, on the subscription's ``ApplyContext``."""
 
     def __init__(
-        self, context: ApplyContext, table: PublishedTable, *, handoff: Handoff, system_id: str
+        self,
+        context: ApplyContext,
+        table: PublishedTable,
+        *,
+        handoff: Handoff,
+        system_id: str,
+        copy: CopySettings | None = None,
     ) -> None:
         self._context = context
         self.table = table
         self._handoff = handoff
         self.slot = sync_slot_name(context.subscription, table.relid, system_id)
         self._conninfo = context.conninfo
+        self._copy_settings = copy or CopySettings()
 
     def run(self, stopping: threading.Event) -> None:
         relid = self.table.relid
@@ -134,27 +142,46 @@ class SyncWorker:
         self._drop_slot()
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
             relation = describe(conn, table)
+            heap_blocks = table.heap_blocks(conn)
         context = self._context
         schema = target_schema(relation, context.types, is_keyed(relation))
         context.tables.prepare(schema, recreate=True)  # the copy fills it
         labels = (context.subscription, table.qualified_name)
         context.metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
+        ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks))
+        on_executors = context.tables.copy_on_executors
         started = time.monotonic()
         with ReplicationConnection(self._conninfo) as connection:
-            connection.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
-            slot = connection.create_slot(self.slot, snapshot=SnapshotAction.USE)
+            in_transaction = len(ranges) == 1 and not on_executors
+            if in_transaction:
+                # PostgreSQL's way: the copy runs in the transaction that made the slot.
+                connection.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
+                slot = connection.create_slot(self.slot, snapshot=SnapshotAction.USE)
+                rows = connection.copy_out(table.copy_query().as_string(None))
+                source = CopySource.here(lambda: arrow_blocks(rows, schema))
+            else:
+                # The snapshot stays importable while this connection stays idle.
+                slot = connection.create_slot(self.slot, snapshot=SnapshotAction.EXPORT)
+                read = RangeReader(self._conninfo, slot.snapshot_name or "", table, schema)
+                readers = self._copy_settings.readers
+                source = CopySource(lambda: parallel(read, ranges, readers), ranges, read)
             log.info(
                 "table copy started",
                 table=table.qualified_name,
                 lsn=str(slot.consistent_point),
                 estimated_rows=table.estimated_rows,
+                ranges=len(ranges),
+                read_by="spark tasks" if on_executors else "pgsub",
             )
-            rows = connection.copy_out(table.copy_query().as_string(None))
-            blocks = self._progress(arrow_blocks(rows, schema))
+            source = source.observed(self._progress)
             mark = CommitMark(context.subscription, slot.consistent_point, 0)
             staging = context.spool_root / COPY_STAGING / str(table.relid)
-            copied, _ = context.tables.copy_into(schema, blocks, mark, staging)
-            connection.execute("COMMIT")
+            copied, _ = context.tables.copy_into(schema, source, mark, staging)
+            if in_transaction:
+                connection.execute("COMMIT")
+        if on_executors:
+            context.metrics.tablesync_rows_copied.labels(*labels).inc(copied)
+            self._handoff.copy_progress(table.relid, copied, table.estimated_rows)
         self._handoff.store(table.relid, TableState.FINISHEDCOPY, slot.consistent_point)
         log.info(
             "table copy finished",

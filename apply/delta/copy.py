@@ -1,16 +1,18 @@
 """The initial copy into a target table: the blocks a table-sync worker read, in Delta.
 
-Three ways, fastest first (``DeltaTables.copy_into`` picks):
+Three ways (``DeltaTables.copy_into`` picks), each one Delta commit
+carrying the copy's mark (idempotent-write id and ``userMetadata``):
 
-- ``write_once``: delta-rs writes the Arrow blocks as they come straight
-  into the table's Parquet files and commits them once, with the commit
-  mark (idempotent-write id and ``userMetadata``) - each row is written
-  once, no JVM round trip. For a warehouse on the local file system and a
-  table whose writer features delta-rs supports (no column mapping, no
-  type widening).
-- with a local Spark, the blocks are staged as Parquet files and land in
-  one Spark commit;
-- on a cluster each block is its own commit (see ``copy_into``).
+- ``write_once``: delta-rs writes the Arrow blocks, read in this process,
+  as they come straight into the table's Parquet files - each row is
+  written once, no JVM round trip. For a local Spark, a warehouse on the
+  local file system and a table whose writer features delta-rs supports
+  (no column mapping, no type widening).
+- with a local Spark otherwise, the blocks are staged as Parquet files and
+  land in one Spark commit;
+- on a cluster (``copy_on_executors``) Spark tasks read the table's CTID
+  ranges on the executors, one task per range, and one Spark write
+  commits them: no row passes through the daemon.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Final
 import pyarrow as pa
 
 from apply.columnar import arrow_type
+from apply.copy_source import CopySource
 from apply.delta.session import SparkErrors, spark_master, struct
 from apply.errors import TargetTableError
 from apply.records import CommitMark
@@ -30,6 +33,8 @@ from apply.schema import TargetSchema
 from apply.source import empty as source_empty
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from apply.delta.target import TargetTable
 
 # Writer features delta-rs 1.6 writes correctly; any other makes the copy go through Spark.
@@ -87,29 +92,28 @@ def write_once(
 def copy_into(
     target: TargetTable,
     schema: TargetSchema,
-    blocks: Iterator[pa.Table],
+    source: CopySource,
     mark: CommitMark,
     staging: Path,
 ) -> tuple[int, int | None]:
-    """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
+    """Replace the table's rows with ``source``'s (the initial copy); (rows, version).
 
-    With a local Spark the blocks are staged as Parquet files (written by
-    pyarrow, one block in memory at a time) and land in one Delta commit
-    carrying ``mark``: the copy is atomic, and no block travels inside a
-    Spark task. Elsewhere (a cluster cannot read our local disk) each
-    block is its own commit: the first overwrites whatever a failed
-    attempt left, and only the last carries ``mark``.
+    With a local Spark the blocks are read here and staged as Parquet files
+    (written by pyarrow, one block in memory at a time), then land in one
+    Delta commit carrying ``mark``. On a cluster, which cannot read the
+    daemon's disk, the executors read the parts themselves.
     """
     try:
-        if _local_master(target):
-            return _copy_staged(target, schema, blocks, mark, staging)
-        return _copy_by_block(target, schema, blocks, mark)
+        if is_local(target.session):
+            return _copy_staged(target, schema, source.blocks(), mark, staging)
+        return copy_on_executors(target, schema, source, mark)
     except SparkErrors as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
 
 
-def _local_master(target: TargetTable) -> bool:
-    return spark_master(target.session).startswith("local")
+def is_local(session: SparkSession) -> bool:
+    """Whether the session's Spark runs in this process (``local[*]``)."""
+    return spark_master(session).startswith("local")
 
 
 def _copy_staged(
@@ -139,23 +143,26 @@ def _copy_staged(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _copy_by_block(
-    target: TargetTable,
-    schema: TargetSchema,
-    blocks: Iterator[pa.Table],
-    mark: CommitMark,
+def copy_on_executors(
+    target: TargetTable, schema: TargetSchema, source: CopySource, mark: CommitMark
 ) -> tuple[int, int | None]:
-    rows = 0
-    mode = "overwrite"
-    ahead = next(blocks, None)
-    while True:
-        block = ahead if ahead is not None else source_empty(schema)
-        ahead = next(blocks, None)
-        last = ahead is None
-        with target.marked(mark) if last else target.noted(mark):
-            target.frame(block, schema).write.format("delta").mode(mode).save(target.path)
-            version = target.committed_version() if last else None
-        rows += block.num_rows
-        mode = "append"
-        if last:
-            return rows, version
+    """One Spark job, a task per part, each reading its part on an executor; its rows are
+    written in one commit carrying ``mark``. A failed task is retried by Spark."""
+    session = target.session
+    arrow_schema = pa.schema([(c.name, arrow_type(c.type)) for c in schema.columns])
+    parts, read = list(source.parts), source.read
+    copied = session.sparkContext.accumulator(0)
+
+    def task(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in numbers:
+            for number in batch.column(0).to_pylist():
+                for block in read(parts[number]):
+                    copied.add(block.num_rows)
+                    # An empty batch would end Spark's read of the task's output.
+                    yield from (b for b in block.cast(arrow_schema).to_batches() if b.num_rows)
+
+    frame = session.range(0, len(parts), 1, len(parts)).mapInArrow(task, struct(schema.ddl()))
+    with target.marked(mark):
+        frame.write.format("delta").mode("overwrite").save(target.path)
+        version = target.committed_version()
+    return int(copied.value), version

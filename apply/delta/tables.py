@@ -27,7 +27,8 @@ import pyarrow as pa
 import structlog
 
 from apply.collapse import KeyedNet, Net
-from apply.delta.copy import copy_into, delta_rs_can_write, write_once
+from apply.copy_source import CopySource
+from apply.delta.copy import copy_into, delta_rs_can_write, is_local, write_once
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
 from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
@@ -482,18 +483,22 @@ class DeltaTables:
                 deletion_vectors=self.features.deletion_vectors,
             )
 
+    @property
+    def copy_on_executors(self) -> bool:
+        return not is_local(self.session())
+
     def copy_into(
-        self, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark, staging: Path
+        self, schema: TargetSchema, source: CopySource, mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]:
-        """Replace the table's rows with ``blocks`` (the initial copy); (rows, version).
+        """Replace the table's rows with ``source``'s (the initial copy); (rows, version).
 
         ``staging``: a local directory for the blocks (emptied before and after).
         """
         target = self.target(schema.table)
         with self.exclusive(schema.table):
-            if self._on_local_disk and delta_rs_can_write(target.path):
-                return write_once(target, schema, blocks, mark), None
-            return copy_into(target, schema, blocks, mark, staging)
+            if self._on_local_disk and is_local(target.session) and delta_rs_can_write(target.path):
+                return write_once(target, schema, source.blocks(), mark), None
+            return copy_into(target, schema, source, mark, staging)
 
     def _tracker(self, table: str, path: str) -> OriginTracker:
         with self._lock:

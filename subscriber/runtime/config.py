@@ -36,6 +36,7 @@ from apply.transactions import Bounds
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.replication.commands import Streaming, check_slot_name
 from tablesync.coordinator import SyncSettings
+from tablesync.copy import CopySettings
 
 ENV_PREFIX = "PGSUB_"
 # pgsub's environment variables that are not config keys.
@@ -118,6 +119,29 @@ class TableFeaturesConfig(_Strict):
         return TableFeatures(self.column_mapping, self.type_widening, self.deletion_vectors)
 
 
+class CopyConfig(_Strict):
+    """How the initial copy reads a table (docs/tablesync.md, "Ranges")."""
+
+    # CTID ranges a table is read in, each under the sync slot's snapshot: auto (one per
+    # range_size of the table's heap) or a number.
+    ranges: Literal["auto"] | int = Field("auto")
+    range_size: ByteSize = 64 * 1024**2
+    # Ranges read at once by the daemon's threads on a local Spark; a cluster reads them as
+    # Spark tasks, as many at once as it has cores.
+    readers: int = Field(2, ge=1, le=64)
+
+    @field_validator("ranges")
+    @classmethod
+    def _positive(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
+        if value != "auto" and value < 1:
+            raise ValueError("ranges must be auto or at least 1")
+        return value
+
+    def settings(self) -> CopySettings:
+        ranges = None if self.ranges == "auto" else int(self.ranges)
+        return CopySettings(ranges, int(self.range_size), self.readers)
+
+
 class SubscriptionConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
     connection: str
@@ -138,6 +162,8 @@ class SubscriptionConfig(_Strict):
     disable_on_error: bool = False
     failover: bool = False
     max_sync_workers: int = Field(2, ge=1, le=64)
+    # `copy:` in the file (the attribute's name would hide BaseModel.copy).
+    initial_copy: CopyConfig = Field(default_factory=CopyConfig, alias="copy")
     create_tables: bool = True
     # Create target tables with Delta row tracking, so that *_origin_differs is detected.
     # Off by default, as PostgreSQL's track_commit_timestamp: it costs MERGE time.

@@ -379,7 +379,11 @@ class SubscriptionRunner:
 
     def _sync_worker(self, table: PublishedTable) -> Callable[[threading.Event], None]:
         return SyncWorker(
-            self.context, table, handoff=self.coordinator, system_id=self.system_id
+            self.context,
+            table,
+            handoff=self.coordinator,
+            system_id=self.system_id,
+            copy=self.config.initial_copy.settings(),
         ).run
 
     def _drop_sync_slot(self, relid: int) -> None:

@@ -80,7 +80,9 @@ def test_copy_stream_conflicts_and_status_on_a_standalone_cluster(
     publisher.execute(TABLES)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
-    port = write_config(config, publisher, warehouse, master=spark_cluster.url, copy_data=True)
+    port = write_config(
+        config, publisher, warehouse, master=spark_cluster.url, copy_data=True, copy={"ranges": 3}
+    )
     daemon = daemons(config, port)
     daemon.wait_ready(timeout=300)
     wait_until(lambda: tables_ready(daemon), timeout=300, what="both tables READY")
@@ -107,6 +109,12 @@ def test_copy_stream_conflicts_and_status_on_a_standalone_cluster(
     ]
     assert daemon.terminate() == 0, daemon.logs()
     assert_equal(publisher, spark, warehouse)
+    # Each table's copy was read by three Spark tasks, each under the sync slot's snapshot.
+    started = [e for e in daemon.events() if e["event"] == "table copy started"]
+    assert sorted((e["table"], e["ranges"], e["read_by"]) for e in started) == [
+        ("public.bag", 3, "spark tasks"),
+        ("public.keyed", 3, "spark tasks"),
+    ]
     # The work ran on the cluster's executors, not in a local master.
     logs = spark_cluster.logs(tail=0)
     assert "Registering app pgsub" in logs and "Asked to launch executor" in logs

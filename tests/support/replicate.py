@@ -86,6 +86,14 @@ class Replication:
             self._thread.join(timeout=120)
             assert not self._thread.is_alive(), "the subscription did not stop"
 
+    def all_ready(self) -> bool:
+        """Whether every table of the subscription is READY."""
+        from tablesync.state import TableState
+
+        assert self.runner is not None
+        statuses = self.runner.coordinator.statuses
+        return bool(statuses) and all(s.state is TableState.READY for s in statuses)
+
     def caught_up(self, timeout: float = 120) -> None:
         """Wait until every transaction committed on the publisher so far is applied."""
         # The insert position: with synchronous_commit off the write position lags commits.

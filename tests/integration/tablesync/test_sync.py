@@ -15,12 +15,6 @@ from tests.support.writer import Writer
 pytestmark = pytest.mark.integration
 
 
-def all_ready(rep: Replication) -> bool:
-    assert rep.runner is not None
-    statuses = rep.runner.coordinator.statuses
-    return bool(statuses) and all(s.state is TableState.READY for s in statuses)
-
-
 def test_initial_sync_under_a_write_workload(
     publisher_any: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
@@ -47,7 +41,7 @@ def test_initial_sync_under_a_write_workload(
         Writer(publisher, step, pause=0.01) as writer,
         Replication(publisher, spark, warehouse, copy_data=True, max_sync_workers=2) as rep,
     ):
-        wait_until(lambda: all_ready(rep), timeout=300, what="every table to be READY")
+        wait_until(rep.all_ready, timeout=300, what="every table to be READY")
         handed_over = writer.written
         wait_until(lambda: writer.written > handed_over + 50, timeout=60, what="more writes")
         writer.stop()
@@ -86,7 +80,7 @@ def test_refresh_adds_new_tables_and_removes_dropped_ones(
         "CREATE PUBLICATION pub FOR TABLE old"
     )
     with Replication(publisher, spark, warehouse, copy_data=True) as rep:
-        wait_until(lambda: all_ready(rep), timeout=300, what="old READY")
+        wait_until(rep.all_ready, timeout=300, what="old READY")
         config = Config(warehouse=str(warehouse), subscriptions=[rep.config])
         publisher.execute("ALTER PUBLICATION pub ADD TABLE later")
         publisher.execute("INSERT INTO later VALUES (101, 'after the add')")

@@ -67,8 +67,10 @@ class MemoryTables:
         self.commits.append((schema.table, mark))
         return WriteResult(schema.table, len(self.commits))
 
+    copy_on_executors = False
+
     def copy_into(
-        self, schema: TargetSchema, blocks: Iterator[Any], mark: CommitMark, staging: Path
+        self, schema: TargetSchema, source: Any, mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]:
         raise NotImplementedError("the copy needs a publisher")
 
