@@ -50,9 +50,13 @@ class CopySettings:
 
     ranges: int | None = None  # CTID ranges per table; None: one per range_bytes of heap
     range_bytes: int = 64 << 20
-    readers: int = 2  # ranges read at once by the daemon (a cluster: its cores)
+    readers: int = 1  # ranges read at once by the daemon (a cluster: its cores)
 
-    def ranges_for(self, heap_blocks: int) -> int:
+    def ranges_for(self, heap_blocks: int, on_executors: bool) -> int:
+        """How many ranges to read a table in: with one reader in this process and no
+        number set, one (PostgreSQL's way: the slot's own transaction copies it)."""
+        if self.ranges is None and self.readers == 1 and not on_executors:
+            return 1
         return range_count(heap_blocks, self.range_bytes, self.ranges)
 
 

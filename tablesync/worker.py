@@ -148,8 +148,8 @@ class SyncWorker:
         context.tables.prepare(schema, recreate=True)  # the copy fills it
         labels = (context.subscription, table.qualified_name)
         context.metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
-        ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks))
         on_executors = context.tables.copy_on_executors
+        ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks, on_executors))
         started = time.monotonic()
         with ReplicationConnection(self._conninfo) as connection:
             in_transaction = len(ranges) == 1 and not on_executors

@@ -126,9 +126,10 @@ class CopyConfig(_Strict):
     # range_size of the table's heap) or a number.
     ranges: Literal["auto"] | int = Field("auto")
     range_size: ByteSize = 64 * 1024**2
-    # Ranges read at once by the daemon's threads on a local Spark; a cluster reads them as
-    # Spark tasks, as many at once as it has cores.
-    readers: int = Field(2, ge=1, le=64)
+    # Ranges read at once by the daemon's threads on a local Spark (1: one COPY in the sync
+    # slot's own transaction, as PostgreSQL; measured faster on 2 cores shared with the
+    # publisher, docs/performance.md); a cluster reads the ranges as Spark tasks.
+    readers: int = Field(1, ge=1, le=64)
 
     @field_validator("ranges")
     @classmethod

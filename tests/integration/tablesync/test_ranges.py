@@ -15,7 +15,7 @@ from apply.schema import target_schema
 from subscriber.replication.catalog import PublisherCatalog
 from subscriber.replication.commands import SnapshotAction
 from subscriber.replication.stream import ReplicationConnection
-from tablesync.copy import RangeReader, parallel, range_count, split
+from tablesync.copy import CopySettings, RangeReader, parallel, range_count, split
 from tablesync.publication import describe, published_tables
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
@@ -81,6 +81,11 @@ def test_range_count_follows_the_heap() -> None:
     assert range_count(8193, 64 << 20, None) == 2
     assert range_count(100, 64 << 20, 4) == 4
     assert range_count(3, 64 << 20, 8) == 3  # never an empty range by construction
+    # One reader on a local Spark: PostgreSQL's one COPY, unless a number is set.
+    assert CopySettings().ranges_for(100_000, on_executors=False) == 1
+    assert CopySettings().ranges_for(100_000, on_executors=True) == 13  # 800 MB / 64 MiB
+    assert CopySettings(readers=2).ranges_for(100_000, on_executors=False) == 13
+    assert CopySettings(ranges=3).ranges_for(100_000, on_executors=False) == 3
     covered = split(1001, 7)
     assert covered[0].first == 0 and covered[-1].stop is None
     assert all(a.stop == b.first for a, b in itertools.pairwise(covered))
