@@ -16,16 +16,27 @@ what ``pgsub skip/enable/disable`` set (the latest value per key counts).
 
 All live where the warehouse is, so a pod can be replaced with nothing lost,
 and all are append-only: appends never conflict with each other.
+
+Where the warehouse is a local folder, appends and reads go through delta-rs
+(tens of milliseconds, no Spark job): a state change is on the sync path of
+every table, and a cold JVM took seconds per change. Deletes, the prepared
+transactions' frames and any table delta-rs may not write (a writer feature
+it lacks) stay with Spark; both write the same Delta log.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
+import pyarrow as pa
+
+from apply.delta.copy import delta_rs_can_write
 from apply.delta.session import SparkErrors
 from apply.errors import TargetTableError
 from apply.records import StoredTableState
@@ -38,6 +49,24 @@ if TYPE_CHECKING:
 
 STATE_DIR: Final = "_pgsub"
 
+_ARROW_TYPES: Final = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "binary": pa.binary(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "map<string,long>": pa.map_(pa.string(), pa.int64()),
+}
+
+
+def arrow_schema(ddl: str) -> pa.Schema:
+    """A state table's DDL (``a string, b map<string,long>``) as an Arrow schema."""
+    fields = []
+    for column in re.split(r",\s*(?![^<]*>)", ddl):
+        name, kind = column.split(None, 1)
+        fields.append(pa.field(name, _ARROW_TYPES[kind.replace(" ", "")]))
+    return pa.schema(fields)
+
 
 class _StateTable:
     """One append-only Delta table under ``<warehouse>/_pgsub/``."""
@@ -48,12 +77,44 @@ class _StateTable:
     def __init__(self, spark: SparkSession, warehouse: str) -> None:
         self._spark = spark
         self.path = f"{warehouse.rstrip('/')}/{STATE_DIR}/{self.name}"
+        self._local = "://" not in warehouse or warehouse.startswith("file:")
+        self._folder = self.path.removeprefix("file://").removeprefix("file:")
+        self._delta_rs: bool | None = None  # decided once the table exists
 
-    def _rows(self, subscription: str) -> list[Row]:
+    def _by_delta_rs(self) -> bool:
+        """Whether delta-rs reads and appends: a local folder, and a table it may write."""
+        if not self._local:
+            return False
+        if self._delta_rs is None:
+            if not os.path.isdir(os.path.join(self._folder, "_delta_log")):
+                return True  # delta-rs makes it
+            self._delta_rs = delta_rs_can_write(self._folder)
+        return self._delta_rs
+
+    def _arrow(self, subscription: str) -> pa.Table | None:
+        """The subscription's rows by delta-rs (None: no table yet)."""
+        import deltalake
+        import pyarrow.compute as pc
+
+        try:
+            table = deltalake.DeltaTable(self._folder)
+        except deltalake.exceptions.TableNotFoundError:
+            return None
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
+        return table.to_pyarrow_dataset().to_table(filter=pc.field("subscription") == subscription)
+
+    def _rows(self, subscription: str) -> list[Row] | list[dict[str, Any]]:
         """The subscription's rows, oldest first (none when the table does not exist yet)."""
         from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
+        if self._by_delta_rs():
+            rows = self._arrow(subscription)
+            if rows is None:
+                return []
+            ordered: list[dict[str, Any]] = rows.sort_by("recorded_at").to_pylist()
+            return ordered
         try:
             if not DeltaTable.isDeltaTable(self._spark, self.path):
                 return []
@@ -79,14 +140,39 @@ class _StateTable:
         except SparkErrors as exc:
             raise TargetTableError(f"cannot delete from {self.path}: {exc}") from exc
 
-    def _append(self, rows: Any) -> None:
-        """Append ``rows`` (an Arrow table or a list of tuples in ``ddl`` order)."""
+    def _append(self, rows: list[tuple[Any, ...]]) -> None:
+        """Append ``rows`` (tuples in ``ddl`` order)."""
+        if self._by_delta_rs():
+            self._append_by_delta_rs(rows)
+            return
         try:
             frame = self._spark.createDataFrame(rows, schema=self.ddl)
             # mergeSchema: a column added by a newer pgsub joins an older table.
             frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
         except SparkErrors as exc:
             raise TargetTableError(f"cannot write to {self.path}: {exc}") from exc
+
+    def _append_by_delta_rs(self, rows: list[tuple[Any, ...]]) -> None:
+        import deltalake
+
+        schema = arrow_schema(self.ddl)
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+        table = pa.table(
+            [
+                pa.array([_arrow_value(v) for v in values], type=f.type)
+                for values, f in zip(columns, schema, strict=True)
+            ],
+            schema=schema,
+        )
+        try:
+            # merge: a column added by a newer pgsub joins an older table.
+            deltalake.write_deltalake(self._folder, table, mode="append", schema_mode="merge")
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            raise TargetTableError(f"cannot write to {self.path}: {exc}") from exc
+
+
+def _arrow_value(value: object) -> object:
+    return list(value.items()) if isinstance(value, dict) else value
 
 
 class CheckpointStore(_StateTable):
@@ -105,6 +191,13 @@ class CheckpointStore(_StateTable):
         from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
+        if self._by_delta_rs():
+            import pyarrow.compute as pc
+
+            rows = self._arrow(subscription)
+            if rows is None or rows.num_rows == 0:
+                return ZERO
+            return Lsn(int(pc.max(rows.column("lsn")).as_py()))
         try:
             if not DeltaTable.isDeltaTable(self._spark, self.path):
                 return ZERO
@@ -210,6 +303,14 @@ class ConflictStore(_StateTable):
         from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
+        if self._by_delta_rs():
+            found = self._arrow(subscription)
+            if found is None:
+                return {}
+            counted = found.group_by("type").aggregate([("type", "count")])
+            return dict(
+                zip(counted["type"].to_pylist(), counted["type_count"].to_pylist(), strict=True)
+            )
         try:
             if not DeltaTable.isDeltaTable(self._spark, self.path):
                 return {}
