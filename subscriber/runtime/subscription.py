@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -41,26 +41,23 @@ from apply.worker import ApplyWorker
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
 from subscriber.replication.catalog import PublisherCatalog, prepared_transactions
-from subscriber.replication.commands import StreamOptions, quote_literal
+from subscriber.replication.commands import StreamOptions
 from subscriber.replication.errors import ReplicationError, SubscriberError
-from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver
-from subscriber.replication.slot import PublisherIdentity, SlotAction, check_publisher, plan_slot
-from subscriber.replication.stream import ReplicationConnection
 from subscriber.replication.wire import PG_EPOCH_OFFSET
 from subscriber.runtime.backoff import retry_delay
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
+from subscriber.runtime.slots import SubscriptionSlots
+from subscriber.runtime.subscription_status import SubscriptionStatus, lsn_text
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
 from tablesync.state import TableState
 from tablesync.worker import (
     COPY_STAGING,
     SyncWorker,
-    is_sync_slot,
-    sync_slot_name,
-    sync_slot_relid,
 )
 
 if TYPE_CHECKING:
@@ -80,60 +77,6 @@ _FAILURES = (
     PublicationError,
     psycopg.OperationalError,
 )
-
-
-@dataclass
-class SubscriptionStatus:
-    """What ``/status`` and ``/readyz`` show for a subscription."""
-
-    name: str
-    slot: str = ""
-    enabled: bool = True
-    two_phase: str = "off"  # off | pending | enabled (pg_subscription.subtwophasestate)
-    state: str = "starting"  # starting | streaming | error | stopped | disabled
-    received_lsn: Lsn | None = None
-    flushed_lsn: Lsn | None = None
-    latest_end_lsn: Lsn | None = None
-    replication_lag_bytes: int | None = None  # the publisher's WAL end minus flushed
-    apply_lag_seconds: float | None = None  # now minus the last applied commit (0 when idle)
-    last_msg_receipt: float | None = None  # unix time of the last message or keepalive
-    last_error: str | None = None
-    last_error_at: float | None = None
-    last_error_finish_lsn: Lsn | None = None  # what `pgsub skip` takes
-    error_count: int = 0  # apply errors (pg_stat_subscription_stats.apply_error_count)
-    sync_error_count: int = 0
-    conflicts: dict[str, int] = field(default_factory=dict)  # by kind, since the start
-    consecutive_failures: int = 0  # attempts that failed in a row, with no progress between
-    retry_at: float | None = None  # unix time of the next attempt after a failure
-    tables: list[dict[str, object]] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "slot": self.slot,
-            "enabled": self.enabled,
-            "two_phase": self.two_phase,
-            "state": self.state,
-            "received_lsn": _text(self.received_lsn),
-            "flushed_lsn": _text(self.flushed_lsn),
-            "latest_end_lsn": _text(self.latest_end_lsn),
-            "replication_lag_bytes": self.replication_lag_bytes,
-            "apply_lag_seconds": self.apply_lag_seconds,
-            "last_msg_receipt": self.last_msg_receipt,
-            "last_error": self.last_error,
-            "last_error_at": self.last_error_at,
-            "last_error_finish_lsn": _text(self.last_error_finish_lsn),
-            "error_count": self.error_count,
-            "sync_error_count": self.sync_error_count,
-            "conflicts": dict(self.conflicts),
-            "consecutive_failures": self.consecutive_failures,
-            "retry_at": self.retry_at,
-            "tables": self.tables,
-        }
-
-
-def _text(lsn: Lsn | None) -> str | None:
-    return None if lsn is None else str(lsn)
 
 
 class SubscriptionRunner:
@@ -170,7 +113,7 @@ class SubscriptionRunner:
             created=self.settings,
         )
         self.catalog = PublisherCatalog(self._conninfo)
-        self.system_id = ""
+        self.slots = SubscriptionSlots(config, self._conninfo, self.settings)
         self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))
         self._prepared = PreparedStore(spark, warehouse)
         self.options = StreamOptions(
@@ -203,7 +146,7 @@ class SubscriptionRunner:
             TableStateStore(spark, warehouse),
             metrics,
             self._sync_worker,
-            drop_sync_slot=self._drop_sync_slot,
+            drop_sync_slot=self.slots.drop_sync_slot,
             list_published=self._published_tables,
             on_error=self._sync_failed,
         )
@@ -236,7 +179,7 @@ class SubscriptionRunner:
                     log.info("subscription starting", subscription=name, origin_lsn=str(flushed))
                 self._forget_done_skip(flushed)
                 self._prepare_spool()
-                self._ensure_slot(flushed)
+                self.slots.ensure(flushed)
                 self._tables_to_sync(flushed)
                 flushed = self._attempt(flushed, isolate, stopping)
                 isolate = None
@@ -373,7 +316,7 @@ class SubscriptionRunner:
             subscription=self.name,
             error=str(exc),
             error_type=type(exc).__name__,
-            finish_lsn=_text(finish_lsn),
+            finish_lsn=lsn_text(finish_lsn),
             attempt=self.status.consecutive_failures + 1,
         )
 
@@ -382,18 +325,9 @@ class SubscriptionRunner:
             self.context,
             table,
             handoff=self.coordinator,
-            system_id=self.system_id,
+            system_id=self.slots.system_id,
             copy=self.config.initial_copy.settings(),
         ).run
-
-    def _drop_sync_slot(self, relid: int) -> None:
-        slot = sync_slot_name(self.name, relid, self.system_id)
-        with ReplicationConnection(self._conninfo) as connection:
-            if connection.execute(
-                "SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = "
-                + quote_literal(slot)
-            ):
-                connection.drop_slot(slot)
 
     def _published_tables(self) -> list[PublishedTable]:
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
@@ -408,54 +342,12 @@ class SubscriptionRunner:
         else:
             self.coordinator.load(published, position)
             self._loaded = True
-            self._drop_leftover_sync_slots()
-
-    def _drop_leftover_sync_slots(self) -> None:
-        """Sync slots of tables past their copy: a crash after SYNCDONE left them holding WAL."""
-        copying = {
-            s.relid
-            for s in self.coordinator.statuses
-            if s.state not in (TableState.SYNCDONE, TableState.READY)
-        }
-        with ReplicationConnection(self._conninfo) as connection:
-            rows = connection.execute(
-                "SELECT slot_name FROM pg_catalog.pg_replication_slots"
-                " WHERE database = current_database() AND NOT active"
-            )
-            for row in rows:
-                slot = str(row["slot_name"])
-                if is_sync_slot(self.name, slot) and sync_slot_relid(slot) not in copying:
-                    connection.drop_slot(slot)
-                    log.info("leftover sync slot dropped", subscription=self.name, slot=slot)
-
-    def _ensure_slot(self, flushed: Lsn) -> None:
-        """Check the publisher and the slot; create the slot only on the first start."""
-        slot = self.config.slot
-        with ReplicationConnection(self._conninfo) as connection:
-            system = connection.identify_system()
-            found = PublisherIdentity(system.system_id, system.timeline)
-            recorded = self.settings.publisher
-            check_publisher(self.name, recorded, found)
-            self.system_id = system.system_id
-            rows = connection.execute(
-                "SELECT plugin FROM pg_catalog.pg_replication_slots WHERE slot_name = "
-                + quote_literal(slot)
-            )
-            action = plan_slot(
-                subscription=self.name,
-                slot=slot,
-                exists=bool(rows),
-                plugin=rows[0]["plugin"] if rows else None,
-                first_start=recorded is None and flushed == ZERO,
-                create_slot=self.config.create_slot,
-                confirmed=flushed,
-            )
-            if action is SlotAction.CREATE:
-                # Two-phase is switched on at START_REPLICATION once every table is READY
-                # (the walsender marks the slot then), as PostgreSQL's subscriber does.
-                connection.create_slot(slot, failover=self.config.failover)
-        # Recorded once the slot exists: a crash in between leaves a first start.
-        self.settings.record_publisher(found)
+            copying = {
+                s.relid
+                for s in self.coordinator.statuses
+                if s.state not in (TableState.SYNCDONE, TableState.READY)
+            }
+            self.slots.drop_leftover_sync_slots(copying)
 
     # -- one attempt ---------------------------------------------------------
 
