@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,6 +103,11 @@ def session_conf(settings: SparkSettings, jars_dir: Path | None = None) -> dict[
         )
         if settings.master.startswith("local"):
             conf["spark.local.dir"] = scratch  # a cluster's workers set their executors' own
+        elif "PYSPARK_PYTHON" not in os.environ:
+            # The Python of a cluster's tasks (the initial copy's range readers): this one,
+            # at the same path on the executors (the chart's image is theirs too), not
+            # PySpark's default of whatever `python3` is first on their PATH.
+            conf["spark.pyspark.python"] = sys.executable
     if settings.remote is None and "spark.jars" not in settings.conf:
         conf["spark.jars"] = ",".join(str(j) for j in delta_jars(jars_dir))
     conf.update(settings.conf)
@@ -117,8 +123,13 @@ def build_session(settings: SparkSettings, jars_dir: Path | None = None) -> Spar
         builder = builder.remote(settings.remote)
     else:
         builder = builder.master(settings.master)
-    for key, value in session_conf(settings, jars_dir).items():
+    conf = session_conf(settings, jars_dir)
+    for key, value in conf.items():
         builder = builder.config(key, value)
+    python = conf.get("spark.pyspark.python")
+    if python and "PYSPARK_PYTHON" not in os.environ:
+        # PySpark takes the tasks' Python from this variable, not from the conf.
+        os.environ["PYSPARK_PYTHON"] = python
     session = builder.getOrCreate()
     if settings.remote is None:
         session.sparkContext.setLogLevel("WARN")

@@ -57,3 +57,17 @@ def test_a_spark_connect_token_never_reaches_the_log() -> None:
     url = "sc://spark.example:443/;use_ssl=true;token=dapi-s3cr3t;user_id=pgsub"
     assert masked_spark_url(url) == "sc://spark.example:443/;use_ssl=true;token=***;user_id=pgsub"
     assert masked_spark_url("local[*]") == "local[*]"
+
+
+def test_a_clusters_tasks_run_this_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PySpark's default is the executors' `python3`, which lacks pgsub's packages: the
+    copy's range readers failed with "No module named 'pyarrow'" on a cluster."""
+    import sys
+
+    folder = make_jars(tmp_path / "lib")
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    cluster = session_conf(SparkSettings(master="spark://m:7077"), folder)
+    assert cluster["spark.pyspark.python"] == sys.executable
+    assert "spark.pyspark.python" not in session_conf(SparkSettings(master="local[2]"), folder)
+    chosen = SparkSettings(master="spark://m:7077", conf={"spark.pyspark.python": "/opt/py"})
+    assert session_conf(chosen, folder)["spark.pyspark.python"] == "/opt/py"
