@@ -30,7 +30,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -74,12 +74,19 @@ class _StateTable:
     name: str = ""
     ddl: str = ""
 
-    def __init__(self, spark: SparkSession, warehouse: str) -> None:
-        self._spark = spark
+    def __init__(self, spark: SparkSession | Callable[[], SparkSession], warehouse: str) -> None:
+        # Or what makes a session when first needed: admin commands on a local warehouse
+        # mostly never need one (delta-rs reads and appends).
+        self._session_source = spark
         self.path = f"{warehouse.rstrip('/')}/{STATE_DIR}/{self.name}"
         self._local = "://" not in warehouse or warehouse.startswith("file:")
         self._folder = self.path.removeprefix("file://").removeprefix("file:")
         self._delta_rs: bool | None = None  # decided once the table exists
+
+    @property
+    def _spark(self) -> SparkSession:
+        source = self._session_source
+        return source() if callable(source) else source
 
     def _by_delta_rs(self) -> bool:
         """Whether delta-rs reads and appends: a local folder, and a table it may write."""
@@ -248,7 +255,7 @@ class TableStateStore(_StateTable):
         "lsn long, recorded_at timestamp"
     )
 
-    def __init__(self, spark: SparkSession, warehouse: str) -> None:
+    def __init__(self, spark: SparkSession | Callable[[], SparkSession], warehouse: str) -> None:
         super().__init__(spark, warehouse)
         self._lock = threading.Lock()
 
@@ -463,6 +470,12 @@ class PreparedStore(_StateTable):
         from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
+        if self._by_delta_rs():
+            found = self._arrow(subscription)
+            if found is None:
+                return []
+            pairs = zip(found["gid"].to_pylist(), found["xid"].to_pylist(), strict=True)
+            return sorted({(str(gid), int(xid)) for gid, xid in pairs})
         try:
             if not DeltaTable.isDeltaTable(self._spark, self.path):
                 return []

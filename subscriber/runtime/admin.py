@@ -3,11 +3,15 @@
 They change what a subscription does the way ``ALTER SUBSCRIPTION`` does,
 through the state store under the warehouse; a running daemon re-reads it
 within a few seconds, as PostgreSQL's worker re-reads its subscription.
-They start their own (local or configured) Spark session to write it.
+On a local warehouse the state store is read and appended to by delta-rs:
+only ``pgsub drop`` (deletes) starts a Spark session of its own, local or
+as configured; elsewhere every command does.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -30,25 +34,27 @@ class AdminError(SubscriberError):
     """An administrative command that cannot be carried out as asked."""
 
 
-def _spark(config: Config) -> Any:
-    return build_session(
-        SparkSettings(
-            master=config.spark.master,
-            remote=config.spark.remote,
-            conf=config.spark.conf,
-            app_name="pgsub-admin",
-        )
+def spark_on_demand(config: Config, app_name: str = "pgsub-admin") -> Callable[[], Any]:
+    """What starts the command's Spark session when first needed (most never need it)."""
+    settings = SparkSettings(
+        master=config.spark.master,
+        remote=config.spark.remote,
+        conf=config.spark.conf,
+        app_name=app_name,
     )
+    return functools.cache(lambda: build_session(settings))
 
 
 def skip(config: Config, subscription: SubscriptionConfig, lsn: Lsn) -> None:
     """``ALTER SUBSCRIPTION ... SKIP (lsn = X)``: skip the transaction finishing at ``lsn``."""
-    SettingsStore(_spark(config), config.warehouse).record(subscription.name, SKIP_LSN, str(lsn))
+    SettingsStore(spark_on_demand(config), config.warehouse).record(
+        subscription.name, SKIP_LSN, str(lsn)
+    )
 
 
 def set_enabled(config: Config, subscription: SubscriptionConfig, enabled: bool) -> None:
     """``ALTER SUBSCRIPTION ... ENABLE / DISABLE``."""
-    store = SettingsStore(_spark(config), config.warehouse)
+    store = SettingsStore(spark_on_demand(config), config.warehouse)
     store.record(subscription.name, ENABLED, "true" if enabled else "false")
 
 
@@ -58,7 +64,7 @@ def refresh_publication(
     """REFRESH PUBLICATION; the names of the tables added and removed."""
     with psycopg.connect(subscription.conninfo(), autocommit=True) as conn:
         published = published_tables(conn, list(subscription.publications))
-    spark = _spark(config)
+    spark = spark_on_demand(config)
     store = TableStateStore(spark, config.warehouse)
     refresh = plan_refresh(store.load(subscription.name), published)
     if refresh.added and subscription.copy_data:
@@ -77,7 +83,7 @@ def resync(config: Config, subscription: SubscriptionConfig, tables: list[str]) 
     anew (replacing the Delta table's rows) and hand them back, as for a
     table just added. The qualified names of the tables, as stored.
     """
-    spark = _spark(config)
+    spark = spark_on_demand(config)
     _refuse_copy_under_two_phase(spark, config, subscription, "`pgsub resync`")
     store = TableStateStore(spark, config.warehouse)
     known = {qualified_name(s.schema, s.name): s for s in store.load(subscription.name).values()}
@@ -144,7 +150,7 @@ def drop(config: Config, subscription: SubscriptionConfig, *, keep_slot: bool) -
             for name, _ in rows:
                 conn.execute("SELECT pg_catalog.pg_drop_replication_slot(%s)", [name])
                 dropped.append(str(name))
-    spark = _spark(config)
+    spark = spark_on_demand(config)
     for table in STATE_TABLES:
         table(spark, config.warehouse).forget(subscription.name)
     return dropped

@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
         "conflicts by kind and the last error with its transaction's finish LSN; per table "
         "its state (i/d/f/w/c/s/r), LSN, copy progress, Delta version and files. From the "
         "running daemon's /status when one answers on the config's metrics port, otherwise "
-        "from the state store and the publisher's slot (a few seconds: it starts Spark); the "
+        "from the state store and the publisher's slot (read by delta-rs on a local warehouse; "
+        "elsewhere it starts Spark, a few seconds); the "
         "first line says which. Exit 1 when a subscription is in error.",
     )
     status.add_argument("subscription", nargs="?", help="only this subscription")

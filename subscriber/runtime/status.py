@@ -8,7 +8,8 @@ Two sources, and the view says which:
   started);
 - **state store**: without a daemon, what is durable - each table's stored
   state, the subscription's settings, its last checkpoint and the conflict
-  table (through Spark, so it takes a few seconds) - and the publisher's
+  table (read by delta-rs on a local warehouse, else through Spark, which
+  takes a few seconds to start) - and the publisher's
   slot (its confirmed position, whether something streams it, the lag).
 
 ``render`` makes the terminal table (colour only on a TTY); ``--json``
@@ -63,7 +64,6 @@ def from_daemon(config: Config, timeout: float = 2.0) -> View | None:
 
 def from_state_store(config: Config, names: list[str]) -> View:
     """What is durable about ``names``: the state store, and each publisher's slot."""
-    from apply.delta.session import SparkSettings, build_session
     from apply.delta.state_store import (
         CheckpointStore,
         ConflictStore,
@@ -71,16 +71,10 @@ def from_state_store(config: Config, names: list[str]) -> View:
         SettingsStore,
         TableStateStore,
     )
+    from subscriber.runtime.admin import spark_on_demand
     from subscriber.runtime.settings import ENABLED, SKIP_LSN, TWO_PHASE
 
-    spark = build_session(
-        SparkSettings(
-            master=config.spark.master,
-            remote=config.spark.remote,
-            conf=config.spark.conf,
-            app_name="pgsub-status",
-        )
-    )
+    spark = spark_on_demand(config, "pgsub-status")  # started only if a store needs it
     warehouse = config.warehouse
     checkpoints, states = CheckpointStore(spark, warehouse), TableStateStore(spark, warehouse)
     settings, conflicts = SettingsStore(spark, warehouse), ConflictStore(spark, warehouse)
