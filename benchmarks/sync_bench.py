@@ -26,6 +26,7 @@ import json
 import resource
 import tempfile
 import time
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -83,16 +84,39 @@ def native(publisher: PgCluster, rows: int) -> float:
     return rows / seconds
 
 
-def pgsub(
-    publisher: PgCluster, rows: int, spark: Any, ranges: int | None
-) -> dict[str, float | None]:
-    from structlog.testing import capture_logs
+# The events whose times make the timeline of a sync.
+MILESTONES = ("table state changed", "target table created", "table copy started")
+MILESTONES += ("table copy finished", "table synchronized")
 
-    copy = {"ranges": ranges or "auto"}
+
+@contextlib.contextmanager
+def timed_events() -> Iterator[list[MutableMapping[str, Any]]]:
+    """Every log event, with ``at`` (monotonic seconds) added."""
+    import structlog
+    from structlog.testing import LogCapture
+
+    capture = LogCapture()
+    processors = structlog.get_config()["processors"]
+
+    def stamp(logger: Any, name: str, event: MutableMapping[str, Any]) -> Any:
+        event["at"] = time.monotonic()
+        return event
+
+    structlog.configure(processors=[stamp, capture])
+    try:
+        yield capture.entries
+    finally:
+        structlog.configure(processors=processors)
+
+
+def pgsub(
+    publisher: PgCluster, rows: int, spark: Any, ranges: int | None, readers: int
+) -> dict[str, Any]:
+    copy = {"ranges": ranges or "auto", "readers": readers}
     run = PgsubRun(
         spark, connection=publisher.dsn("bench"), publications=["pub"], copy_data=True, copy=copy
     )
-    with run, capture_logs() as events:
+    with run, timed_events() as events:
         started = time.monotonic()
         run.start()
         while True:
@@ -103,7 +127,14 @@ def pgsub(
         seconds = time.monotonic() - started
         copied = next((e["seconds"] for e in events if e["event"] == "table copy finished"), None)
         started_copy = next((e for e in events if e["event"] == "table copy started"), {})
+        timeline = [
+            [round(e["at"] - started, 2), e["event"], e.get("state", "")]
+            for e in events
+            if e["event"] in MILESTONES
+        ]
         return {
+            "timeline": timeline,
+            "readers": readers,
             "ranges": started_copy.get("ranges"),
             "read_by": started_copy.get("read_by"),
             "rows_per_s": rows / seconds,
@@ -121,6 +152,9 @@ def main() -> None:
     parser.add_argument("--skip-native", action="store_true")
     parser.add_argument(
         "--ranges", default="auto", help="comma-separated CTID range counts, or auto"
+    )
+    parser.add_argument(
+        "--readers", type=int, help="copy.readers (default: 2 for a number of ranges, else 1)"
     )
     parser.add_argument(
         "--master", default="local[*]", help="pgsub's Spark master; standalone: start one here"
@@ -148,7 +182,10 @@ def main() -> None:
         spark = build_session(SparkSettings(master=master))
         stack.callback(spark.stop)
         tune_garbage_collector()  # as `pgsub run` does
-        ours = [pgsub(publisher, args.rows, spark, count) for count in counts]
+        ours = [
+            pgsub(publisher, args.rows, spark, count, args.readers or (2 if count else 1))
+            for count in counts
+        ]
     figures = {
         "rows": args.rows,
         "master": args.master,
@@ -165,7 +202,8 @@ def main() -> None:
     for run in ours:
         mine = run["rows_per_s"] or 0
         ratio = f" ({mine / theirs:.2f}x)" if theirs else ""
-        label = f"pgsub, {run['ranges']} range(s) read by {run['read_by']}"
+        by = f"{run['readers']} reader(s)" if run["read_by"] == "pgsub" else run["read_by"]
+        label = f"pgsub, {run['ranges']} range(s) read by {by}"
         seconds = f"{run['copy_seconds'] or 0:.1f} / {run['seconds'] or 0:.1f}"
         memory = f"{run['peak_rss_python_mb'] or 0:.0f} / {run['peak_rss_jvm_mb'] or 0:.0f}"
         print(f"| {label} | {mine:,.0f}{ratio} | {seconds} | {memory} |")
