@@ -1,0 +1,54 @@
+"""Ranges read by threads: every block once, errors raised to the reader, no thread left."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+
+from tablesync.copy import parallel
+
+
+def blocks_of(part: int) -> Iterator[pa.Table]:
+    for block in range(3):
+        yield pa.table({"part": [part], "block": [block]})
+
+
+def copy_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("copy-reader-")]
+
+
+def test_every_block_of_every_part_once() -> None:
+    seen = [tuple(b.to_pylist()[0].values()) for b in parallel(blocks_of, range(7), readers=3)]
+    assert sorted(seen) == [(p, b) for p in range(7) for b in range(3)]
+    assert copy_threads() == []
+
+
+def test_a_readers_error_reaches_the_consumer_and_stops_the_others() -> None:
+    def failing(part: int) -> Iterator[pa.Table]:
+        if part == 4:
+            raise ConnectionError("range 4 lost its connection")
+        yield from blocks_of(part)
+
+    with pytest.raises(ConnectionError, match="range 4"):
+        list(parallel(failing, range(50), readers=2))
+    assert copy_threads() == []
+
+
+def test_a_consumer_that_stops_early_ends_the_readers_and_closes_their_reads() -> None:
+    closed: list[int] = []
+
+    def endless(part: int) -> Iterator[pa.Table]:
+        try:
+            while True:
+                yield pa.table({"part": [part]})
+        finally:
+            closed.append(part)
+
+    blocks = parallel(endless, range(4), readers=2)
+    assert next(blocks).num_rows == 1
+    blocks.close()
+    assert copy_threads() == []
+    assert sorted(closed) == [0, 1]  # the two being read; the others never started
