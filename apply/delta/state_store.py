@@ -99,17 +99,28 @@ class _StateTable:
         return self._delta_rs
 
     def _arrow(self, subscription: str) -> pa.Table | None:
-        """The subscription's rows by delta-rs (None: no table yet)."""
+        """The subscription's rows by delta-rs (None: no table yet).
+
+        delta-rs lists the table's live files and pyarrow reads them from the local
+        folder. Not ``DeltaTable.to_pyarrow_dataset``: its file system calls back into
+        Python from Arrow's I/O threads, and about every other process that used it
+        aborted at exit ("terminate called without an active exception", exit 134) -
+        an admin command's exit code lost.
+        """
         import deltalake
         import pyarrow.compute as pc
+        import pyarrow.dataset as ds
 
         try:
             table = deltalake.DeltaTable(self._folder)
+            files = table.file_uris()
+            schema = pa.schema(table.schema().to_arrow())
         except deltalake.exceptions.TableNotFoundError:
             return None
         except (deltalake.exceptions.DeltaError, OSError) as exc:
             raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
-        return table.to_pyarrow_dataset().to_table(filter=pc.field("subscription") == subscription)
+        wanted = pc.field("subscription") == subscription
+        return ds.dataset(files, schema=schema, format="parquet").to_table(filter=wanted)
 
     def _rows(self, subscription: str) -> list[Row] | list[dict[str, Any]]:
         """The subscription's rows, oldest first (none when the table does not exist yet)."""

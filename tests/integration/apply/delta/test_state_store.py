@@ -87,3 +87,30 @@ def test_state_table_schemas_map_to_arrow() -> None:
     schema = arrow_schema(CheckpointStore.ddl)
     assert str(schema.field("tables").type) == "map<string, int64>"
     assert str(schema.field("recorded_at").type) == "timestamp[us, tz=UTC]"
+
+
+def test_a_process_that_read_the_state_store_exits_with_its_own_code(
+    spark: Any, warehouse: Path
+) -> None:
+    """An admin command's exit code is what it says: reading through delta-rs's pyarrow
+    dataset made about every other process abort at exit (134), an error's 2 lost."""
+    import subprocess
+    import sys
+
+    for _ in range(5):
+        TableStateStore(spark, str(warehouse)).record(
+            "sub1", [StoredTableState(1, "public", "a", "r", Lsn(1))]
+        )
+    SettingsStore(spark, str(warehouse)).record("sub1", "enabled", "true")
+    script = (
+        "import sys\n"
+        "from apply.delta.state_store import SettingsStore, TableStateStore\n"
+        f"SettingsStore(lambda: None, {str(warehouse)!r}).load('sub1')\n"
+        f"TableStateStore(lambda: None, {str(warehouse)!r}).load('sub1')\n"
+        "sys.exit(2)\n"
+    )
+    codes = [
+        subprocess.run([sys.executable, "-c", script], check=False, timeout=60).returncode
+        for _ in range(12)
+    ]
+    assert codes == [2] * 12
