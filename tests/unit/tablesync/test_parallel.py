@@ -38,9 +38,11 @@ def test_a_readers_error_reaches_the_consumer_and_stops_the_others() -> None:
 
 
 def test_a_consumer_that_stops_early_ends_the_readers_and_closes_their_reads() -> None:
+    started: list[int] = []
     closed: list[int] = []
 
     def endless(part: int) -> Iterator[pa.Table]:
+        started.append(part)
         try:
             while True:
                 yield pa.table({"part": [part]})
@@ -51,4 +53,5 @@ def test_a_consumer_that_stops_early_ends_the_readers_and_closes_their_reads() -
     assert next(blocks).num_rows == 1
     blocks.close()
     assert copy_threads() == []
-    assert sorted(closed) == [0, 1]  # the two being read; the others never started
+    # Every read begun is closed; at most two began (two readers), the others never did.
+    assert sorted(closed) == sorted(started) and 1 <= len(started) <= 2
