@@ -182,8 +182,11 @@ def main() -> None:
         spark = build_session(SparkSettings(master=master))
         stack.callback(spark.stop)
         tune_garbage_collector()  # as `pgsub run` does
+        # One reader for one range and for auto (the daemon's default), two for a number.
         ours = [
-            pgsub(publisher, args.rows, spark, count, args.readers or (2 if count else 1))
+            pgsub(
+                publisher, args.rows, spark, count, args.readers or (2 if (count or 1) > 1 else 1)
+            )
             for count in counts
         ]
     figures = {
