@@ -20,7 +20,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -36,26 +36,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from apply.delta.target import TargetTable
-
-# Writer features delta-rs 1.6 writes correctly; any other makes the copy go through Spark.
-DELTA_RS_WRITES: Final = frozenset({"appendOnly", "invariants", "timestampNtz"})
-
-
-def delta_rs_can_write(path: str) -> bool:
-    """Whether delta-rs may write the table at ``path`` (a local folder): its writer
-    features are all ones delta-rs supports."""
-    import deltalake
-
-    try:
-        protocol = deltalake.DeltaTable(path).protocol()
-    except (deltalake.exceptions.DeltaError, OSError):
-        return False
-    features = set(protocol.writer_features or ())
-    if protocol.min_writer_version < 7:
-        # The legacy protocol: 3 adds CHECK constraints, 4 generated columns and change
-        # data feed, 5 column mapping.
-        return protocol.min_writer_version <= 2
-    return features <= DELTA_RS_WRITES
 
 
 def write_once(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -36,7 +35,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
-from apply.delta.copy import delta_rs_can_write
+from apply.delta.local_tables import (
+    append_rows,
+    delta_rs_can_write,
+    folder,
+    is_local_folder,
+    read_subscription,
+)
 from apply.delta.session import SparkErrors
 from apply.errors import TargetTableError
 from apply.records import StoredTableState
@@ -48,24 +53,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Row, SparkSession
 
 STATE_DIR: Final = "_pgsub"
-
-_ARROW_TYPES: Final = {
-    "string": pa.string(),
-    "long": pa.int64(),
-    "int": pa.int32(),
-    "binary": pa.binary(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "map<string,long>": pa.map_(pa.string(), pa.int64()),
-}
-
-
-def arrow_schema(ddl: str) -> pa.Schema:
-    """A state table's DDL (``a string, b map<string,long>``) as an Arrow schema."""
-    fields = []
-    for column in re.split(r",\s*(?![^<]*>)", ddl):
-        name, kind = column.split(None, 1)
-        fields.append(pa.field(name, _ARROW_TYPES[kind.replace(" ", "")]))
-    return pa.schema(fields)
 
 
 class _StateTable:
@@ -79,8 +66,8 @@ class _StateTable:
         # mostly never need one (delta-rs reads and appends).
         self._session_source = spark
         self.path = f"{warehouse.rstrip('/')}/{STATE_DIR}/{self.name}"
-        self._local = "://" not in warehouse or warehouse.startswith("file:")
-        self._folder = self.path.removeprefix("file://").removeprefix("file:")
+        self._local = is_local_folder(warehouse)
+        self._folder = folder(self.path)
         self._delta_rs: bool | None = None  # decided once the table exists
 
     @property
@@ -99,28 +86,7 @@ class _StateTable:
         return self._delta_rs
 
     def _arrow(self, subscription: str) -> pa.Table | None:
-        """The subscription's rows by delta-rs (None: no table yet).
-
-        delta-rs lists the table's live files and pyarrow reads them from the local
-        folder. Not ``DeltaTable.to_pyarrow_dataset``: its file system calls back into
-        Python from Arrow's I/O threads, and about every other process that used it
-        aborted at exit ("terminate called without an active exception", exit 134) -
-        an admin command's exit code lost.
-        """
-        import deltalake
-        import pyarrow.compute as pc
-        import pyarrow.dataset as ds
-
-        try:
-            table = deltalake.DeltaTable(self._folder)
-            files = table.file_uris()
-            schema = pa.schema(table.schema().to_arrow())
-        except deltalake.exceptions.TableNotFoundError:
-            return None
-        except (deltalake.exceptions.DeltaError, OSError) as exc:
-            raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
-        wanted = pc.field("subscription") == subscription
-        return ds.dataset(files, schema=schema, format="parquet").to_table(filter=wanted)
+        return read_subscription(self._folder, subscription)
 
     def _rows(self, subscription: str) -> list[Row] | list[dict[str, Any]]:
         """The subscription's rows, oldest first (none when the table does not exist yet)."""
@@ -161,7 +127,7 @@ class _StateTable:
     def _append(self, rows: list[tuple[Any, ...]]) -> None:
         """Append ``rows`` (tuples in ``ddl`` order)."""
         if self._by_delta_rs():
-            self._append_by_delta_rs(rows)
+            append_rows(self._folder, self.ddl, rows)
             return
         try:
             frame = self._spark.createDataFrame(rows, schema=self.ddl)
@@ -169,28 +135,6 @@ class _StateTable:
             frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
         except SparkErrors as exc:
             raise TargetTableError(f"cannot write to {self.path}: {exc}") from exc
-
-    def _append_by_delta_rs(self, rows: list[tuple[Any, ...]]) -> None:
-        import deltalake
-
-        schema = arrow_schema(self.ddl)
-        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
-        table = pa.table(
-            [
-                pa.array([_arrow_value(v) for v in values], type=f.type)
-                for values, f in zip(columns, schema, strict=True)
-            ],
-            schema=schema,
-        )
-        try:
-            # merge: a column added by a newer pgsub joins an older table.
-            deltalake.write_deltalake(self._folder, table, mode="append", schema_mode="merge")
-        except (deltalake.exceptions.DeltaError, OSError) as exc:
-            raise TargetTableError(f"cannot write to {self.path}: {exc}") from exc
-
-
-def _arrow_value(value: object) -> object:
-    return list(value.items()) if isinstance(value, dict) else value
 
 
 class CheckpointStore(_StateTable):

@@ -28,8 +28,9 @@ import structlog
 
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
-from apply.delta.copy import copy_into, delta_rs_can_write, is_local, write_once
+from apply.delta.copy import copy_into, is_local, write_once
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
+from apply.delta.local_tables import delta_rs_can_write, is_local_folder
 from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
@@ -102,7 +103,7 @@ class DeltaTables:
         self.created = created or _Forgetful()
         self.warehouse = warehouse.rstrip("/")
         # A warehouse on this machine's file system (delta-rs may write it directly).
-        self._on_local_disk = "://" not in self.warehouse or self.warehouse.startswith("file:")
+        self._on_local_disk = is_local_folder(self.warehouse)
         self.subscription = subscription
         self.create_tables = create_tables
         self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)

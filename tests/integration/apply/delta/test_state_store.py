@@ -10,12 +10,8 @@ from typing import Any
 
 import pytest
 
-from apply.delta.state_store import (
-    CheckpointStore,
-    SettingsStore,
-    TableStateStore,
-    arrow_schema,
-)
+from apply.delta.local_tables import arrow_schema
+from apply.delta.state_store import CheckpointStore, SettingsStore, TableStateStore
 from apply.records import StoredTableState
 from subscriber.replication.lsn import Lsn
 

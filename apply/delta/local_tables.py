@@ -1,0 +1,112 @@
+"""Delta tables in a local folder, through delta-rs: no Spark job, no JVM.
+
+What the state store reads and appends on a local warehouse, and the test of
+when delta-rs may write a table at all (``delta_rs_can_write``; the initial
+copy uses it too).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import pyarrow as pa
+
+from apply.errors import TargetTableError
+
+# Writer features delta-rs 1.6 writes correctly; any other makes a write go through Spark.
+DELTA_RS_WRITES: Final = frozenset({"appendOnly", "invariants", "timestampNtz"})
+
+_ARROW_TYPES: Final = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "binary": pa.binary(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "map<string,long>": pa.map_(pa.string(), pa.int64()),
+}
+
+
+def is_local_folder(location: str) -> bool:
+    """Whether a warehouse (or table) location is on the local file system."""
+    return "://" not in location or location.startswith("file:")
+
+
+def folder(location: str) -> str:
+    """A local location as a plain path."""
+    return location.removeprefix("file://").removeprefix("file:")
+
+
+def delta_rs_can_write(path: str) -> bool:
+    """Whether delta-rs may write the table at ``path`` (a local folder): its writer
+    features are all ones delta-rs supports."""
+    import deltalake
+
+    try:
+        protocol = deltalake.DeltaTable(path).protocol()
+    except (deltalake.exceptions.DeltaError, OSError):
+        return False
+    features = set(protocol.writer_features or ())
+    if protocol.min_writer_version < 7:
+        # The legacy protocol: 3 adds CHECK constraints, 4 generated columns and change
+        # data feed, 5 column mapping.
+        return protocol.min_writer_version <= 2
+    return features <= DELTA_RS_WRITES
+
+
+def arrow_schema(ddl: str) -> pa.Schema:
+    """A state table's DDL (``a string, b map<string,long>``) as an Arrow schema."""
+    fields = []
+    for column in re.split(r",\s*(?![^<]*>)", ddl):
+        name, kind = column.split(None, 1)
+        fields.append(pa.field(name, _ARROW_TYPES[kind.replace(" ", "")]))
+    return pa.schema(fields)
+
+
+def read_subscription(path: str, subscription: str) -> pa.Table | None:
+    """The rows of ``subscription`` in the table at ``path`` (None: no table yet).
+
+    delta-rs lists the table's live files and pyarrow reads them from the local
+    folder. Not ``DeltaTable.to_pyarrow_dataset``: its file system calls back into
+    Python from Arrow's I/O threads, and about every other process that used it
+    aborted at exit ("terminate called without an active exception", exit 134) -
+    an admin command's exit code lost.
+    """
+    import deltalake
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    try:
+        table = deltalake.DeltaTable(path)
+        files = table.file_uris()
+        schema = pa.schema(table.schema().to_arrow())
+    except deltalake.exceptions.TableNotFoundError:
+        return None
+    except (deltalake.exceptions.DeltaError, OSError) as exc:
+        raise TargetTableError(f"cannot read {path}: {exc}") from exc
+    wanted = pc.field("subscription") == subscription
+    return ds.dataset(files, schema=schema, format="parquet").to_table(filter=wanted)
+
+
+def append_rows(path: str, ddl: str, rows: list[tuple[Any, ...]]) -> None:
+    """Append ``rows`` (tuples in ``ddl`` order) to the table at ``path``, made if absent;
+    a column added to ``ddl`` joins an older table."""
+    import deltalake
+
+    schema = arrow_schema(ddl)
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+    table = pa.table(
+        [
+            pa.array([_arrow_value(v) for v in values], type=f.type)
+            for values, f in zip(columns, schema, strict=True)
+        ],
+        schema=schema,
+    )
+    try:
+        deltalake.write_deltalake(path, table, mode="append", schema_mode="merge")
+    except (deltalake.exceptions.DeltaError, OSError) as exc:
+        raise TargetTableError(f"cannot write to {path}: {exc}") from exc
+
+
+def _arrow_value(value: object) -> object:
+    return list(value.items()) if isinstance(value, dict) else value
