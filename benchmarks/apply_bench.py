@@ -37,6 +37,7 @@ from benchmarks.harness import (
     lsn_of,
     percentile,
     steady_load,
+    stop_on_sigterm,
     wait_for,
 )
 from subscriber.replication.lsn import Lsn
@@ -166,6 +167,7 @@ def main() -> None:
     parser.add_argument("--max-delay", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=Path("bench-results/apply.json"))
     args = parser.parse_args()
+    stop_on_sigterm()
 
     publisher = PgCluster(
         major=15, settings={"max_wal_size": "4GB", "checkpoint_timeout": "30min"}

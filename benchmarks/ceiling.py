@@ -18,7 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from apply.delta.session import SparkSettings, build_session
-from benchmarks.harness import NativeRun, PgsubRun, bench_publisher, percentile, steady_load
+from benchmarks.harness import (
+    NativeRun,
+    PgsubRun,
+    bench_publisher,
+    percentile,
+    steady_load,
+    stop_on_sigterm,
+)
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
@@ -67,6 +74,7 @@ def main() -> None:
     parser.add_argument("--bound", type=float, default=30, help="most lag that counts as kept up")
     parser.add_argument("--out", type=Path, default=Path("bench-results/ceiling.json"))
     args = parser.parse_args()
+    stop_on_sigterm()
     rates = [int(r) for r in args.rates.split(",")]
     publisher = bench_publisher(args.rows, ["ceiling_native", "ceiling_pgsub"])
     try:

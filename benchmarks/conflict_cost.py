@@ -44,6 +44,7 @@ from apply.delta.tables import DeltaTables
 from apply.records import CommitMark
 from apply.schema import TargetSchema, target_schema
 from apply.source import empty
+from benchmarks.harness import stop_on_sigterm
 from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--out", type=Path, default=Path("bench-results/conflict_cost.json"))
     args = parser.parse_args()
+    stop_on_sigterm()
 
     spark = build_session(SparkSettings())
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import psycopg
@@ -247,3 +249,14 @@ class PgsubRun:
             self._thread.join(timeout=300)
         shutil.rmtree(self.warehouse, ignore_errors=True)
         shutil.rmtree(self.spool, ignore_errors=True)
+
+
+def stop_on_sigterm() -> None:
+    """A benchmark stopped with SIGTERM (``kill``, a CI timeout) unwinds as one stopped
+    with Ctrl-C does: its ``finally`` blocks stop the PostgreSQL clusters, pgbench and the
+    Spark it started, which Python's default SIGTERM would leave running."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)

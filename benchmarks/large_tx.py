@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from apply.delta.session import SparkSettings, build_session
-from benchmarks.harness import TABLE, PgsubRun, jvm_peak_rss_mb, lsn_of, wait_for
+from benchmarks.harness import TABLE, PgsubRun, jvm_peak_rss_mb, lsn_of, stop_on_sigterm, wait_for
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--max-changes", type=int, default=100_000)
     parser.add_argument("--out", type=Path, default=Path("bench-results/large-tx.json"))
     args = parser.parse_args()
+    stop_on_sigterm()
 
     publisher = PgCluster(
         major=15, settings={"max_wal_size": "8GB", "checkpoint_timeout": "30min"}

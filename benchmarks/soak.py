@@ -25,6 +25,7 @@ from benchmarks.harness import (
     bench_publisher,
     percentile,
     steady_load,
+    stop_on_sigterm,
 )
 from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.daemon import tune_garbage_collector
@@ -65,12 +66,19 @@ def main() -> None:
     )
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--rate", type=int, default=3000)
+    parser.add_argument(
+        "--native-minutes",
+        type=float,
+        help="minutes of the same load on PostgreSQL's subscriber (default: --minutes)",
+    )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--window", type=float, default=10, help="minutes per reported window")
     parser.add_argument("--maintenance-interval", type=float, default=60)
     parser.add_argument("--out", type=Path, default=Path("bench-results/soak.json"))
     args = parser.parse_args()
+    stop_on_sigterm()
     seconds = int(args.minutes * 60)
+    native_minutes = args.native_minutes if args.native_minutes is not None else args.minutes
     publisher = bench_publisher(args.rows, ["soak_native", "soak_pgsub"])
     try:
         with NativeRun(publisher, "soak_native") as native:
@@ -78,7 +86,7 @@ def main() -> None:
                 publisher,
                 "soak_native",
                 rate=args.rate,
-                seconds=seconds,
+                seconds=int(native_minutes * 60),
                 rows=args.rows,
                 position=native.position,
             )
@@ -113,18 +121,38 @@ def main() -> None:
             "start": start,
             "end": end,
         }
+    except BaseException:
+        # A soak fails after many minutes: keep what the publisher said about it.
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        kept_log = args.out.with_suffix(".publisher.log")
+        kept_log.write_text(publisher.log_tail(400))
+        print(f"the publisher's last log lines: {kept_log}")
+        raise
     finally:
         publisher.destroy()
-    figures = {"minutes": args.minutes, "rate": args.rate, "pgsub": ours, "native": theirs}
+    figures = {
+        "minutes": args.minutes,
+        "native_minutes": native_minutes,
+        "rate": args.rate,
+        "pgsub": ours,
+        "native": theirs,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
-    print(f"\nsoak, {args.rate}/s for {args.minutes:g} min: lag p50 / p99 / max per window (s)")
+    print(
+        f"\nsoak, {args.rate}/s, pgsub {args.minutes:g} min, PostgreSQL's subscriber"
+        f" {native_minutes:g} min: lag p50 / p99 / max per window (s)"
+    )
     print("| window | pgsub | PostgreSQL subscriber |\n|---|---|---|")
-    for number, (mine, other) in enumerate(zip(our_windows, their_windows, strict=False)):
+    for number, mine in enumerate(our_windows):
+        other = their_windows[number] if number < len(their_windows) else None
+        theirs_text = (
+            f"{other['p50']:.2f} / {other['p99']:.2f} / {other['max']:.2f}" if other else "-"
+        )
         print(
             f"| {number + 1} | {mine['p50']:.2f} / {mine['p99']:.2f} / {mine['max']:.2f}"
-            f" | {other['p50']:.2f} / {other['p99']:.2f} / {other['max']:.2f} |"
+            f" | {theirs_text} |"
         )
     print(f"pgsub table at the start: {start}; at the end: {end}")
 

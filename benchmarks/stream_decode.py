@@ -34,6 +34,7 @@ from typing import Final
 from apply.assembly import TransactionAssembler
 from apply.columnar import to_arrow
 from apply.typemap import resolve
+from benchmarks.harness import stop_on_sigterm
 from subscriber.replication.commands import StreamOptions
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.pgoutput import PgOutputDecoder
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="best of this many passes each")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
+    stop_on_sigterm()
     tune_garbage_collector()  # as `pgsub run` does
     with running_cluster(args.major) as cluster:
         db = PgDatabase.create(cluster, "bench")

@@ -35,6 +35,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import stop_on_sigterm
+
 
 def run(module: str, *arguments: str) -> None:
     command = [sys.executable, "-m", f"benchmarks.{module}", *arguments]
@@ -134,6 +136,7 @@ def main() -> None:
     parser.add_argument("--ceiling-rates", default="1000,2000,4000,8000")
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench.json"))
     args = parser.parse_args()
+    stop_on_sigterm()
     folder = args.out.parent
     folder.mkdir(parents=True, exist_ok=True)
     sync_json, stream_json, apply_json, large_json = (

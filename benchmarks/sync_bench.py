@@ -15,7 +15,9 @@ Run it at two sizes (``--rows 2000000`` and ``--rows 10000000``) to see
 whether memory depends on table size. ``--ranges 1,2,4`` runs pgsub once
 per number of CTID ranges (``copy.ranges``); ``--master spark://...`` runs
 it on a cluster, ``--master standalone`` on a two-worker standalone cluster
-started here. Prints one table, writes JSON.
+started here; ``--remote sc://...`` through a Spark Connect server,
+``--remote local`` through one started here (local[2]; its JVM is not in
+the memory figures). Prints one table, writes JSON.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from apply.delta.session import SparkSettings, build_session
-from benchmarks.harness import PgsubRun, jvm_peak_rss_mb
+from apply.delta.session import SparkSettings, build_session, stop_sessions
+from benchmarks.harness import PgsubRun, jvm_peak_rss_mb, stop_on_sigterm
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 from tablesync.state import TableState
@@ -159,7 +161,11 @@ def main() -> None:
     parser.add_argument(
         "--master", default="local[*]", help="pgsub's Spark master; standalone: start one here"
     )
+    parser.add_argument(
+        "--remote", help="a Spark Connect server's sc:// URL instead; local: start one here"
+    )
     args = parser.parse_args()
+    stop_on_sigterm()
     counts = [None if r == "auto" else int(r) for r in args.ranges.split(",")]
     publisher = PgCluster(major=15, settings={"max_wal_size": "4GB"}).start()
     with contextlib.ExitStack() as stack:
@@ -173,14 +179,18 @@ def main() -> None:
             conn.execute("CREATE PUBLICATION pub FOR TABLE bench")
         raw = raw_copy(publisher)
         theirs = None if args.skip_native else native(publisher, args.rows)
-        master = args.master
+        master, remote = args.master, args.remote
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pgsub-bench-")))
         if master == "standalone":
             from tests.support.spark_cluster import standalone_cluster
 
-            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pgsub-bench-")))
             master = stack.enter_context(standalone_cluster(root, workers=2)).url
-        spark = build_session(SparkSettings(master=master))
-        stack.callback(spark.stop)
+        if remote == "local":
+            from tests.support.spark_connect import connect_server
+
+            remote = stack.enter_context(connect_server(root)).url
+        spark = build_session(SparkSettings(master=master, remote=remote))
+        stack.callback(stop_sessions if remote else spark.stop)
         tune_garbage_collector()  # as `pgsub run` does
         # One reader for one range and for auto (the daemon's default), two for a number.
         ours = [
@@ -192,13 +202,14 @@ def main() -> None:
     figures = {
         "rows": args.rows,
         "master": args.master,
+        "remote": args.remote,
         "raw_copy_rows_per_s": raw,
         "native_rows_per_s": theirs,
         "pgsub": ours,
     }
     print(json.dumps(figures, indent=2))
     print(
-        f"\n| initial sync, {args.rows:,} rows, {args.master} | rows/s to READY"
+        f"\n| initial sync, {args.rows:,} rows, {args.remote or args.master} | rows/s to READY"
         " | copy / to READY (s) | peak RSS Python / JVM (MB) |"
     )
     print("|---|---|---|---|")
