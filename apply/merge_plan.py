@@ -1,4 +1,4 @@
-"""MERGE statements as values (pure): conditions and clauses for Delta's merge builder.
+"""MERGE statements as values (pure): conditions and clauses, and their ``MERGE INTO`` SQL.
 
 A keyed table's MERGE matches the source (``s``, one row per key, see
 ``apply.source``) to the target (``t``) on the key and, in order:
@@ -200,6 +200,24 @@ def multiset_merge(schema: TargetSchema) -> MergePlan:
             ),
         ),
     )
+
+
+def merge_sql(plan: MergePlan, target: str, source: str) -> str:
+    """``plan`` as one ``MERGE INTO`` statement of the table ``target`` (alias ``t``)
+    from the relation ``source`` (alias ``s``)."""
+    parts = [f"MERGE INTO {target} AS t USING {source} AS s ON {plan.condition}"]
+    for clause in plan.clauses:
+        when = f" AND ({clause.condition})" if clause.condition else ""
+        if clause.kind is ClauseKind.MATCHED_UPDATE:
+            settings = ", ".join(f"{c} = {v}" for c, v in clause.assignments.items())
+            parts.append(f"WHEN MATCHED{when} THEN UPDATE SET {settings}")
+        elif clause.kind is ClauseKind.MATCHED_DELETE:
+            parts.append(f"WHEN MATCHED{when} THEN DELETE")
+        else:
+            columns = ", ".join(clause.assignments)
+            values = ", ".join(clause.assignments.values())
+            parts.append(f"WHEN NOT MATCHED{when} THEN INSERT ({columns}) VALUES ({values})")
+    return "\n".join(parts)
 
 
 def conflict_in(message: str) -> str | None:

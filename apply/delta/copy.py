@@ -10,9 +10,10 @@ carrying the copy's mark (idempotent-write id and ``userMetadata``):
   (no column mapping, no type widening).
 - with a local Spark otherwise, the blocks are staged as Parquet files and
   land in one Spark commit;
-- on a cluster (``copy_on_executors``) Spark tasks read the table's CTID
-  ranges on the executors, one task per range, and one Spark write
-  commits them: no row passes through the daemon.
+- on a cluster or through Spark Connect (``copy_on_executors``) Spark
+  tasks read the table's CTID ranges on the executors, one task per
+  range, and one Spark write commits them: no row passes through the
+  daemon.
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ import pyarrow as pa
 
 from apply.columnar import arrow_type
 from apply.copy_source import CopySource
-from apply.delta.session import SparkErrors, spark_master, struct
+from apply.delta import sql as delta_sql
+from apply.delta.session import SparkErrors, runs_here, struct
 from apply.errors import TargetTableError
 from apply.records import CommitMark
 from apply.schema import TargetSchema
 from apply.source import empty as source_empty
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from apply.delta.target import TargetTable
 
 
@@ -84,16 +84,11 @@ def copy_into(
     daemon's disk, the executors read the parts themselves.
     """
     try:
-        if is_local(target.session):
+        if runs_here(target.session):
             return _copy_staged(target, schema, source.blocks(), mark, staging)
         return copy_on_executors(target, schema, source, mark)
     except SparkErrors as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
-
-
-def is_local(session: SparkSession) -> bool:
-    """Whether the session's Spark runs in this process (``local[*]``)."""
-    return spark_master(session).startswith("local")
 
 
 def _copy_staged(
@@ -131,13 +126,11 @@ def copy_on_executors(
     session = target.session
     arrow_schema = pa.schema([(c.name, arrow_type(c.type)) for c in schema.columns])
     parts, read = list(source.parts), source.read
-    copied = session.sparkContext.accumulator(0)
 
     def task(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in numbers:
             for number in batch.column(0).to_pylist():
                 for block in read(parts[number]):
-                    copied.add(block.num_rows)
                     # An empty batch would end Spark's read of the task's output.
                     yield from (b for b in block.cast(arrow_schema).to_batches() if b.num_rows)
 
@@ -145,4 +138,9 @@ def copy_on_executors(
     with target.marked(mark):
         frame.write.format("delta").mode("overwrite").save(target.path)
         version = target.committed_version()
-    return int(copied.value), version
+    if version is None:  # Delta skipped the write: this mark's copy was committed before
+        return 0, None
+    # The rows the commit wrote, from its own metrics (a Spark Connect client has no
+    # accumulators).
+    metrics = delta_sql.commit_metrics(session, target.path, version)
+    return int(metrics.get("numOutputRows") or 0), version

@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from apply.delta import sql as delta_sql
 from apply.delta.session import SparkErrors
 from apply.delta.target import USER_METADATA
 from apply.errors import TargetTableError
 from apply.maintenance_policy import MaintenancePolicy, retention_properties
-from apply.schema import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,7 +62,7 @@ def tend(
 ) -> Tended:
     """Compact ``path`` if it holds too many files, vacuum it if ``vacuum``; see the module."""
     started = time.monotonic()
-    table = f"delta.{quote(path)}"
+    table = delta_sql.table_ref(path)
     try:
         before, properties = _detail(session, table)
         wanted = retention_properties(policy)
@@ -70,8 +70,7 @@ def tend(
             session.conf.set(USER_METADATA, mark)
         try:
             if any(properties.get(name) != value for name, value in wanted.items()):
-                settings = ", ".join(f"'{name}' = '{value}'" for name, value in wanted.items())
-                session.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({settings})")
+                delta_sql.set_properties(session, path, wanted)
             compacted = before > policy.compact_files
             if compacted:
                 if deletion_vectors:
@@ -89,10 +88,8 @@ def tend(
 
 
 def is_delta_table(session: SparkSession, path: str) -> bool:
-    from delta.tables import DeltaTable
-
     try:
-        return bool(DeltaTable.isDeltaTable(session, path))
+        return delta_sql.is_delta_table(session, path)
     except SparkErrors as exc:
         raise TargetTableError(f"cannot look at {path}: {exc}") from exc
 

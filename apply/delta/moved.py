@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import reduce
 from typing import TYPE_CHECKING
 
+from apply.delta import sql as delta_sql
 from apply.schema import TargetSchema, quote
 from apply.source import from_key, keep_flag
 
@@ -29,10 +30,9 @@ def fill_moved(
     A row whose old key is not in the target is dropped: PostgreSQL skips
     such an update (update_missing).
     """
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as fn
 
-    old = DeltaTable.forPath(session, path).toDF()
+    old = delta_sql.read(session, path)
     old = old.select(
         *[fn.col(quote(c.name)).alias(f"__pgsub_old_{i}") for i, c in enumerate(schema.columns)]
     )

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
+from apply.delta import sql as delta_sql
 from apply.records import read_mark
 
 if TYPE_CHECKING:
@@ -115,11 +116,8 @@ class OriginTracker:
             return
         from pyspark.sql import functions as fn
 
-        reader = session.read.format("delta")
-        if at is not None:
-            reader = reader.option("versionAsOf", at)
         live = (
-            reader.load(self.path)
+            delta_sql.read(session, self.path, at)
             .select(fn.col(ROW_VERSION).alias("v"))
             .where(fn.col("v").isin(sorted(self.foreign)))
             .distinct()
@@ -128,13 +126,10 @@ class OriginTracker:
         self.foreign = frozenset(int(r["v"]) for r in live)
 
     def _read(self, session: SparkSession, upto: int | None) -> None:
-        from delta.tables import DeltaTable
-
-        history = DeltaTable.forPath(session, self.path).history
         after = -1 if self.seen is None else self.seen
-        rows = history(HISTORY_PEEK).select("version", "operation", "userMetadata").collect()
+        rows = delta_sql.history(session, self.path, HISTORY_PEEK)
         if not rows or min(r["version"] for r in rows) > after + 1:
-            rows = history().select("version", "operation", "userMetadata").collect()
+            rows = delta_sql.history(session, self.path)
         rows = [r for r in rows if r["version"] > after and (upto is None or r["version"] <= upto)]
         if not rows:
             return
@@ -162,7 +157,5 @@ def _commit_exists(session: SparkSession, path: str, version: int) -> bool:
     if jvm is not None and jsc is not None:
         log_file = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log/{version:020d}.json")
         return bool(log_file.getFileSystem(jsc.hadoopConfiguration()).exists(log_file))
-    from delta.tables import DeltaTable
-
-    latest = DeltaTable.forPath(session, path).history(1).select("version").first()
-    return latest is not None and int(latest["version"]) >= version
+    latest = delta_sql.history(session, path, 1, ("version",))
+    return bool(latest) and int(latest[0]["version"]) >= version

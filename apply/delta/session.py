@@ -10,10 +10,12 @@ starting a session never downloads anything. A Spark Connect server
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +135,8 @@ def build_session(settings: SparkSettings, jars_dir: Path | None = None) -> Spar
     session = builder.getOrCreate()
     if settings.remote is None:
         session.sparkContext.setLogLevel("WARN")
+    else:
+        _opened(session)
     return session
 
 
@@ -153,12 +157,65 @@ def arrow_frame(session: SparkSession, table: pa.Table, ddl: str) -> DataFrame:
     return session.createDataFrame(table, schema=ddl)
 
 
+def is_remote(session: SparkSession) -> bool:
+    """Whether ``session`` is a Spark Connect client (``spark.remote``)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
 def spark_master(session: SparkSession) -> str:
     """The session's master (``local[*]``, ``spark://...``); "" for Spark Connect."""
+    if is_remote(session):
+        return ""
     try:
         return str(session.conf.get("spark.master", ""))
     except SparkErrors:
         return ""
+
+
+def runs_here(session: SparkSession) -> bool:
+    """Whether the session's Spark runs in this process (``local[*]``): its tasks see this
+    machine's disk (the spool, staged files)."""
+    return spark_master(session).startswith("local")
+
+
+_connect_sessions: list[SparkSession] = []
+_connect_lock = threading.Lock()
+
+
+def thread_session(spark: SparkSession) -> SparkSession:
+    """A session for one thread: the same Spark, its own SQL conf and temporary views.
+
+    Classic: ``newSession`` (the same SparkContext). Spark Connect: a new
+    server-side session on its own channel, stopped by ``stop_sessions``.
+    """
+    if not is_remote(spark):
+        return spark.newSession()
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    # The same server and channel settings (token, TLS), its own server-side session id.
+    channel = spark._client._builder  # type: ignore[attr-defined]
+    session = cast("SparkSession", ConnectSession(connection=channel))
+    _opened(session)
+    return session
+
+
+def _opened(session: SparkSession) -> None:
+    with _connect_lock:
+        _connect_sessions.append(session)
+
+
+def stop_sessions() -> None:
+    """Release this process's Spark Connect sessions (``build_session``'s and
+    ``thread_session``'s): one left open blocks the interpreter's exit in gRPC's channel
+    close. Classic sessions are left alone (their JVM ends with the process)."""
+    with _connect_lock:
+        sessions, _connect_sessions[:] = list(reversed(_connect_sessions)), []
+    for session in sessions:
+        # One attempt: a server that is gone has nothing to release, and the client's
+        # default policy would retry for minutes before the process could exit.
+        session.client.set_retry_policies([])
+        with contextlib.suppress(Exception):
+            session.stop()
 
 
 def masked_spark_url(url: str) -> str:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
+from apply.delta import sql as delta_sql
 from apply.delta.local_tables import (
     append_rows,
     delta_rs_can_write,
@@ -43,6 +44,7 @@ from apply.delta.local_tables import (
     read_subscription,
 )
 from apply.delta.session import SparkErrors
+from apply.delta.sql import sql_string
 from apply.errors import TargetTableError
 from apply.records import StoredTableState
 from conflicts.report import Conflict
@@ -90,7 +92,6 @@ class _StateTable:
 
     def _rows(self, subscription: str) -> list[Row] | list[dict[str, Any]]:
         """The subscription's rows, oldest first (none when the table does not exist yet)."""
-        from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
         if self._by_delta_rs():
@@ -100,7 +101,7 @@ class _StateTable:
             ordered: list[dict[str, Any]] = rows.sort_by("recorded_at").to_pylist()
             return ordered
         try:
-            if not DeltaTable.isDeltaTable(self._spark, self.path):
+            if not delta_sql.is_delta_table(self._spark, self.path):
                 return []
             return list(
                 self._spark.read.format("delta")
@@ -114,13 +115,12 @@ class _StateTable:
 
     def forget(self, subscription: str) -> None:
         """Delete every row of ``subscription`` (``pgsub drop``)."""
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as fn
 
         try:
-            if DeltaTable.isDeltaTable(self._spark, self.path):
-                table = DeltaTable.forPath(self._spark, self.path)
-                table.delete(fn.col("subscription") == subscription)
+            if delta_sql.is_delta_table(self._spark, self.path):
+                delta_sql.delete(
+                    self._spark, self.path, f"subscription = {sql_string(subscription)}"
+                )
         except SparkErrors as exc:
             raise TargetTableError(f"cannot delete from {self.path}: {exc}") from exc
 
@@ -150,7 +150,6 @@ class CheckpointStore(_StateTable):
         One aggregate, whatever the number of rows: start-up does not grow with
         the batches ever applied.
         """
-        from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
         if self._by_delta_rs():
@@ -161,7 +160,7 @@ class CheckpointStore(_StateTable):
                 return ZERO
             return Lsn(int(pc.max(rows.column("lsn")).as_py()))
         try:
-            if not DeltaTable.isDeltaTable(self._spark, self.path):
+            if not delta_sql.is_delta_table(self._spark, self.path):
                 return ZERO
             row = (
                 self._spark.read.format("delta")
@@ -177,16 +176,16 @@ class CheckpointStore(_StateTable):
     def prune(self, subscription: str, older_than: datetime) -> None:
         """Forget rows recorded before ``older_than`` (past the maintenance retention, time
         travel to their versions may fail), keeping the subscription's latest row."""
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as fn
 
         latest = self.origin_lsn(subscription)
         try:
-            if DeltaTable.isDeltaTable(self._spark, self.path):
-                DeltaTable.forPath(self._spark, self.path).delete(
-                    (fn.col("subscription") == subscription)
-                    & (fn.col("recorded_at") < fn.lit(older_than))
-                    & (fn.col("lsn") < fn.lit(int(latest)))
+            if delta_sql.is_delta_table(self._spark, self.path):
+                delta_sql.delete(
+                    self._spark,
+                    self.path,
+                    f"subscription = {sql_string(subscription)}"
+                    f" AND recorded_at < TIMESTAMP {sql_string(older_than.isoformat())}"
+                    f" AND lsn < {int(latest)}",
                 )
         except SparkErrors as exc:
             raise TargetTableError(f"cannot prune {self.path}: {exc}") from exc
@@ -262,7 +261,6 @@ class ConflictStore(_StateTable):
 
     def counts(self, subscription: str) -> dict[str, int]:
         """How many conflicts of each kind the table holds for ``subscription``."""
-        from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
         if self._by_delta_rs():
@@ -274,7 +272,7 @@ class ConflictStore(_StateTable):
                 zip(counted["type"].to_pylist(), counted["type_count"].to_pylist(), strict=True)
             )
         try:
-            if not DeltaTable.isDeltaTable(self._spark, self.path):
+            if not delta_sql.is_delta_table(self._spark, self.path):
                 return {}
             rows = (
                 self._spark.read.format("delta")
@@ -389,11 +387,10 @@ class PreparedStore(_StateTable):
             yield from (bytes(row["frame"]) for row in part)
 
     def _matching(self, subscription: str, gid: str) -> Any:
-        from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
         try:
-            if not DeltaTable.isDeltaTable(self._spark, self.path):
+            if not delta_sql.is_delta_table(self._spark, self.path):
                 return None
             return (
                 self._spark.read.format("delta")
@@ -406,23 +403,20 @@ class PreparedStore(_StateTable):
     def forget(self, subscription: str, gid: str | None = None, xid: int | None = None) -> None:
         """Delete the staging of ``gid`` (only if it is ``xid``'s, given one; every staging
         of ``subscription`` without a ``gid``)."""
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as fn
 
-        condition = fn.col("subscription") == subscription
+        condition = f"subscription = {sql_string(subscription)}"
         if gid is not None:
-            condition = condition & (fn.col("gid") == gid)
+            condition += f" AND gid = {sql_string(gid)}"
         if xid is not None:
-            condition = condition & (fn.col("xid") == xid)
+            condition += f" AND xid = {int(xid)}"
         try:
-            if DeltaTable.isDeltaTable(self._spark, self.path):
-                DeltaTable.forPath(self._spark, self.path).delete(condition)
+            if delta_sql.is_delta_table(self._spark, self.path):
+                delta_sql.delete(self._spark, self.path, condition)
         except SparkErrors as exc:
             raise TargetTableError(f"cannot delete from {self.path}: {exc}") from exc
 
     def staged(self, subscription: str) -> list[tuple[str, int]]:
         """The (gid, xid) staged for ``subscription``: prepared, not yet seen finished."""
-        from delta.tables import DeltaTable
         from pyspark.sql import functions as fn
 
         if self._by_delta_rs():
@@ -432,7 +426,7 @@ class PreparedStore(_StateTable):
             pairs = zip(found["gid"].to_pylist(), found["xid"].to_pylist(), strict=True)
             return sorted({(str(gid), int(xid)) for gid, xid in pairs})
         try:
-            if not DeltaTable.isDeltaTable(self._spark, self.path):
+            if not delta_sql.is_delta_table(self._spark, self.path):
                 return []
             rows = (
                 self._spark.read.format("delta")

@@ -9,9 +9,11 @@ its shape - ``keyed``, ``multiset``, or the initial ``copy`` - as a
 ``TargetTable``.
 
 Writes run from several threads at once (one MERGE per table of a batch).
-Each thread has its own Spark session (``newSession``: same SparkContext,
-its own SQL conf), because the idempotent-write settings are session
-configuration and must not leak between tables.
+Each thread has its own Spark session (``apply.delta.session.thread_session``:
+the same Spark, its own SQL conf), because the idempotent-write settings
+are session configuration and must not leak between tables. Every Delta
+operation goes through ``apply.delta.sql``, the form both a classic session
+and a Spark Connect session take.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ import structlog
 
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
-from apply.delta.copy import copy_into, is_local, write_once
+from apply.delta import sql as delta_sql
+from apply.delta.copy import copy_into, write_once
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
 from apply.delta.local_tables import delta_rs_can_write, is_local_folder
 from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
-from apply.delta.session import SparkErrors, arrow_frame, struct
+from apply.delta.session import SparkErrors, arrow_frame, runs_here, struct, thread_session
 from apply.delta.target import TargetTable
 from apply.errors import ConflictError, TargetTableError
 from apply.features import PORTABLE, Gain, TableFeatures, creation_properties, gains
@@ -128,14 +131,12 @@ class DeltaTables:
     def session(self) -> SparkSession:
         session: SparkSession | None = getattr(self._local, "session", None)
         if session is None:
-            session = self._spark.newSession()
+            session = thread_session(self._spark)
             self._local.session = session
         return session
 
     def exists(self, table: str) -> bool:
-        from delta.tables import DeltaTable
-
-        return bool(DeltaTable.isDeltaTable(self.session(), self.path(table)))
+        return delta_sql.is_delta_table(self.session(), self.path(table))
 
     # -- progress ------------------------------------------------------------
 
@@ -157,18 +158,13 @@ class DeltaTables:
         highest. The last ``history_peek`` commits are read first; the whole
         history only when other writers (or maintenance) made all of those.
         """
-        from delta.tables import DeltaTable
-
         path = self.path(table)
         try:
             session = self.session()
-            if not DeltaTable.isDeltaTable(session, path):
+            if not delta_sql.is_delta_table(session, path):
                 return None
-            history = DeltaTable.forPath(session, path).history
             for limit in (self.history_peek, None):
-                frame = history(limit) if limit else history()
-                rows = frame.select("version", "userMetadata").collect()
-                rows.sort(key=lambda row: -int(row["version"]))
+                rows = delta_sql.history(session, path, limit, ("version", "userMetadata"))
                 for row in rows:
                     metadata = row["userMetadata"]
                     if lsn_from_metadata(metadata, self.subscription) is not None:
@@ -221,8 +217,6 @@ class DeltaTables:
         return self._evolve(schema, path)
 
     def _create(self, schema: TargetSchema, path: str) -> None:
-        from delta.tables import DeltaTable
-
         session = self.session()
         properties, needed = creation_properties(
             [c.name for c in schema.columns], self.features, schema.table
@@ -235,12 +229,8 @@ class DeltaTables:
         properties[WRITER] = self.subscription
         if self.track_origin:
             properties[ROW_TRACKING] = "true"
-        builder = DeltaTable.createIfNotExists(session).location(path)
-        builder = builder.addColumns(struct(schema.ddl()))
-        for name, value in properties.items():
-            builder = builder.property(name, value)
         try:
-            builder.execute()
+            delta_sql.create_if_not_exists(session, path, schema.ddl(), properties)
         except SparkErrors as exc:
             if "DELTA_TABLE_NOT_FOUND" not in str(exc):
                 raise
@@ -268,12 +258,10 @@ class DeltaTables:
             if name.startswith("delta."):
                 writer = writer.option(name, value)
         writer.mode("overwrite").save(path)
-        others = ", ".join(
-            f"{_sql_string(name)} = {_sql_string(value)}"
-            for name, value in properties.items()
-            if not name.startswith("delta.")
-        )
-        session.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({others})")
+        others = {
+            name: value for name, value in properties.items() if not name.startswith("delta.")
+        }
+        delta_sql.set_properties(session, path, others)
 
     def _evolve(self, schema: TargetSchema, path: str) -> Evolution:
         session = self.session()
@@ -282,7 +270,7 @@ class DeltaTables:
             for f in session.read.format("delta").load(path).schema.fields
         }
         evolution = plan_evolution(existing, schema, self.subscription)
-        table = f"delta.{quote(path)}"
+        table = delta_sql.table_ref(path)
         properties = self._properties(path)
         self._check_writer(schema.table, path, properties)
         for gain in gains(
@@ -292,10 +280,7 @@ class DeltaTables:
             self.features,
             schema.table,
         ):
-            session.sql(
-                f"ALTER TABLE {table} SET TBLPROPERTIES "
-                f"({_sql_string(gain.property)} = {_sql_string(gain.value)})"
-            )
+            delta_sql.set_properties(session, path, {gain.property: gain.value})
             _warn_gained(schema.table, gain)
         if evolution.add:
             columns = ", ".join(f"{quote(c.name)} {c.spark_type}" for c in evolution.add)
@@ -317,10 +302,7 @@ class DeltaTables:
                 note="kept in the Delta table; NULL in rows inserted from now on",
             )
         if properties.get("pgsub.key") != json.dumps(list(schema.key)):
-            session.sql(
-                f"ALTER TABLE {table} SET TBLPROPERTIES ('pgsub.key' = "
-                f"{_sql_string(json.dumps(list(schema.key)))})"
-            )
+            delta_sql.set_properties(session, path, {"pgsub.key": json.dumps(list(schema.key))})
             log.info("target table key recorded", table=schema.table, key=list(schema.key))
         return evolution
 
@@ -336,10 +318,7 @@ class DeltaTables:
         if writer == self.subscription:
             return
         if writer is None:
-            self.session().sql(
-                f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES "
-                f"({_sql_string(WRITER)} = {_sql_string(self.subscription)})"
-            )
+            delta_sql.set_properties(self.session(), path, {WRITER: self.subscription})
             return
         if not self.shared_tables:
             raise TargetTableError(
@@ -351,10 +330,7 @@ class DeltaTables:
             )
 
     def _properties(self, path: str) -> Mapping[str, str]:
-        from delta.tables import DeltaTable
-
-        detail = DeltaTable.forPath(self.session(), path).detail().select("properties").first()
-        return dict(detail["properties"] or {}) if detail else {}
+        return delta_sql.properties(self.session(), path)
 
     # -- writes --------------------------------------------------------------
 
@@ -486,7 +462,7 @@ class DeltaTables:
 
     @property
     def copy_on_executors(self) -> bool:
-        return not is_local(self.session())
+        return not runs_here(self.session())
 
     def copy_into(
         self, schema: TargetSchema, source: CopySource, mark: CommitMark, staging: Path
@@ -497,7 +473,11 @@ class DeltaTables:
         """
         target = self.target(schema.table)
         with self.exclusive(schema.table):
-            if self._on_local_disk and is_local(target.session) and delta_rs_can_write(target.path):
+            if (
+                self._on_local_disk
+                and runs_here(target.session)
+                and delta_rs_can_write(target.path)
+            ):
                 return write_once(target, schema, source.blocks(), mark), None
             return copy_into(target, schema, source, mark, staging)
 
@@ -530,7 +510,3 @@ def _warn_gained(table: str, gain: Gain) -> None:
         detail="readers without this feature (delta-rs 1.6, polars) cannot open the table; "
         "docs/tables.md lists which readers can",
     )
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
+from apply.delta import sql as delta_sql
 from apply.delta.session import arrow_frame, struct
-from apply.merge_plan import ClauseKind, MergePlan
+from apply.merge_plan import MergePlan
 from apply.records import CommitMark, WriteResult
 from apply.schema import TargetSchema, quote
 from apply.source import from_key, helper_spark_type
@@ -95,10 +96,7 @@ class TargetTable:
 
     def read(self, version: int | None = None) -> DataFrame:
         """The table, as of ``version`` (None: the latest)."""
-        reader = self.session.read.format("delta")
-        if version is not None:
-            reader = reader.option("versionAsOf", version)
-        return reader.load(self.path)
+        return delta_sql.read(self.session, self.path, version)
 
     def merge(
         self,
@@ -115,26 +113,8 @@ class TargetTable:
         twice. An Arrow source is immutable, so it is not copied, unless it
         ``reads_target`` (a join with the table being merged into).
         """
-        from delta.tables import DeltaTable
-
         self.session.conf.set(MATERIALIZE_SOURCE, "auto" if reads_target else "none")
-        builder = (
-            DeltaTable.forPath(self.session, self.path)
-            .alias("t")
-            .merge(source.alias("s"), plan.condition)
-        )
-        for clause in plan.clauses:
-            condition: Any = clause.condition
-            assignments: dict[str, Any] = dict(clause.assignments)
-            if clause.kind is ClauseKind.MATCHED_UPDATE:
-                builder = builder.whenMatchedUpdate(condition, assignments)
-            elif clause.kind is ClauseKind.MATCHED_DELETE:
-                builder = builder.whenMatchedDelete(condition)
-            else:
-                builder = builder.whenNotMatchedInsert(condition, assignments)
-        metrics = builder.execute()
-        rows = metrics.collect() if metrics is not None else []
-        counts = rows[0].asDict() if rows else {}
+        counts = delta_sql.merge(self.session, self.path, source, plan)
         return WriteResult(
             schema.table,
             self.committed_version(),

@@ -360,7 +360,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SubscriberError as exc:
         print(f"pgsub {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, UsageError) else 1
+    finally:
+        _release_spark_connect()
     return EXIT_USAGE
+
+
+def _release_spark_connect() -> None:
+    """End the Spark Connect sessions a command opened (an open one blocks the exit)."""
+    session = sys.modules.get("apply.delta.session")  # not imported: no Spark was needed
+    if session is not None:
+        session.stop_sessions()
 
 
 if __name__ == "__main__":

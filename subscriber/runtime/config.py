@@ -261,12 +261,11 @@ class SparkConfig(_Strict):
 
     @field_validator("remote")
     @classmethod
-    def _not_yet(cls, value: str | None) -> str | None:
-        if value is not None:
+    def _connect_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("sc://"):
             raise ValueError(
-                "Spark Connect is not supported yet: pgsub still drives Delta through the "
-                "driver's JVM (docs/scale-out.md); use spark.master (local[*], spark://..., "
-                "k8s://...)"
+                "a Spark Connect server's URL starts with sc:// (sc://host:15002); "
+                "for a local or cluster Spark set spark.master instead"
             )
         return value
 

@@ -23,7 +23,7 @@ import structlog
 
 from apply.applier import TransactionError
 from apply.assembly import UnsupportedStreamError
-from apply.delta.session import spark_master
+from apply.delta.session import runs_here
 from apply.delta.state_store import (
     CheckpointStore,
     ConflictStore,
@@ -95,7 +95,7 @@ class SubscriptionRunner:
         self.config = config
         self.name = config.name
         # One MERGE per large transaction reads staged files: the executors must see this disk.
-        stages_locally = spark_master(spark).startswith("local") and not config.track_origin
+        stages_locally = runs_here(spark) and not config.track_origin
         self._conninfo = config.conninfo()
         self._checkpoints = checkpoints
         self._metrics = metrics

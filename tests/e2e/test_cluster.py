@@ -3,71 +3,35 @@
 ``spark.master: spark://...``: the driver is the daemon, the MERGEs and the
 copy's writes run on executors in other JVMs, and the warehouse is a path
 every executor sees (one machine here). Copy, streaming apply, conflicts,
-``pgsub status`` and a kill -9 with restart, each read back by delta-rs and
-Spark against the publisher. Marked ``cluster``: ``pytest -m "not
-cluster"`` leaves them out of a quick local run; ``make test`` runs them.
+``pgsub status`` and a kill -9 with restart (``tests.support.scale_out``),
+each read back by delta-rs and Spark against the publisher. Marked
+``cluster``: ``pytest -m "not cluster"`` leaves them out of a quick local
+run; ``make test`` runs them.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import deltalake
 import pytest
 
-from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed, write_config
-from tests.support.oracle import assert_delta_equals_publisher
-from tests.support.pgcluster import wait_until
+from tests.support.daemon import DaemonProcess
 from tests.support.pgdatabase import PgDatabase
+from tests.support.scale_out import (
+    copy_stream_conflicts_and_status,
+    kill_during_a_batch_then_restart,
+)
 from tests.support.spark_cluster import StandaloneCluster, standalone_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
-
-EMPTY_TABLES = """
-CREATE TABLE keyed (id int PRIMARY KEY, v text);
-CREATE TABLE bag (a int, b text); ALTER TABLE bag REPLICA IDENTITY FULL;
-CREATE PUBLICATION pub FOR TABLE keyed, bag;
-"""
-ROWS = """
-INSERT INTO keyed SELECT g, 'copied' FROM generate_series(1, 20000) g;
-INSERT INTO bag SELECT g % 10, 'copied' FROM generate_series(1, 3000) g;
-"""
-TABLES = EMPTY_TABLES + ROWS
-
-CHANGES = """
-INSERT INTO keyed SELECT g, 'streamed' FROM generate_series(20001, 21000) g;
-BEGIN;
-UPDATE keyed SET v = 'changed' WHERE id % 7 = 0;
-DELETE FROM keyed WHERE id BETWEEN 100 AND 150;
-INSERT INTO bag SELECT g % 10, 'copied' FROM generate_series(1, 500) g;
-DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag WHERE a = 1 LIMIT 30);
-COMMIT;
-"""
 
 
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     with standalone_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as cluster:
         yield cluster
-
-
-def assert_equal(publisher: PgDatabase, spark: Any, warehouse: Path) -> None:
-    with publisher.connect() as conn:
-        keyed, bag = str(warehouse / "public" / "keyed"), str(warehouse / "public" / "bag")
-        assert_delta_equals_publisher(conn, "public.keyed", spark, keyed, ("id",))
-        assert_delta_equals_publisher(conn, "public.bag", spark, bag)
-
-
-def tables_ready(daemon: DaemonProcess) -> bool:
-    try:
-        body = daemon.get("/status")[1]
-    except OSError:
-        return False
-    tables = [t for s in body.get("subscriptions", []) for t in s.get("tables") or []]
-    return len(tables) == 2 and all(t["state"] == "ready" for t in tables)
 
 
 def test_copy_stream_conflicts_and_status_on_a_standalone_cluster(
@@ -77,44 +41,9 @@ def test_copy_stream_conflicts_and_status_on_a_standalone_cluster(
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
-    publisher.execute(TABLES)
-    warehouse = tmp_path / "warehouse"
-    config = tmp_path / "pgsub.yaml"
-    port = write_config(
-        config, publisher, warehouse, master=spark_cluster.url, copy_data=True, copy={"ranges": 3}
+    copy_stream_conflicts_and_status(
+        {"master": spark_cluster.url}, publisher, spark, tmp_path, daemons
     )
-    daemon = daemons(config, port)
-    daemon.wait_ready(timeout=300)
-    wait_until(lambda: tables_ready(daemon), timeout=300, what="both tables READY")
-    publisher.execute(CHANGES)
-    wait_confirmed(publisher)
-
-    # Another writer removes a row; the publisher then deletes it: delete_missing, skipped.
-    deltalake.DeltaTable(str(warehouse / "public" / "keyed")).delete("id = 5")
-    publisher.execute("DELETE FROM keyed WHERE id = 5")
-    wait_confirmed(publisher)
-    metrics = daemon.get("/metrics")[1]
-    assert (
-        'pgsub_conflicts_total{relation="public.keyed",subscription="sub1",'
-        'type="delete_missing"} 1.0' in metrics
-    )
-
-    live = pgsub("status", "-c", str(config), "--json")
-    assert live.returncode == 0, live.stderr
-    (sub,) = json.loads(live.stdout)["subscriptions"]
-    assert sub["state"] == "streaming" and sub["error_count"] == 0
-    assert sorted((t["table"], t["state"]) for t in sub["tables"]) == [
-        ("public.bag", "ready"),
-        ("public.keyed", "ready"),
-    ]
-    assert daemon.terminate() == 0, daemon.logs()
-    assert_equal(publisher, spark, warehouse)
-    # Each table's copy was read by three Spark tasks, each under the sync slot's snapshot.
-    started = [e for e in daemon.events() if e["event"] == "table copy started"]
-    assert sorted((e["table"], e["ranges"], e["read_by"]) for e in started) == [
-        ("public.bag", 3, "spark tasks"),
-        ("public.keyed", 3, "spark tasks"),
-    ]
     # The work ran on the cluster's executors, not in a local master.
     logs = spark_cluster.logs(tail=0)
     assert "Registering app pgsub" in logs and "Asked to launch executor" in logs
@@ -127,23 +56,7 @@ def test_kill_during_a_batch_on_a_cluster_then_restart(
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
-    """kill -9 of the driver between a table's write and its checkpoint: the cluster drops
-    the application's executors, and the restarted daemon neither loses nor repeats rows."""
-    publisher.execute(EMPTY_TABLES)
-    warehouse = tmp_path / "warehouse"
-    config = tmp_path / "pgsub.yaml"
-    port = write_config(config, publisher, warehouse, master=spark_cluster.url)
-    first = daemons(config, port)  # creates the slot (the copy ran in the test above)
-    first.wait_ready(timeout=300)
-    assert first.terminate() == 0, first.logs()
-
-    publisher.execute(ROWS + CHANGES)
-    doomed = daemons(config, port, "apply.before_checkpoint")
-    assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
-    publisher.execute("INSERT INTO bag VALUES (42, 'after'); UPDATE keyed SET v = 'after'")
-
-    survivor = daemons(config, port)
-    survivor.wait_ready(timeout=300)
-    wait_confirmed(publisher)
-    assert survivor.terminate() == 0, survivor.logs()
-    assert_equal(publisher, spark, warehouse)
+    """The cluster drops the killed driver's executors; the restart loses and repeats nothing."""
+    kill_during_a_batch_then_restart(
+        {"master": spark_cluster.url}, publisher, spark, tmp_path, daemons
+    )

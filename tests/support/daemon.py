@@ -37,10 +37,15 @@ def write_config(
     warehouse: Path,
     *,
     master: str = "local[2]",
+    remote: str | None = None,
     **subscription: Any,
 ) -> int:
-    """A config for one subscription ``sub1`` of publication ``pub``; returns the metrics port."""
-    return write_subscriptions(path, warehouse, {"sub1": publisher}, master=master, **subscription)
+    """A config for one subscription ``sub1`` of publication ``pub``; returns the metrics port.
+
+    ``remote``: a Spark Connect server's URL, in place of ``master``."""
+    return write_subscriptions(
+        path, warehouse, {"sub1": publisher}, master=master, remote=remote, **subscription
+    )
 
 
 def write_subscriptions(
@@ -49,6 +54,7 @@ def write_subscriptions(
     publishers: dict[str, PgDatabase],
     *,
     master: str = "local[2]",
+    remote: str | None = None,
     **settings: Any,
 ) -> int:
     """A config with one subscription of publication ``pub`` per (name, publisher); the port."""
@@ -67,7 +73,7 @@ def write_subscriptions(
     ]
     config = {
         "warehouse": str(warehouse),
-        "spark": {"master": master},
+        "spark": {"remote": remote} if remote else {"master": master},
         "metrics": {"host": "127.0.0.1", "port": port},
         "log": {"format": "json", "level": "info"},
         "subscriptions": subscriptions,

@@ -106,13 +106,19 @@ class StandaloneCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
         for process in reversed(self._processes):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            end_group(process)
         self._processes.clear()
+
+
+def end_group(process: subprocess.Popen[bytes], grace: float = 30) -> None:
+    """Wait for ``process`` (a group leader sent SIGTERM) to end; SIGKILL its group after
+    ``grace`` seconds."""
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from apply.merge_plan import (
     conflict_in,
     key_bounds,
     keyed_merge,
+    merge_sql,
     multiset_merge,
 )
 from apply.schema import TargetColumn, TargetSchema
@@ -93,3 +94,27 @@ def test_an_integer_key_bounds_the_target_to_the_batch_range() -> None:
     assert key_bounds(source.slice(0, 0), "id") is None
     plan = keyed_merge(SCHEMA, keep_columns=(), bounds=(-3, 12))
     assert plan.condition == "t.`id` = s.`id` AND t.`id` BETWEEN -3 AND 12"
+
+
+def test_a_plan_reads_as_one_merge_into_statement_in_clause_order() -> None:
+    plan = keyed_merge(SCHEMA, keep_columns=())
+    sql = merge_sql(plan, "delta.`/w/public/t`", "pgsub_merge_source_7").split("\n")
+    assert sql[0] == (
+        "MERGE INTO delta.`/w/public/t` AS t USING pgsub_merge_source_7 AS s ON t.`id` = s.`id`"
+    )
+    assert sql[1].startswith("WHEN MATCHED AND (s.__pgsub_first IN ('INSERT', 'KEY_UPDATE_NEW'))")
+    assert "THEN UPDATE SET `id` = raise_error(" in sql[1]
+    assert sql[2] == "WHEN MATCHED AND (NOT s.__pgsub_present) THEN DELETE"
+    assert sql[3] == "WHEN MATCHED THEN UPDATE SET `id` = s.`id`, `we``ird` = s.`we``ird`"
+    assert sql[4] == (
+        "WHEN NOT MATCHED AND (s.__pgsub_present AND (s.__pgsub_first IN ('INSERT', "
+        "'KEY_UPDATE_NEW') OR s.__pgsub_reinserted)) THEN INSERT (`id`, `we``ird`) "
+        "VALUES (s.`id`, s.`we``ird`)"
+    )
+    assert len(sql) == 5
+
+
+def test_a_multiset_plan_deletes_unconditionally_and_inserts_what_stays() -> None:
+    sql = merge_sql(multiset_merge(SCHEMA), "delta.`/t`", "v").split("\n")
+    assert sql[1] == "WHEN MATCHED THEN DELETE"
+    assert sql[2].startswith("WHEN NOT MATCHED AND (NOT s.__pgsub_remove) THEN INSERT")

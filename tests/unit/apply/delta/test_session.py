@@ -4,7 +4,17 @@ from pathlib import Path
 
 import pytest
 
-from apply.delta.session import SparkSettings, SparkSetupError, delta_jars, session_conf
+from apply.delta.session import (
+    SparkSettings,
+    SparkSetupError,
+    delta_jars,
+    is_remote,
+    runs_here,
+    session_conf,
+    spark_master,
+    stop_sessions,
+    thread_session,
+)
 
 
 def make_jars(folder: Path) -> Path:
@@ -71,3 +81,21 @@ def test_a_clusters_tasks_run_this_python(tmp_path: Path, monkeypatch: pytest.Mo
     assert "spark.pyspark.python" not in session_conf(SparkSettings(master="local[2]"), folder)
     chosen = SparkSettings(master="spark://m:7077", conf={"spark.pyspark.python": "/opt/py"})
     assert session_conf(chosen, folder)["spark.pyspark.python"] == "/opt/py"
+
+
+def test_a_spark_connect_session_is_told_apart_and_its_thread_sessions_are_released() -> None:
+    """No server is needed: a Spark Connect client connects on its first call."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    client = ConnectSession(connection="sc://127.0.0.1:9")
+    try:
+        assert is_remote(client)
+        assert spark_master(client) == "" and not runs_here(client)
+        own = thread_session(client)
+        assert is_remote(own) and own is not client
+        assert own.session_id != client.session_id  # its own conf and temporary views
+    finally:
+        stop_sessions()  # at once, though no server answers
+        client.release_session_on_close = False
+        client.stop()
+    assert own.is_stopped

@@ -48,11 +48,12 @@ def test_bad_value_is_named(tmp_path: Path) -> None:
     assert "subscriptions.0.batch.max_delay" in str(err.value) and "duration" in str(err.value)
 
 
-def test_spark_connect_is_refused_with_the_way_that_works(tmp_path: Path) -> None:
-    text = GOOD.replace('master: "local[2]"', 'remote: "sc://spark:15002"')
+def test_spark_connect_takes_an_sc_url(tmp_path: Path) -> None:
+    text = GOOD.replace('master: "local[2]"', 'remote: "sc://spark:15002/;token=secret"')
+    assert load(write(tmp_path, text), environ={}).spark.remote == "sc://spark:15002/;token=secret"
     with pytest.raises(ConfigError) as err:
-        load(write(tmp_path, text), environ={})
-    assert "spark.remote" in str(err.value) and "use spark.master" in str(err.value)
+        load(write(tmp_path, text.replace("sc://", "http://")), environ={})
+    assert "spark.remote" in str(err.value) and "sc://" in str(err.value)
 
 
 def test_environment_overrides_by_path_position_and_name(tmp_path: Path) -> None:

@@ -1,0 +1,81 @@
+"""The daemon as a Spark Connect client: a server started from pyspark's launcher.
+
+``spark.remote: sc://...``: the daemon holds no JVM; every Delta operation
+travels as SQL or a DataFrame plan to the server (``apply.delta.sql``), the
+commit marks as the server-side session's conf, and the initial copy's
+CTID ranges are read by Spark tasks in the server. The same scenarios as
+on a standalone cluster (``tests.support.scale_out``), read back by
+delta-rs and Spark against the publisher. Marked ``cluster``: ``pytest -m
+"not cluster"`` leaves them out of a quick local run; ``make test`` runs
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pytest
+
+from tests.support.daemon import DaemonProcess
+from tests.support.pgdatabase import PgDatabase
+from tests.support.scale_out import (
+    copy_stream_conflicts_and_status,
+    kill_during_a_batch_then_restart,
+)
+from tests.support.spark_connect import ConnectServer, connect_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    with connect_server(tmp_path_factory.mktemp("spark-connect")) as started:
+        yield started
+
+
+def group_commands(group: int) -> list[str]:
+    """The command names of the processes in process group ``group``."""
+    names = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :]
+        if int(rest.split()[2]) == group:
+            names.append(name)
+    return names
+
+
+def test_copy_stream_conflicts_and_status_through_spark_connect(
+    server: ConnectServer,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    def thin_client(daemon: DaemonProcess) -> None:
+        assert "java" not in group_commands(daemon.process.pid)
+
+    copy_stream_conflicts_and_status(
+        {"remote": server.url}, publisher, spark, tmp_path, daemons, thin_client
+    )
+    # The MERGEs were Spark's: the server's engine, not delta-rs, made those commits.
+    history = deltalake.DeltaTable(str(tmp_path / "warehouse" / "public" / "keyed")).history()
+    merges = [c for c in history if c.get("operation") == "MERGE"]
+    assert merges and all("Apache-Spark" in str(c.get("engineInfo")) for c in merges), history
+
+
+def test_kill_during_a_batch_through_spark_connect_then_restart(
+    server: ConnectServer,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """The server outlives the killed client (its sessions expire); the restarted daemon
+    opens new ones and neither loses nor repeats rows."""
+    kill_during_a_batch_then_restart({"remote": server.url}, publisher, spark, tmp_path, daemons)

@@ -1,0 +1,144 @@
+"""The scale-out scenarios, run against each way of reaching Spark beyond ``local[*]``.
+
+A standalone cluster (``tests/e2e/test_cluster.py``) and a Spark Connect
+server (``tests/e2e/test_connect.py``) run the same two scenarios: copy,
+streaming apply, a conflict and ``pgsub status``; and a kill -9 of the
+daemon between a table's write and its checkpoint, then a restart. Each
+ends with the Delta tables read back and compared with the publisher.
+``spark`` says where the daemon's Spark is: ``{"master": "spark://..."}``
+or ``{"remote": "sc://..."}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import deltalake
+
+from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed, write_config
+from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgcluster import wait_until
+from tests.support.pgdatabase import PgDatabase
+
+EMPTY_TABLES = """
+CREATE TABLE keyed (id int PRIMARY KEY, v text);
+CREATE TABLE bag (a int, b text); ALTER TABLE bag REPLICA IDENTITY FULL;
+CREATE PUBLICATION pub FOR TABLE keyed, bag;
+"""
+ROWS = """
+INSERT INTO keyed SELECT g, 'copied' FROM generate_series(1, 20000) g;
+INSERT INTO bag SELECT g % 10, 'copied' FROM generate_series(1, 3000) g;
+"""
+TABLES = EMPTY_TABLES + ROWS
+
+CHANGES = """
+INSERT INTO keyed SELECT g, 'streamed' FROM generate_series(20001, 21000) g;
+BEGIN;
+UPDATE keyed SET v = 'changed' WHERE id % 7 = 0;
+DELETE FROM keyed WHERE id BETWEEN 100 AND 150;
+INSERT INTO bag SELECT g % 10, 'copied' FROM generate_series(1, 500) g;
+DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag WHERE a = 1 LIMIT 30);
+COMMIT;
+"""
+RANGES = 3  # each table's initial copy is read by this many Spark tasks
+
+
+def assert_equal(publisher: PgDatabase, spark: Any, warehouse: Path) -> None:
+    with publisher.connect() as conn:
+        keyed, bag = str(warehouse / "public" / "keyed"), str(warehouse / "public" / "bag")
+        assert_delta_equals_publisher(conn, "public.keyed", spark, keyed, ("id",))
+        assert_delta_equals_publisher(conn, "public.bag", spark, bag)
+
+
+def tables_ready(daemon: DaemonProcess) -> bool:
+    try:
+        body = daemon.get("/status")[1]
+    except OSError:
+        return False
+    tables = [t for s in body.get("subscriptions", []) for t in s.get("tables") or []]
+    return len(tables) == 2 and all(t["state"] == "ready" for t in tables)
+
+
+def copy_stream_conflicts_and_status(
+    spark_config: dict[str, str],
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+    while_running: Callable[[DaemonProcess], None] = lambda daemon: None,
+) -> DaemonProcess:
+    """The whole life of a subscription; returns the stopped daemon (its events to check).
+
+    ``while_running`` looks at the daemon once its tables are READY."""
+    publisher.execute(TABLES)
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(
+        config, publisher, warehouse, copy_data=True, copy={"ranges": RANGES}, **spark_config
+    )
+    daemon = daemons(config, port)
+    daemon.wait_ready(timeout=300)
+    wait_until(lambda: tables_ready(daemon), timeout=300, what="both tables READY")
+    while_running(daemon)
+    publisher.execute(CHANGES)
+    wait_confirmed(publisher)
+
+    # Another writer removes a row; the publisher then deletes it: delete_missing, skipped.
+    deltalake.DeltaTable(str(warehouse / "public" / "keyed")).delete("id = 5")
+    publisher.execute("DELETE FROM keyed WHERE id = 5")
+    wait_confirmed(publisher)
+    metrics = daemon.get("/metrics")[1]
+    assert (
+        'pgsub_conflicts_total{relation="public.keyed",subscription="sub1",'
+        'type="delete_missing"} 1.0' in metrics
+    )
+
+    live = pgsub("status", "-c", str(config), "--json")
+    assert live.returncode == 0, live.stderr
+    (sub,) = json.loads(live.stdout)["subscriptions"]
+    assert sub["state"] == "streaming" and sub["error_count"] == 0
+    assert sorted((t["table"], t["state"]) for t in sub["tables"]) == [
+        ("public.bag", "ready"),
+        ("public.keyed", "ready"),
+    ]
+    assert daemon.terminate() == 0, daemon.logs()
+    assert_equal(publisher, spark, warehouse)
+    # Each table's copy was read by Spark tasks, each under the sync slot's snapshot.
+    started = [e for e in daemon.events() if e["event"] == "table copy started"]
+    assert sorted((e["table"], e["ranges"], e["read_by"]) for e in started) == [
+        ("public.bag", RANGES, "spark tasks"),
+        ("public.keyed", RANGES, "spark tasks"),
+    ]
+    return daemon
+
+
+def kill_during_a_batch_then_restart(
+    spark_config: dict[str, str],
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """kill -9 of the daemon between a table's write and its checkpoint: the restarted
+    daemon neither loses nor repeats rows."""
+    publisher.execute(EMPTY_TABLES)
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, warehouse, **spark_config)
+    first = daemons(config, port)  # creates the slot (the copy ran in the scenario above)
+    first.wait_ready(timeout=300)
+    assert first.terminate() == 0, first.logs()
+
+    publisher.execute(ROWS + CHANGES)
+    doomed = daemons(config, port, "apply.before_checkpoint")
+    assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
+    publisher.execute("INSERT INTO bag VALUES (42, 'after'); UPDATE keyed SET v = 'after'")
+
+    survivor = daemons(config, port)
+    survivor.wait_ready(timeout=300)
+    wait_confirmed(publisher)
+    assert survivor.terminate() == 0, survivor.logs()
+    assert_equal(publisher, spark, warehouse)
