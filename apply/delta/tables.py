@@ -231,9 +231,13 @@ class DeltaTables:
             properties[ROW_TRACKING] = "true"
         try:
             delta_sql.create_if_not_exists(session, path, schema.ddl(), properties)
+            made = delta_sql.is_delta_table(session, path)
         except SparkErrors as exc:
             if "DELTA_TABLE_NOT_FOUND" not in str(exc):
                 raise
+            made = False
+        if not made:
+            # IF NOT EXISTS took a _delta_log without a commit for a table and did nothing.
             self._create_over_cut_short(schema, path, properties)
         with self._lock:
             self._origins.pop(schema.table, None)
@@ -244,7 +248,8 @@ class DeltaTables:
     ) -> None:
         """A ``_delta_log`` without a commit (a creation killed half-way): create over it.
 
-        Delta's table builder refuses such a folder, a first write does not; a
+        ``CREATE TABLE IF NOT EXISTS`` takes such a folder for a table and does
+        nothing (Delta's table builder refused it); a first write does not; a
         write takes only ``delta.*`` properties, so the others follow in a second commit.
         """
         log.warning(
