@@ -99,12 +99,17 @@ def test_connections_cut_during_the_copy_and_the_catch_up_under_load(
 ) -> None:
     """A writer commits all along; every connection (the leader's, the sync workers') is cut
     while a table is being copied - the copy fails and starts over - and again once the
-    tables are handed over."""
+    tables are handed over.
+
+    The proxy hands the publisher's bytes over at 64 kB/s per connection until the cut, so
+    the copy of a table's 60,000 rows (about 1 MB of CSV) takes seconds whatever the
+    machine's speed: the cut lands in it (a local copy takes milliseconds)."""
     publisher.execute(
         SCHEMA + "INSERT INTO k SELECT g, 'old' FROM generate_series(-60000, -1) g;"
         "INSERT INTO bag SELECT g % 13, 'old' FROM generate_series(1, 60000) g;"
     )
     proxy = TcpProxy(publisher.cluster.port)
+    proxy.rate = 64 * 1024
     warehouse, config = tmp_path / "warehouse", tmp_path / "pgsub.yaml"
     port = proxied_config(
         config, publisher, warehouse, proxy, copy_data=True, batch={"max_changes": 500}
@@ -120,6 +125,7 @@ def test_connections_cut_during_the_copy_and_the_catch_up_under_load(
             interval=0.1,
             what="a table copy under way",
         )
+        proxy.rate = None
         assert proxy.cut() > 0
         wait_until(lambda: table_states(daemon) == {"ready"}, timeout=400, what="both tables READY")
         connections = proxy.accepted

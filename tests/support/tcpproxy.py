@@ -1,4 +1,4 @@
-"""A small TCP proxy on loopback whose connections a test can cut."""
+"""A small TCP proxy on loopback whose connections a test can cut, or slow down."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 import selectors
 import socket
 import threading
+import time
 
 
 class TcpProxy:
@@ -17,6 +18,7 @@ class TcpProxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._closed = threading.Event()
         self.accepted = 0
+        self.rate: float | None = None  # bytes/s from the server, per connection (None: any)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -39,10 +41,13 @@ class TcpProxy:
             try:
                 while True:
                     for key, _ in selector.select():
-                        data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                        rate = self.rate if key.fileobj is upstream else None
+                        data = key.fileobj.recv(4096 if rate else 65536)  # type: ignore[union-attr]
                         if not data:
                             return
                         peers[key.fileobj].sendall(data)  # type: ignore[index]
+                        if rate:
+                            time.sleep(len(data) / rate)
             except OSError:
                 return
             finally:
