@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
 
 NOT_A_DELTA_TABLE: Final = "DELTA_MISSING_DELTA_TABLE"
+HISTORY_PEEK: Final = 10
 _views = itertools.count()
 
 
@@ -108,11 +109,16 @@ def history(
 
 
 def commit_metrics(session: SparkSession, path: str, version: int) -> dict[str, str]:
-    """The ``operationMetrics`` of the table's commit ``version`` ({} when it is gone)."""
-    for row in history(session, path, None, ("version", "operationMetrics")):
-        if int(row["version"]) == version:
-            return dict(row["operationMetrics"] or {})
-        if int(row["version"]) < version:
+    """The ``operationMetrics`` of the table's commit ``version`` ({} when it is gone).
+
+    Asked right after the commit, so the newest few commits hold it; the whole
+    history is read only when others committed since."""
+    for limit in (HISTORY_PEEK, None):
+        rows = history(session, path, limit, ("version", "operationMetrics"))
+        for row in rows:
+            if int(row["version"]) == version:
+                return dict(row["operationMetrics"] or {})
+        if limit is None or len(rows) < limit or int(rows[-1]["version"]) < version:
             break
     return {}
 

@@ -112,6 +112,12 @@ def copy_stream_conflicts_and_status(
         ("public.bag", RANGES, "spark tasks"),
         ("public.keyed", RANGES, "spark tasks"),
     ]
+    # The rows the copy's one commit wrote, from its own metrics (no accumulator on Connect).
+    finished = [e for e in daemon.events() if e["event"] == "table copy finished"]
+    assert sorted((e["table"], e["rows"]) for e in finished) == [
+        ("public.bag", 3000),
+        ("public.keyed", 20000),
+    ]
     return daemon
 
 
