@@ -27,7 +27,7 @@ help:
 	@echo "make check   ruff, the import layers, mypy --strict, unit tests (a quick pre-commit)"
 	@echo "make fmt     format and fix lint"
 	@echo "make bench   every scenario beside PostgreSQL's subscriber and the raw limit, one table"
-	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS, LARGE_ROWS, SOAK_MINUTES, RATES; quick:"
+	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS, LARGE_ROWS, SOAK_MINUTES, SOAK_NATIVE_MINUTES, RATES; quick:"
 	@echo "             ROWS=100000 SYNC_ROWS=200000 LOAD_SECONDS=15 LARGE_ROWS=500000 SOAK_MINUTES=2)"
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction, best of 3 (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
@@ -118,9 +118,11 @@ bench-large: setup
 	$(BIN)/python -m benchmarks.large_tx --rows $(LARGE_ROWS)
 
 SOAK_MINUTES ?= 10
+SOAK_NATIVE_MINUTES ?= $(SOAK_MINUTES)
 bench: setup
 	$(BIN)/python -m benchmarks.suite --rows $(ROWS) --sync-rows $(SYNC_ROWS) --rate $(RATE) \
 	    --seconds $(LOAD_SECONDS) --large-rows $(LARGE_ROWS) --soak-minutes $(SOAK_MINUTES) \
+	    --soak-native-minutes $(SOAK_NATIVE_MINUTES) \
 	    --ceiling-rates $(RATES)
 
 bench-conflicts: setup
