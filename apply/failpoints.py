@@ -24,6 +24,8 @@ NAMES: Final = frozenset(
         "apply.after_prepare_staged",  # a PREPARE staged, its checkpoint not recorded
         "apply.before_prepared_forgotten",  # COMMIT/ROLLBACK PREPARED done, staging kept
         "tablesync.after_copy_block",  # rows of a copy written, FINISHEDCOPY not stored
+        "tablesync.after_range_staged",  # a range of a copy staged, others not (resumable)
+        "tablesync.after_copy_landed",  # a staged copy in Delta, FINISHEDCOPY not stored
         "tablesync.before_syncdone",  # catch-up reached its LSN, SYNCDONE not stored
         "tablesync.after_syncdone",  # SYNCDONE stored, the sync slot not dropped yet
     }

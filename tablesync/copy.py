@@ -150,11 +150,20 @@ class RangeReader:
     schema: TargetSchema
 
     def __call__(self, part: BlockRange) -> Iterator[pa.Table]:
+        return self.rows(part.condition())
+
+    def rows(
+        self, condition: sql.Composable | None, schema: TargetSchema | None = None
+    ) -> Iterator[pa.Table]:
+        """The rows meeting ``condition``, laid out as ``schema`` (default: the table's;
+        another names some of its columns)."""
+        schema = schema or self.schema
+        columns = [c.name for c in schema.columns]
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(self.snapshot_literal))
-            with conn.cursor().copy(self.table.copy_query(part.condition())) as copy:
-                yield from arrow_blocks(copy, self.schema)
+            with conn.cursor().copy(self.table.copy_query(condition, columns)) as copy:
+                yield from arrow_blocks(copy, schema)
             conn.execute("COMMIT")
 
     @property

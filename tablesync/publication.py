@@ -14,6 +14,7 @@ Row filters and column lists exist from PostgreSQL 15.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +43,15 @@ class PublishedTable:
     def qualified_name(self) -> str:
         return qualified_name(self.schema, self.name)
 
-    def copy_query(self, within: sql.Composable | None = None) -> sql.Composed:
+    def copy_query(
+        self, within: sql.Composable | None = None, columns: Sequence[str] | None = None
+    ) -> sql.Composed:
         """``COPY (SELECT cols FROM [ONLY] t WHERE f) TO STDOUT`` in CSV, as tablesync does;
-        ``within`` (a condition, e.g. a CTID range) is AND'ed with the row filter."""
+        ``within`` (a condition, e.g. a CTID range) is AND'ed with the row filter;
+        ``columns``: some of the published columns (default: all)."""
         only = sql.SQL("") if self.partitioned else sql.SQL("ONLY ")
         query = sql.SQL("SELECT {} FROM {}{}").format(
-            sql.SQL(", ").join(sql.Identifier(c) for c in self.columns),
+            sql.SQL(", ").join(sql.Identifier(c) for c in columns or self.columns),
             only,
             sql.Identifier(self.schema, self.name),
         )

@@ -26,10 +26,13 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import replace
+from typing import Protocol
 
 import psycopg
+import pyarrow as pa
 import structlog
+from psycopg import sql
 
 from apply.collapse import is_keyed
 from apply.copy_source import CopySource
@@ -37,16 +40,33 @@ from apply.failpoints import failpoint
 from apply.pipeline import ApplyContext, ApplyPipeline
 from apply.records import CommitMark
 from apply.roles import CatchUp
-from apply.schema import target_schema
+from apply.schema import TargetSchema, target_schema
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
-from tablesync.copy import CopySettings, RangeReader, arrow_blocks, parallel, split
+from tablesync.copy import (
+    BlockRange,
+    CopySettings,
+    RangeReader,
+    arrow_blocks,
+    parallel,
+    split,
+)
 from tablesync.publication import PublishedTable, describe
+from tablesync.resume import (
+    MIN_SERVER_VERSION,
+    RANGE_STAGING,
+    RESUMED_RESOLUTIONS,
+    Manifest,
+    RangeStage,
+    landed_rows,
+    layout,
+    next_attempt,
+    range_name,
+    read_again,
+    snapshot_facts,
+)
 from tablesync.state import TableState, TableStatus
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +125,7 @@ class SyncWorker:
         self.slot = sync_slot_name(context.subscription, table.relid, system_id)
         self._conninfo = context.conninfo
         self._copy_settings = copy or CopySettings()
+        self._stage = RangeStage(context.spool_root / RANGE_STAGING / str(table.relid))
 
     def run(self, stopping: threading.Event) -> None:
         relid = self.table.relid
@@ -131,6 +152,7 @@ class SyncWorker:
         failpoint("tablesync.before_syncdone")
         self._handoff.store(relid, TableState.SYNCDONE, reached)
         failpoint("tablesync.after_syncdone")
+        self._stage.clear()
         self._drop_slot()
         log.info("table synchronized", table=self.table.qualified_name, lsn=str(reached))
 
@@ -138,18 +160,23 @@ class SyncWorker:
 
     def _copy(self) -> Lsn:
         table = self.table
-        self._handoff.store(table.relid, TableState.DATASYNC)
-        self._drop_slot()
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
             relation = describe(conn, table)
             heap_blocks = table.heap_blocks(conn)
+            server_version = conn.info.server_version
         context = self._context
         schema = target_schema(relation, context.types, is_keyed(relation))
-        context.tables.prepare(schema, recreate=True)  # the copy fills it
         labels = (context.subscription, table.qualified_name)
         context.metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
         on_executors = context.tables.copy_on_executors
         ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks, on_executors))
+        staged = len(ranges) > 1 and not on_executors and server_version >= MIN_SERVER_VERSION
+        if staged and schema.key:
+            return self._copy_staged(schema, ranges)
+        self._stage.clear()
+        self._handoff.store(table.relid, TableState.DATASYNC)
+        self._drop_slot()
+        context.tables.prepare(schema, recreate=True)  # the copy fills it
         started = time.monotonic()
         with ReplicationConnection(self._conninfo) as connection:
             in_transaction = len(ranges) == 1 and not on_executors
@@ -191,11 +218,144 @@ class SyncWorker:
         )
         return slot.consistent_point
 
-    def _progress(self, blocks: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    # -- a copy staged by range, resumable (tablesync.resume) ------------------
+
+    def _copy_staged(self, schema: TargetSchema, ranges: list[BlockRange]) -> Lsn:
+        """Stage every range in the spool, then land them in one commit; after a crash,
+        resume with the ranges staged before."""
+        manifest = self._stage.manifest()
+        if manifest is not None and self._resumable(manifest, schema):
+            resumed = self._resume(schema, next_attempt(manifest))
+            if resumed is not None:
+                return resumed
+        table, context = self.table, self._context
+        self._handoff.store(table.relid, TableState.DATASYNC)
+        self._drop_slot()
+        context.tables.prepare(schema, recreate=True)
+        started = time.monotonic()
+        with ReplicationConnection(self._conninfo) as connection:
+            # The snapshot stays importable while this connection stays idle.
+            slot = connection.create_slot(self.slot, snapshot=SnapshotAction.EXPORT)
+            read = RangeReader(self._conninfo, slot.snapshot_name or "", table, schema)
+            with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(read.snapshot_literal))
+                xmin, relation = snapshot_facts(conn, table.relid)
+                conn.execute("COMMIT")
+            manifest = Manifest(
+                self.slot, slot.consistent_point, xmin, relation, layout(schema), tuple(ranges)
+            )
+            self._stage.begin(manifest)
+            log.info(
+                "table copy started",
+                table=table.qualified_name,
+                lsn=str(slot.consistent_point),
+                estimated_rows=table.estimated_rows,
+                ranges=len(ranges),
+                read_by="pgsub",
+                staged_in=str(self._stage.root),
+            )
+            self._stage_ranges(read, manifest, range(len(ranges)), copied=0)
+        return self._land(schema, manifest, None, started)
+
+    def _resumable(self, manifest: Manifest, schema: TargetSchema) -> bool:
+        """Whether a crashed attempt's staged ranges can be kept: the table is still being
+        copied from the same slot, untouched, into the same layout."""
+        status = self._handoff.status(self.table.relid)
+        if status.state is not TableState.DATASYNC or manifest.landed:
+            return False
+        if manifest.slot != self.slot or manifest.layout != layout(schema):
+            return False
+        with ReplicationConnection(self._conninfo) as connection:
+            rows = connection.execute(
+                "SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots"
+                " WHERE slot_name = " + quote_literal(self.slot)
+            )
+        # An unused slot is where it was made: nothing streamed from it yet.
+        flushed = rows[0]["confirmed_flush_lsn"] if rows else None
+        return flushed is not None and Lsn.parse(flushed) == manifest.lsn
+
+    def _resume(self, schema: TargetSchema, manifest: Manifest) -> Lsn | None:
+        """Read what a crashed attempt left under a new snapshot and land it all; None when
+        the table was rewritten since (the copy starts over)."""
+        table, stage = self.table, self._stage
+        started = time.monotonic()
+        staged = stage.done()
+        done = [i for i in range(len(manifest.ranges)) if range_name(i) in staged]
+        with psycopg.connect(self._conninfo, autocommit=True) as holder:
+            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            exported = holder.execute("SELECT pg_catalog.pg_export_snapshot()").fetchone()
+            _, relation = snapshot_facts(holder, table.relid)
+            if relation != manifest.relation or exported is None:
+                log.warning(
+                    "table copy starts over: the table was rewritten since it was staged",
+                    table=table.qualified_name,
+                    staged_ranges=len(done),
+                )
+                return None
+            stage.record(manifest)
+            read = RangeReader(self._conninfo, str(exported[0]), table, schema)
+            self._context.tables.prepare(schema, recreate=True)
+            copied = sum(stage.rows(range_name(i)) for i in done)
+            log.info(
+                "table copy resumes",
+                table=table.qualified_name,
+                lsn=str(manifest.lsn),
+                staged_ranges=len(done),
+                ranges=len(manifest.ranges),
+                staged_rows=copied,
+                attempt=manifest.attempt,
+            )
+            remaining = [i for i in range(len(manifest.ranges)) if i not in done]
+            self._stage_ranges(read, manifest, remaining, copied=copied)
+            keys = read_again(stage, manifest, read, schema)
+            holder.execute("COMMIT")
+        return self._land(schema, manifest, keys, started)
+
+    def _stage_ranges(
+        self, read: RangeReader, manifest: Manifest, indexes: Iterable[int], copied: int
+    ) -> None:
+        stage = self._stage
+
+        def staged(index: int) -> Iterator[pa.Table]:
+            blocks = read(manifest.ranges[index])
+            yield from stage.stage(range_name(index), blocks, manifest.attempt)
+            failpoint("tablesync.after_range_staged")
+
+        readers = self._copy_settings.readers
+        for _ in self._progress(parallel(staged, list(indexes), readers), copied):
+            pass
+
+    def _land(
+        self, schema: TargetSchema, manifest: Manifest, keys: pa.Table | None, started: float
+    ) -> Lsn:
+        """The staged rows into the Delta table, in one commit; ``keys``: of the rows read
+        again under this attempt's snapshot, whose staged copies from before are stale."""
+        table, stage, context = self.table, self._stage, self._context
+
+        def rows() -> Iterator[pa.Table]:
+            return landed_rows(stage, manifest, keys, schema.key)
+
+        mark = CommitMark(context.subscription, manifest.lsn, 0)
+        spool = context.spool_root / COPY_STAGING / str(table.relid)
+        copied, _ = context.tables.copy_into(schema, CopySource.here(rows), mark, spool)
+        failpoint("tablesync.after_copy_landed")
+        self._handoff.store(table.relid, TableState.FINISHEDCOPY, manifest.lsn)
+        stage.record(replace(manifest, landed=True))
+        stage.drop_rows()
+        log.info(
+            "table copy finished",
+            table=table.qualified_name,
+            rows=copied,
+            seconds=round(time.monotonic() - started, 3),
+            resumed=manifest.resumed,
+        )
+        return manifest.lsn
+
+    def _progress(self, blocks: Iterable[pa.Table], copied: int = 0) -> Iterator[pa.Table]:
         counter = self._context.metrics.tablesync_rows_copied.labels(
             self._context.subscription, self.table.qualified_name
         )
-        copied = 0
         for block in blocks:
             copied += block.num_rows
             counter.inc(block.num_rows)
@@ -227,7 +387,20 @@ class SyncWorker:
 
     def _catch_up(self, start: Lsn, target: Lsn, stopping: threading.Event) -> Lsn | None:
         """Apply this table's changes from the sync slot up to ``target``; the LSN reached."""
-        pipeline = ApplyPipeline(self._context, CatchUp(self.table.relid, self.slot), start)
+        context = self._context
+        staged = self._stage.manifest()
+        if staged is not None and staged.resumed and staged.lsn == start:
+            # The table holds rows read after ``start``: replay over them (tablesync.resume).
+            resolutions = {**context.resolutions, **RESUMED_RESOLUTIONS}
+            context = replace(context, resolutions=resolutions, reporter=None)
+            log.info(
+                "table catch-up replays changes over rows read after its start",
+                table=self.table.qualified_name,
+                lsn=str(start),
+                conflicts="insert_exists, update_exists: apply_remote; missing rows: skip;"
+                " not reported",
+            )
+        pipeline = ApplyPipeline(context, CatchUp(self.table.relid, self.slot), start)
         progress = pipeline.progress
         pipeline.start()
         reached = False

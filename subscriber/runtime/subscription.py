@@ -54,6 +54,7 @@ from subscriber.runtime.slots import SubscriptionSlots
 from subscriber.runtime.subscription_status import SubscriptionStatus, lsn_text
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
+from tablesync.resume import forget_staged
 from tablesync.state import TableState
 from tablesync.worker import (
     COPY_STAGING,
@@ -348,6 +349,7 @@ class SubscriptionRunner:
                 if s.state not in (TableState.SYNCDONE, TableState.READY)
             }
             self.slots.drop_leftover_sync_slots(copying)
+            forget_staged(self.config.spool_path, copying)
 
     # -- one attempt ---------------------------------------------------------
 

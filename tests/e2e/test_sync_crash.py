@@ -101,3 +101,84 @@ def test_failing_copy_is_retried_while_other_tables_replicate(
         wait_until(all_ready, timeout=300, what="bag READY once it can be read")
         rep.caught_up()
         rep.assert_equal("public.bag")
+
+
+RANGED = """
+CREATE TABLE a (id int PRIMARY KEY, v text);
+INSERT INTO a SELECT g, 'before' FROM generate_series(1, 40000) g;
+CREATE PUBLICATION pub FOR TABLE a;
+"""
+
+# While the daemon is down: rows of the staged ranges deleted and their space reused by
+# new versions of rows of the others, updates everywhere, keys changed, rows added.
+WHILE_DOWN = """
+DELETE FROM a WHERE id <= 3000; VACUUM a;
+UPDATE a SET v = 'moved' WHERE id > 36000;
+UPDATE a SET v = 'changed' WHERE id % 97 = 0;
+UPDATE a SET id = id + 100000 WHERE id BETWEEN 5000 AND 5050;
+INSERT INTO a SELECT g, 'new' FROM generate_series(200001, 201000) g;
+DELETE FROM a WHERE id % 101 = 0;
+"""
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["resumed", "rewritten-starts-over"])
+def test_a_copy_killed_between_ranges_resumes_with_the_ranges_staged(
+    rewrite: bool,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """A keyed table copied in 4 ranges, killed once 2 are staged; the publisher changes while
+    the daemon is down (and, in one case, rewrites the table: VACUUM FULL)."""
+    publisher.execute(RANGED)
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(
+        config,
+        publisher,
+        warehouse,
+        copy_data=True,
+        copy={"ranges": 4, "readers": 1},
+        spool_dir=str(tmp_path / "spool"),
+    )
+    doomed = daemons(config, port, "tablesync.after_range_staged=2")
+    assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
+    publisher.execute(WHILE_DOWN + ("VACUUM FULL a;" if rewrite else ""))
+
+    def step(conn: psycopg.Connection[Any], n: int) -> None:
+        conn.execute("UPDATE a SET v = v || '+' WHERE id = %s", [n % 40000 + 1])
+        conn.execute("INSERT INTO a VALUES (%s, 'w') ON CONFLICT DO NOTHING", [300000 + n])
+
+    with Writer(publisher, step, pause=0.02) as writer:
+        survivor = daemons(config, port)
+
+        def ready() -> bool:
+            events = survivor.events()
+            return any(
+                e.get("event") == "table state changed" and e.get("state") == "ready"
+                for e in events
+            )
+
+        wait_until(ready, timeout=300, what="a READY")
+        writer.stop()
+        wait_confirmed(publisher)
+        assert survivor.terminate() == 0, survivor.logs()
+    events = survivor.events()
+    if rewrite:
+        assert [e for e in events if e.get("event", "").startswith("table copy starts over")]
+        assert not [e for e in events if e.get("event") == "table copy resumes"]
+    else:
+        (resumed,) = [e for e in events if e.get("event") == "table copy resumes"]
+        assert resumed["staged_ranges"] == 2 and resumed["ranges"] == 4
+        assert resumed["staged_rows"] > 10000
+        (finished,) = [e for e in events if e.get("event") == "table copy finished"]
+        assert finished["resumed"] is True
+        assert not [e for e in events if e.get("conflict")]  # replays are not conflicts
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(
+            conn, "public.a", spark, str(warehouse / "public" / "a"), ("id",)
+        )
+    assert publisher.slots() == ["sub1"]
+    assert not list((tmp_path / "spool").rglob("*.parquet")), "staged ranges left behind"
+    assert not list((tmp_path / "spool").rglob("manifest.json"))
