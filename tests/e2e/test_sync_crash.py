@@ -118,6 +118,7 @@ UPDATE a SET v = 'changed' WHERE id % 97 = 0;
 UPDATE a SET id = id + 100000 WHERE id BETWEEN 5000 AND 5050;
 INSERT INTO a SELECT g, 'new' FROM generate_series(200001, 201000) g;
 DELETE FROM a WHERE id % 101 = 0;
+VACUUM FREEZE a;
 """
 
 

@@ -76,14 +76,16 @@ def test_a_resumed_copy_lands_each_row_of_the_later_snapshot_once(
     with publisher.connect() as conn:
         at_first = {r[0] for r in conn.execute("SELECT id FROM t")}
     # Changes while the daemon is down: rows of the staged ranges deleted, their space
-    # reused by new versions of rows of the others, updates everywhere, keys changed.
+    # reused by new versions of rows of the others, updates everywhere, keys changed,
+    # and every row frozen.
     publisher.execute(
         "DELETE FROM t WHERE id <= 3000; VACUUM t;"
         "UPDATE t SET v = 'moved' WHERE id > 36000;"
         "UPDATE t SET v = 'changed' WHERE id % 97 = 0;"
         "UPDATE t SET id = id + 100000 WHERE id BETWEEN 5000 AND 5050;"
         "INSERT INTO t SELECT g, 'new' FROM generate_series(200001, 201000) g;"
-        "DELETE FROM t WHERE id % 101 = 0"
+        "DELETE FROM t WHERE id % 101 = 0;"
+        "VACUUM FREEZE t"  # a frozen row keeps its xmin: it still reads as changed
     )
     with psycopg.connect(publisher.dsn, autocommit=True) as holder:
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
