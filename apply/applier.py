@@ -27,7 +27,7 @@ import structlog
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.columnar import binary_text
-from apply.copy_source import CopySource
+from apply.copy_source import CopySource, StagedParts
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult
@@ -90,6 +90,10 @@ class Tables(Protocol):
     def copy_into(
         self, schema: TargetSchema, source: CopySource, mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]: ...
+
+    def staged_copy(self, schema: TargetSchema) -> StagedParts:
+        """Where a copy on the executors stages its parts (``copy_on_executors``)."""
+        ...
 
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult: ...
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from apply.records import CommitMark
 
 
 @dataclass(frozen=True)
@@ -41,3 +43,20 @@ class CopySource:
 
 def _unreadable(part: Any) -> Iterator[pa.Table]:
     raise RuntimeError("these rows can only be read by the process that holds the snapshot")
+
+
+class StagedParts(Protocol):
+    """A copy's parts staged where the executors write, to resume after a crash: each
+    part read by a Spark task (``read`` is pickled into it) replaces what a killed
+    attempt staged under its name (``apply.delta.staged_copy``)."""
+
+    def stage(self, read: Callable[[], Iterator[pa.Table]], name: str) -> None: ...
+
+    def land(
+        self, mark: CommitMark, stale: Sequence[str], fresh: Sequence[str], keys: str | None
+    ) -> tuple[int, int | None]:
+        """Parts ``fresh`` whole and ``stale`` without the keys in part ``keys`` replace the
+        table's rows in one commit carrying ``mark``; (rows, version)."""
+        ...
+
+    def drop(self) -> None: ...

@@ -64,6 +64,7 @@ MIN_SERVER_VERSION: Final = 120000
 XID_SPAN: Final = 1 << 32
 
 CHANGED: Final = "changed"  # the staged ranges' rows read again under a later snapshot
+KEYS: Final = "keys"  # the keys of every row read again (staged on a cluster)
 
 # A snapshot's xmin (32 bits, as a row's xmin reads) and the table's leaf relations with
 # their relfilenodes (a rewrite changes them), in the reading transaction's snapshot.
@@ -100,6 +101,9 @@ class Manifest:
     @property
     def resumed(self) -> bool:
         return self.attempt > 1
+
+    def landed_now(self) -> Manifest:
+        return replace(self, landed=True)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -208,7 +212,7 @@ class RangeStage:
         """Write each block as a Parquet part of folder ``name`` and pass it on; the folder
         is marked complete once ``blocks`` ends."""
         folder = self.root / name
-        (self.root / f"{name}.done").unlink(missing_ok=True)
+        self.unmark(name)
         shutil.rmtree(folder, ignore_errors=True)  # what a killed attempt left of it
         folder.mkdir(mode=0o700)
         for number, block in enumerate(blocks):
@@ -217,7 +221,14 @@ class RangeStage:
             _sync(path)
             yield block
         _sync(folder)
+        self.mark(name, attempt)
+
+    def mark(self, name: str, attempt: int) -> None:
+        """Folder ``name`` is complete (here, or staged on the executors)."""
         _write_durably(self.root / f"{name}.done", str(attempt).encode())
+
+    def unmark(self, name: str) -> None:
+        (self.root / f"{name}.done").unlink(missing_ok=True)
 
     def read(self, name: str) -> Iterator[pa.Table]:
         for path in sorted((self.root / name).glob("part-*.parquet")):
@@ -240,11 +251,11 @@ class RangeStage:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def read_again(
-    stage: RangeStage, manifest: Manifest, read: RangeReader, schema: TargetSchema
-) -> pa.Table:
-    """Under ``read``'s (later) snapshot: stage the rows of the ranges staged before that
-    may have changed since the first snapshot; the keys of every such row in the table."""
+def read_again_where(
+    stage: RangeStage, manifest: Manifest
+) -> tuple[sql.Composable, sql.Composable]:
+    """What an attempt after the first reads again: (the rows of the ranges staged by earlier
+    attempts that may have changed since the first snapshot, every such row of the table)."""
     staged = stage.done()
     before = [
         part
@@ -252,13 +263,20 @@ def read_again(
         if staged.get(range_name(index), manifest.attempt) < manifest.attempt
     ]
     since = changed_since(manifest.xmin)
-    within = sql.SQL("({}) AND ({})").format(within_any(before), since)
-    for _ in stage.stage(CHANGED, read.rows(within), manifest.attempt):
+    return sql.SQL("({}) AND ({})").format(within_any(before), since), since
+
+
+def read_again(
+    stage: RangeStage, manifest: Manifest, read: RangeReader, schema: TargetSchema
+) -> pa.Table:
+    """Under ``read``'s (later) snapshot: stage the rows of the ranges staged before that
+    may have changed since the first snapshot; the keys of every such row in the table."""
+    changed, since = read_again_where(stage, manifest)
+    for _ in stage.stage(CHANGED, read.rows(changed), manifest.attempt):
         pass
     typed = empty_keys(schema)
-    return pa.concat_tables(
-        [typed, *(b.cast(typed.schema) for b in read.rows(since, key_schema(schema)))]
-    )
+    keys = read.rows(since, key_schema(schema))
+    return pa.concat_tables([typed, *(block.cast(typed.schema) for block in keys)])
 
 
 def landed_rows(

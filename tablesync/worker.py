@@ -32,7 +32,6 @@ from typing import Protocol
 import psycopg
 import pyarrow as pa
 import structlog
-from psycopg import sql
 
 from apply.collapse import is_keyed
 from apply.copy_source import CopySource
@@ -40,12 +39,11 @@ from apply.failpoints import failpoint
 from apply.pipeline import ApplyContext, ApplyPipeline
 from apply.records import CommitMark
 from apply.roles import CatchUp
-from apply.schema import TargetSchema, target_schema
+from apply.schema import target_schema
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
 from tablesync.copy import (
-    BlockRange,
     CopySettings,
     RangeReader,
     arrow_blocks,
@@ -53,19 +51,8 @@ from tablesync.copy import (
     split,
 )
 from tablesync.publication import PublishedTable, describe
-from tablesync.resume import (
-    MIN_SERVER_VERSION,
-    RANGE_STAGING,
-    RESUMED_RESOLUTIONS,
-    Manifest,
-    RangeStage,
-    landed_rows,
-    layout,
-    next_attempt,
-    range_name,
-    read_again,
-    snapshot_facts,
-)
+from tablesync.ranged_copy import RangedCopy
+from tablesync.resume import MIN_SERVER_VERSION, RANGE_STAGING, RESUMED_RESOLUTIONS, RangeStage
 from tablesync.state import TableState, TableStatus
 
 log = structlog.get_logger(__name__)
@@ -170,9 +157,19 @@ class SyncWorker:
         context.metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
         on_executors = context.tables.copy_on_executors
         ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks, on_executors))
-        staged = len(ranges) > 1 and not on_executors and server_version >= MIN_SERVER_VERSION
+        staged = len(ranges) > 1 and server_version >= MIN_SERVER_VERSION
         if staged and schema.key:
-            return self._copy_staged(schema, ranges)
+            return RangedCopy(
+                context,
+                table,
+                self._handoff,
+                slot=self.slot,
+                stage=self._stage,
+                readers=self._copy_settings.readers,
+                progress=self._progress,
+                drop_slot=self._drop_slot,
+                spark_staging=context.spool_root / COPY_STAGING / str(table.relid),
+            ).run(schema, ranges, on_executors)
         self._stage.clear()
         self._handoff.store(table.relid, TableState.DATASYNC)
         self._drop_slot()
@@ -217,140 +214,6 @@ class SyncWorker:
             seconds=round(time.monotonic() - started, 3),
         )
         return slot.consistent_point
-
-    # -- a copy staged by range, resumable (tablesync.resume) ------------------
-
-    def _copy_staged(self, schema: TargetSchema, ranges: list[BlockRange]) -> Lsn:
-        """Stage every range in the spool, then land them in one commit; after a crash,
-        resume with the ranges staged before."""
-        manifest = self._stage.manifest()
-        if manifest is not None and self._resumable(manifest, schema):
-            resumed = self._resume(schema, next_attempt(manifest))
-            if resumed is not None:
-                return resumed
-        table, context = self.table, self._context
-        self._handoff.store(table.relid, TableState.DATASYNC)
-        self._drop_slot()
-        context.tables.prepare(schema, recreate=True)
-        started = time.monotonic()
-        with ReplicationConnection(self._conninfo) as connection:
-            # The snapshot stays importable while this connection stays idle.
-            slot = connection.create_slot(self.slot, snapshot=SnapshotAction.EXPORT)
-            read = RangeReader(self._conninfo, slot.snapshot_name or "", table, schema)
-            with psycopg.connect(self._conninfo, autocommit=True) as conn:
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(read.snapshot_literal))
-                xmin, relation = snapshot_facts(conn, table.relid)
-                conn.execute("COMMIT")
-            manifest = Manifest(
-                self.slot, slot.consistent_point, xmin, relation, layout(schema), tuple(ranges)
-            )
-            self._stage.begin(manifest)
-            log.info(
-                "table copy started",
-                table=table.qualified_name,
-                lsn=str(slot.consistent_point),
-                estimated_rows=table.estimated_rows,
-                ranges=len(ranges),
-                read_by="pgsub",
-                staged_in=str(self._stage.root),
-            )
-            self._stage_ranges(read, manifest, range(len(ranges)), copied=0)
-        return self._land(schema, manifest, None, started)
-
-    def _resumable(self, manifest: Manifest, schema: TargetSchema) -> bool:
-        """Whether a crashed attempt's staged ranges can be kept: the table is still being
-        copied from the same slot, untouched, into the same layout."""
-        status = self._handoff.status(self.table.relid)
-        if status.state is not TableState.DATASYNC or manifest.landed:
-            return False
-        if manifest.slot != self.slot or manifest.layout != layout(schema):
-            return False
-        with ReplicationConnection(self._conninfo) as connection:
-            rows = connection.execute(
-                "SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots"
-                " WHERE slot_name = " + quote_literal(self.slot)
-            )
-        # An unused slot is where it was made: nothing streamed from it yet.
-        flushed = rows[0]["confirmed_flush_lsn"] if rows else None
-        return flushed is not None and Lsn.parse(flushed) == manifest.lsn
-
-    def _resume(self, schema: TargetSchema, manifest: Manifest) -> Lsn | None:
-        """Read what a crashed attempt left under a new snapshot and land it all; None when
-        the table was rewritten since (the copy starts over)."""
-        table, stage = self.table, self._stage
-        started = time.monotonic()
-        staged = stage.done()
-        done = [i for i in range(len(manifest.ranges)) if range_name(i) in staged]
-        with psycopg.connect(self._conninfo, autocommit=True) as holder:
-            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            exported = holder.execute("SELECT pg_catalog.pg_export_snapshot()").fetchone()
-            _, relation = snapshot_facts(holder, table.relid)
-            if relation != manifest.relation or exported is None:
-                log.warning(
-                    "table copy starts over: the table was rewritten since it was staged",
-                    table=table.qualified_name,
-                    staged_ranges=len(done),
-                )
-                return None
-            stage.record(manifest)
-            read = RangeReader(self._conninfo, str(exported[0]), table, schema)
-            self._context.tables.prepare(schema, recreate=True)
-            copied = sum(stage.rows(range_name(i)) for i in done)
-            log.info(
-                "table copy resumes",
-                table=table.qualified_name,
-                lsn=str(manifest.lsn),
-                staged_ranges=len(done),
-                ranges=len(manifest.ranges),
-                staged_rows=copied,
-                attempt=manifest.attempt,
-            )
-            remaining = [i for i in range(len(manifest.ranges)) if i not in done]
-            self._stage_ranges(read, manifest, remaining, copied=copied)
-            keys = read_again(stage, manifest, read, schema)
-            holder.execute("COMMIT")
-        return self._land(schema, manifest, keys, started)
-
-    def _stage_ranges(
-        self, read: RangeReader, manifest: Manifest, indexes: Iterable[int], copied: int
-    ) -> None:
-        stage = self._stage
-
-        def staged(index: int) -> Iterator[pa.Table]:
-            blocks = read(manifest.ranges[index])
-            yield from stage.stage(range_name(index), blocks, manifest.attempt)
-            failpoint("tablesync.after_range_staged")
-
-        readers = self._copy_settings.readers
-        for _ in self._progress(parallel(staged, list(indexes), readers), copied):
-            pass
-
-    def _land(
-        self, schema: TargetSchema, manifest: Manifest, keys: pa.Table | None, started: float
-    ) -> Lsn:
-        """The staged rows into the Delta table, in one commit; ``keys``: of the rows read
-        again under this attempt's snapshot, whose staged copies from before are stale."""
-        table, stage, context = self.table, self._stage, self._context
-
-        def rows() -> Iterator[pa.Table]:
-            return landed_rows(stage, manifest, keys, schema.key)
-
-        mark = CommitMark(context.subscription, manifest.lsn, 0)
-        spool = context.spool_root / COPY_STAGING / str(table.relid)
-        copied, _ = context.tables.copy_into(schema, CopySource.here(rows), mark, spool)
-        failpoint("tablesync.after_copy_landed")
-        self._handoff.store(table.relid, TableState.FINISHEDCOPY, manifest.lsn)
-        stage.record(replace(manifest, landed=True))
-        stage.drop_rows()
-        log.info(
-            "table copy finished",
-            table=table.qualified_name,
-            rows=copied,
-            seconds=round(time.monotonic() - started, 3),
-            resumed=manifest.resumed,
-        )
-        return manifest.lsn
 
     def _progress(self, blocks: Iterable[pa.Table], copied: int = 0) -> Iterator[pa.Table]:
         counter = self._context.metrics.tablesync_rows_copied.labels(

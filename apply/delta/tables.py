@@ -38,6 +38,7 @@ from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
 from apply.delta.session import SparkErrors, arrow_frame, runs_here, struct, thread_session
+from apply.delta.staged_copy import StagedCopy
 from apply.delta.target import TargetTable
 from apply.errors import ConflictError, TargetTableError
 from apply.features import PORTABLE, Gain, TableFeatures, creation_properties, gains
@@ -485,6 +486,10 @@ class DeltaTables:
             ):
                 return write_once(target, schema, source.blocks(), mark), None
             return copy_into(target, schema, source, mark, staging)
+
+    def staged_copy(self, schema: TargetSchema) -> StagedCopy:
+        folder = f"_pgsub/copy_staging/{self.subscription}/{table_folder(schema.table)}"
+        return StagedCopy(self, schema, f"{self.warehouse}/{folder}")
 
     def _tracker(self, table: str, path: str) -> OriginTracker:
         with self._lock:

@@ -20,6 +20,7 @@ import pytest
 from tests.support.daemon import DaemonProcess
 from tests.support.pgdatabase import PgDatabase
 from tests.support.scale_out import (
+    copy_killed_between_ranges_then_resumed,
     copy_stream_conflicts_and_status,
     kill_during_a_batch_then_restart,
 )
@@ -58,5 +59,18 @@ def test_kill_during_a_batch_on_a_cluster_then_restart(
 ) -> None:
     """The cluster drops the killed driver's executors; the restart loses and repeats nothing."""
     kill_during_a_batch_then_restart(
+        {"master": spark_cluster.url}, publisher, spark, tmp_path, daemons
+    )
+
+
+def test_a_copy_killed_between_ranges_on_a_cluster_resumes(
+    spark_cluster: StandaloneCluster,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """The ranges staged by Spark tasks before the kill are kept; the rest is read again."""
+    copy_killed_between_ranges_then_resumed(
         {"master": spark_cluster.url}, publisher, spark, tmp_path, daemons
     )

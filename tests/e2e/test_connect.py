@@ -22,6 +22,7 @@ import pytest
 from tests.support.daemon import DaemonProcess
 from tests.support.pgdatabase import PgDatabase
 from tests.support.scale_out import (
+    copy_killed_between_ranges_then_resumed,
     copy_stream_conflicts_and_status,
     kill_during_a_batch_then_restart,
 )
@@ -79,3 +80,16 @@ def test_kill_during_a_batch_through_spark_connect_then_restart(
     """The server outlives the killed client (its sessions expire); the restarted daemon
     opens new ones and neither loses nor repeats rows."""
     kill_during_a_batch_then_restart({"remote": server.url}, publisher, spark, tmp_path, daemons)
+
+
+def test_a_copy_killed_between_ranges_through_spark_connect_resumes(
+    server: ConnectServer,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """The ranges staged by Spark tasks before the kill are kept; the rest is read again."""
+    copy_killed_between_ranges_then_resumed(
+        {"remote": server.url}, publisher, spark, tmp_path, daemons
+    )

@@ -148,3 +148,57 @@ def kill_during_a_batch_then_restart(
     wait_confirmed(publisher)
     assert survivor.terminate() == 0, survivor.logs()
     assert_equal(publisher, spark, warehouse)
+
+
+# While the daemon is down: rows of the staged ranges deleted and their space reused by
+# new versions of rows of the others, updates, a key changed, rows added, all frozen.
+WHILE_DOWN = """
+DELETE FROM keyed WHERE id <= 1500; VACUUM keyed;
+UPDATE keyed SET v = 'moved' WHERE id > 18000;
+UPDATE keyed SET v = 'changed' WHERE id % 97 = 0;
+UPDATE keyed SET id = id + 100000 WHERE id BETWEEN 2500 AND 2550;
+INSERT INTO keyed SELECT g, 'new' FROM generate_series(200001, 201000) g;
+DELETE FROM keyed WHERE id % 101 = 0;
+VACUUM FREEZE keyed;
+"""
+
+
+def copy_killed_between_ranges_then_resumed(
+    spark_config: dict[str, str],
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """kill -9 of the daemon once a range of the keyed table is staged by a Spark task; the
+    publisher changes while it is down; the restart keeps the staged ranges."""
+    publisher.execute(TABLES)
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(
+        config,
+        publisher,
+        warehouse,
+        copy_data=True,
+        copy={"ranges": RANGES},
+        spool_dir=str(tmp_path / "spool"),
+        **spark_config,
+    )
+    doomed = daemons(config, port, "tablesync.after_range_staged=1")
+    assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
+    publisher.execute(WHILE_DOWN)
+    survivor = daemons(config, port)
+    survivor.wait_ready(timeout=300)
+    wait_until(lambda: tables_ready(survivor), timeout=300, what="both tables READY")
+    publisher.execute("UPDATE keyed SET v = 'after' WHERE id % 5 = 0")
+    wait_confirmed(publisher)
+    assert survivor.terminate() == 0, survivor.logs()
+    events = survivor.events()
+    (resumed,) = [e for e in events if e["event"] == "table copy resumes"]
+    assert resumed["table"] == "public.keyed" and 1 <= resumed["staged_ranges"] < RANGES
+    assert not [e for e in events if e.get("conflict")]
+    assert_equal(publisher, spark, warehouse)
+    # Nothing staged is left: not in the spool, not in the warehouse's staging table.
+    assert not list((tmp_path / "spool").rglob("*.parquet"))
+    staging = warehouse / "_pgsub" / "copy_staging" / "sub1" / "public" / "keyed"
+    assert not list(staging.rglob("*.parquet"))
