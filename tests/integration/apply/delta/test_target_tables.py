@@ -226,3 +226,46 @@ def test_a_second_subscription_on_a_table_is_refused_unless_shared(
         assert sorted((r["id"], r["v"]) for r in rows) == [(1, "a"), (2, "b")]
     finally:
         other.drop()
+
+
+def test_a_staged_copy_lands_fresh_parts_whole_and_stale_ones_without_keys_read_again(
+    spark: Any, warehouse: Path
+) -> None:
+    """What a copy on the executors stages (apply.delta.staged_copy), run by local tasks."""
+    import pyarrow as pa
+
+    from apply.delta.tables import DeltaTables
+    from apply.records import CommitMark
+    from apply.schema import target_schema
+    from subscriber.replication.lsn import Lsn
+    from tests.unit.apply.builders import relation
+
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    schema = target_schema(relation("id", "v"), lambda oid: None, keyed=True)
+    tables.prepare(schema)
+
+    def rows(ids: list[int], v: str) -> pa.Table:
+        return pa.table({"id": pa.array(ids, pa.int32()), "v": [f"{v}{i}" for i in ids]})
+
+    parts = tables.staged_copy(schema)
+    parts.stage(lambda: iter([rows([1, 2, 3], "old")]), "range-00000@1.1")
+    parts.stage(lambda: iter([rows([9], "killed")]), "range-00001@1.1")  # never landed
+    parts.stage(lambda: iter([rows([4, 5], "new"), rows([6], "new")]), "range-00001@1.2")
+    parts.stage(lambda: iter([rows([2], "moved")]), "changed@1.2")
+    parts.stage(lambda: iter([pa.table({"id": pa.array([2, 5], pa.int32())})]), "keys@1.2")
+    parts.stage(lambda: iter([rows([4, 5], "again")]), "range-00001@1.2")  # replaces its part
+    copied, version = parts.land(
+        CommitMark("sub1", Lsn(0x100), 0),
+        ["range-00000@1.1"],
+        ["range-00001@1.2", "changed@1.2"],
+        "keys@1.2",
+    )
+    table = spark.read.format("delta").load(tables.path("public.t"))
+    landed = {r["id"]: r["v"] for r in table.collect()}
+    assert landed == {1: "old1", 2: "moved2", 3: "old3", 4: "again4", 5: "again5"}
+    assert copied == 5 and version is not None
+    assert tables.applied_lsn("public.t") == Lsn(0x100)
+    staging = Path(parts.path)  # type: ignore[attr-defined]
+    assert list(staging.rglob("*.parquet"))
+    parts.drop()
+    assert not list(staging.rglob("*.parquet"))
