@@ -19,7 +19,8 @@ from typing import Any
 import deltalake
 import pytest
 
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
+from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgdatabase import PgDatabase
 from tests.support.scale_out import (
     copy_killed_between_ranges_then_resumed,
@@ -93,3 +94,43 @@ def test_a_copy_killed_between_ranges_through_spark_connect_resumes(
     copy_killed_between_ranges_then_resumed(
         {"remote": server.url}, publisher, spark, tmp_path, daemons
     )
+
+
+def test_origin_differs_through_spark_connect(
+    server: ConnectServer,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """track_origin: row tracking and the table's history, read through the server, tell
+    the rows another writer changed last (update_origin_differs, delete_origin_differs)."""
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, warehouse, remote=server.url, track_origin=True)
+    daemon = daemons(config, port)
+    daemon.wait_ready(timeout=300)
+    publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 4) g")
+    wait_confirmed(publisher)
+    path = warehouse / "public" / "t"
+    spark.sql(f"UPDATE delta.`{path}` SET v = 'local' WHERE id IN (1, 2)")  # another writer
+    publisher.execute("UPDATE t SET v = 'remote' WHERE id = 1; DELETE FROM t WHERE id = 2")
+    publisher.execute("UPDATE t SET v = 'plain' WHERE id = 3")
+    wait_confirmed(publisher)
+    metrics = daemon.get("/metrics")[1]
+    for kind in ("update_origin_differs", "delete_origin_differs"):
+        assert (
+            f'pgsub_conflicts_total{{relation="public.t",subscription="sub1",type="{kind}"}} 1.0'
+            in metrics
+        ), kind
+    assert daemon.terminate() == 0, daemon.logs()
+    detected = [e for e in daemon.events() if e.get("conflict")]
+    assert sorted(e["conflict"] for e in detected) == [
+        "delete_origin_differs",
+        "update_origin_differs",
+    ]
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(conn, "public.t", spark, str(path), ("id",))
