@@ -69,11 +69,15 @@ KEYS: Final = "keys"  # the keys of every row read again (staged on a cluster)
 # A snapshot's xmin (32 bits, as a row's xmin reads) and the table's leaf relations with
 # their relfilenodes (a rewrite changes them), in the reading transaction's snapshot.
 SNAPSHOT_FACTS: Final = """
-SELECT pg_catalog.txid_snapshot_xmin(pg_catalog.txid_current_snapshot()) % 4294967296,
+SELECT pg_catalog.txid_snapshot_xmin(pg_catalog.txid_current_snapshot()) %% 4294967296,
        (SELECT pg_catalog.string_agg(
-                   t.relid::oid::text || ':' || pg_catalog.pg_relation_filenode(t.relid),
-                   ',' ORDER BY t.relid::oid)
-          FROM pg_catalog.pg_partition_tree(%(relid)s::oid::regclass) t WHERE t.isleaf)
+                   c.oid::text || ':' || pg_catalog.pg_relation_filenode(c.oid), ','
+                   ORDER BY c.oid)
+          FROM pg_catalog.pg_class c
+         WHERE (c.oid = %(relid)s AND c.relkind = 'r')
+            OR c.oid IN (SELECT t.relid
+                           FROM pg_catalog.pg_partition_tree(%(relid)s::oid::regclass) t
+                          WHERE t.isleaf))
 """
 
 # The catch-up after a resumed copy: the table may already show a change it replays.

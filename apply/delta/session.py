@@ -105,10 +105,11 @@ def session_conf(settings: SparkSettings, jars_dir: Path | None = None) -> dict[
         )
         if settings.master.startswith("local"):
             conf["spark.local.dir"] = scratch  # a cluster's workers set their executors' own
-        elif "PYSPARK_PYTHON" not in os.environ:
-            # The Python of a cluster's tasks (the initial copy's range readers): this one,
-            # at the same path on the executors (the chart's image is theirs too), not
-            # PySpark's default of whatever `python3` is first on their PATH.
+        if "PYSPARK_PYTHON" not in os.environ:
+            # The Python of Spark's Python tasks (the initial copy's range readers): this
+            # one - on a cluster at the same path on the executors (the chart's image is
+            # theirs too) - not PySpark's default of whatever `python3` is first on PATH,
+            # which may lack pyarrow.
             conf["spark.pyspark.python"] = sys.executable
     if settings.remote is None and "spark.jars" not in settings.conf:
         conf["spark.jars"] = ",".join(str(j) for j in delta_jars(jars_dir))

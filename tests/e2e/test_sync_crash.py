@@ -111,15 +111,16 @@ CREATE PUBLICATION pub FOR TABLE a;
 
 # While the daemon is down: rows of the staged ranges deleted and their space reused by
 # new versions of rows of the others, updates everywhere, keys changed, rows added.
-WHILE_DOWN = """
-DELETE FROM a WHERE id <= 3000; VACUUM a;
-UPDATE a SET v = 'moved' WHERE id > 36000;
-UPDATE a SET v = 'changed' WHERE id % 97 = 0;
-UPDATE a SET id = id + 100000 WHERE id BETWEEN 5000 AND 5050;
-INSERT INTO a SELECT g, 'new' FROM generate_series(200001, 201000) g;
-DELETE FROM a WHERE id % 101 = 0;
-VACUUM FREEZE a;
-"""
+WHILE_DOWN = [
+    "DELETE FROM a WHERE id <= 3000",
+    "VACUUM a",
+    "UPDATE a SET v = 'moved' WHERE id > 36000",
+    "UPDATE a SET v = 'changed' WHERE id % 97 = 0",
+    "UPDATE a SET id = id + 100000 WHERE id BETWEEN 5000 AND 5050",
+    "INSERT INTO a SELECT g, 'new' FROM generate_series(200001, 201000) g",
+    "DELETE FROM a WHERE id % 101 = 0",
+    "VACUUM FREEZE a",
+]
 
 
 @pytest.mark.parametrize("rewrite", [False, True], ids=["resumed", "rewritten-starts-over"])
@@ -145,7 +146,8 @@ def test_a_copy_killed_between_ranges_resumes_with_the_ranges_staged(
     )
     doomed = daemons(config, port, "tablesync.after_range_staged=2")
     assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
-    publisher.execute(WHILE_DOWN + ("VACUUM FULL a;" if rewrite else ""))
+    for statement in WHILE_DOWN + (["VACUUM FULL a"] if rewrite else []):
+        publisher.execute(statement)
 
     def step(conn: psycopg.Connection[Any], n: int) -> None:
         conn.execute("UPDATE a SET v = v || '+' WHERE id = %s", [n % 40000 + 1])

@@ -152,15 +152,16 @@ def kill_during_a_batch_then_restart(
 
 # While the daemon is down: rows of the staged ranges deleted and their space reused by
 # new versions of rows of the others, updates, a key changed, rows added, all frozen.
-WHILE_DOWN = """
-DELETE FROM keyed WHERE id <= 1500; VACUUM keyed;
-UPDATE keyed SET v = 'moved' WHERE id > 18000;
-UPDATE keyed SET v = 'changed' WHERE id % 97 = 0;
-UPDATE keyed SET id = id + 100000 WHERE id BETWEEN 2500 AND 2550;
-INSERT INTO keyed SELECT g, 'new' FROM generate_series(200001, 201000) g;
-DELETE FROM keyed WHERE id % 101 = 0;
-VACUUM FREEZE keyed;
-"""
+WHILE_DOWN = [
+    "DELETE FROM keyed WHERE id <= 1500",
+    "VACUUM keyed",
+    "UPDATE keyed SET v = 'moved' WHERE id > 18000",
+    "UPDATE keyed SET v = 'changed' WHERE id % 97 = 0",
+    "UPDATE keyed SET id = id + 100000 WHERE id BETWEEN 2500 AND 2550",
+    "INSERT INTO keyed SELECT g, 'new' FROM generate_series(200001, 201000) g",
+    "DELETE FROM keyed WHERE id % 101 = 0",
+    "VACUUM FREEZE keyed",
+]
 
 
 def copy_killed_between_ranges_then_resumed(
@@ -186,7 +187,8 @@ def copy_killed_between_ranges_then_resumed(
     )
     doomed = daemons(config, port, "tablesync.after_range_staged=1")
     assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
-    publisher.execute(WHILE_DOWN)
+    for statement in WHILE_DOWN:
+        publisher.execute(statement)
     survivor = daemons(config, port)
     survivor.wait_ready(timeout=300)
     wait_until(lambda: tables_ready(survivor), timeout=300, what="both tables READY")

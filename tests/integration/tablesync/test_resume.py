@@ -78,21 +78,23 @@ def test_a_resumed_copy_lands_each_row_of_the_later_snapshot_once(
     # Changes while the daemon is down: rows of the staged ranges deleted, their space
     # reused by new versions of rows of the others, updates everywhere, keys changed,
     # and every row frozen.
-    publisher.execute(
-        "DELETE FROM t WHERE id <= 3000; VACUUM t;"
-        "UPDATE t SET v = 'moved' WHERE id > 36000;"
-        "UPDATE t SET v = 'changed' WHERE id % 97 = 0;"
-        "UPDATE t SET id = id + 100000 WHERE id BETWEEN 5000 AND 5050;"
-        "INSERT INTO t SELECT g, 'new' FROM generate_series(200001, 201000) g;"
-        "DELETE FROM t WHERE id % 101 = 0;"
-        "VACUUM FREEZE t"  # a frozen row keeps its xmin: it still reads as changed
-    )
+    for statement in (
+        "DELETE FROM t WHERE id <= 3000",
+        "VACUUM t",
+        "UPDATE t SET v = 'moved' WHERE id > 36000",
+        "UPDATE t SET v = 'changed' WHERE id % 97 = 0",
+        "UPDATE t SET id = id + 100000 WHERE id BETWEEN 5000 AND 5050",
+        "INSERT INTO t SELECT g, 'new' FROM generate_series(200001, 201000) g",
+        "DELETE FROM t WHERE id % 101 = 0",
+        "VACUUM FREEZE t",  # a frozen row keeps its xmin: it still reads as changed
+    ):
+        publisher.execute(statement)
     with psycopg.connect(publisher.dsn, autocommit=True) as holder:
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         exported = holder.execute("SELECT pg_catalog.pg_export_snapshot()").fetchone()
         assert exported is not None
         _, now_relation = snapshot_facts(holder, table.relid)
-        assert now_relation == relation  # no rewrite: the staged ranges are kept
+        assert now_relation == relation != ""  # no rewrite: the staged ranges are kept
         manifest = next_attempt(manifest)
         later = RangeReader(publisher.dsn, str(exported[0]), table, schema)
         stage_ranges(stage, manifest, later, range(2, 4))
@@ -126,7 +128,9 @@ def test_a_rewritten_table_is_not_the_one_staged(publisher: PgDatabase) -> None:
         return found
 
     before = relation()
-    publisher.execute("UPDATE t SET v = 'y'; VACUUM t")
+    assert before.startswith(f"{table.relid}:")
+    publisher.execute("UPDATE t SET v = 'y'")
+    publisher.execute("VACUUM t")
     assert relation() == before  # rows moved, the relation is the same
     for rewrite in ("VACUUM FULL t", "TRUNCATE t", "CLUSTER t USING t_pkey"):
         publisher.execute(rewrite)

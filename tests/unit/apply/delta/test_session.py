@@ -69,16 +69,20 @@ def test_a_spark_connect_token_never_reaches_the_log() -> None:
     assert masked_spark_url("local[*]") == "local[*]"
 
 
-def test_a_clusters_tasks_run_this_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """PySpark's default is the executors' `python3`, which lacks pgsub's packages: the
-    copy's range readers failed with "No module named 'pyarrow'" on a cluster."""
+def test_sparks_python_tasks_run_this_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PySpark's default is the first `python3` on PATH, which lacks pgsub's packages: the
+    copy's range readers failed with "No module named 'pyarrow'" on a cluster, and a
+    staged copy's tasks on a local master under a plain PATH."""
     import sys
 
     folder = make_jars(tmp_path / "lib")
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     cluster = session_conf(SparkSettings(master="spark://m:7077"), folder)
     assert cluster["spark.pyspark.python"] == sys.executable
-    assert "spark.pyspark.python" not in session_conf(SparkSettings(master="local[2]"), folder)
+    local = session_conf(SparkSettings(master="local[2]"), folder)
+    assert local["spark.pyspark.python"] == sys.executable
     chosen = SparkSettings(master="spark://m:7077", conf={"spark.pyspark.python": "/opt/py"})
     assert session_conf(chosen, folder)["spark.pyspark.python"] == "/opt/py"
 
