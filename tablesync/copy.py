@@ -51,6 +51,7 @@ class CopySettings:
     ranges: int | None = None  # CTID ranges per table; None: one per range_bytes of heap
     range_bytes: int = 64 << 20
     readers: int = 1  # ranges read at once by the daemon (a cluster: its cores)
+    resumable: bool = True  # a keyed table in ranges staged range by range (tablesync.resume)
 
     def ranges_for(self, heap_blocks: int, on_executors: bool) -> int:
         """How many ranges to read a table in: with one reader in this process and no

@@ -272,6 +272,17 @@ class RangedCopy:
             for future in [pool.submit(one, *w) for w in wanted]:
                 future.result()
 
+    def _drop(self, parts: StagedParts) -> None:
+        try:
+            parts.drop()
+        except Exception as exc:  # noqa: BLE001 - only room is at stake; said, not raised
+            log.warning(
+                "staged copy not removed",
+                table=self.table.qualified_name,
+                error=str(exc),
+                note="removed by the table's next staged copy",
+            )
+
     def _land(
         self,
         schema: TargetSchema,
@@ -310,7 +321,11 @@ class RangedCopy:
         stage.record(manifest.landed_now())
         stage.drop_rows()
         if parts is not None:
-            parts.drop()
+            # Off the path to READY (VACUUM takes seconds to tens of seconds on a cluster);
+            # what a crash leaves, the table's next staged copy removes first.
+            threading.Thread(
+                target=self._drop, args=(parts,), name=f"copy-drop-{table.relid}", daemon=True
+            ).start()
         log.info(
             "table copy finished",
             table=table.qualified_name,

@@ -158,7 +158,7 @@ class SyncWorker:
         on_executors = context.tables.copy_on_executors
         ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks, on_executors))
         staged = len(ranges) > 1 and server_version >= MIN_SERVER_VERSION
-        if staged and schema.key:
+        if staged and schema.key and self._copy_settings.resumable:
             return RangedCopy(
                 context,
                 table,

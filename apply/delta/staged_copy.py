@@ -12,8 +12,9 @@ again after a crash replaces whatever a killed job left.
 Landing reads the parts named, drops from those an earlier attempt staged
 the rows whose key is in ``keys`` (a left anti join), and writes the rest
 into the target in one commit carrying the copy's mark. ``drop`` then
-empties the staging table and vacuums it with no retention: nothing but
-its log stays behind.
+empties the staging table and vacuums it with no retention (``LITE``: the
+files its log removed): nothing but its log stays behind, unless a killed
+job wrote files it never committed.
 """
 
 from __future__ import annotations
@@ -181,6 +182,8 @@ def drop(session: SparkSession, path: str) -> None:
     before = conf.get(RETENTION_CHECK, "true")
     conf.set(RETENTION_CHECK, "false")
     try:
-        session.sql(f"VACUUM {delta_sql.table_ref(path)} RETAIN 0 HOURS").collect()
+        # LITE: the files the log says were removed, without listing the folder (22 s
+        # against 3 s for a small table, measured on a local Spark).
+        session.sql(f"VACUUM {delta_sql.table_ref(path)} LITE RETAIN 0 HOURS").collect()
     finally:
         conf.set(RETENTION_CHECK, before or "true")

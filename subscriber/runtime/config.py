@@ -130,6 +130,10 @@ class CopyConfig(_Strict):
     # slot's own transaction, as PostgreSQL; measured faster on 2 cores shared with the
     # publisher, docs/performance.md); a cluster reads the ranges as Spark tasks.
     readers: int = Field(1, ge=1, le=64)
+    # A keyed table read in ranges is staged range by range, so that a crash of the daemon
+    # keeps what was read (docs/tablesync.md, "Resuming a copy"); false: written once, and
+    # copied again after a crash, as PostgreSQL does.
+    resumable: bool = True
 
     @field_validator("ranges")
     @classmethod
@@ -140,7 +144,7 @@ class CopyConfig(_Strict):
 
     def settings(self) -> CopySettings:
         ranges = None if self.ranges == "auto" else int(self.ranges)
-        return CopySettings(ranges, int(self.range_size), self.readers)
+        return CopySettings(ranges, int(self.range_size), self.readers, self.resumable)
 
 
 class SubscriptionConfig(_Strict):

@@ -194,13 +194,15 @@ def copy_killed_between_ranges_then_resumed(
     wait_until(lambda: tables_ready(survivor), timeout=300, what="both tables READY")
     publisher.execute("UPDATE keyed SET v = 'after' WHERE id % 5 = 0")
     wait_confirmed(publisher)
+    # Nothing staged is left: the warehouse's staging table is emptied beside the stream.
+    staging = warehouse / "_pgsub" / "copy_staging" / "sub1" / "public" / "keyed"
+    wait_until(
+        lambda: not list(staging.rglob("*.parquet")), timeout=300, what="the staged copy removed"
+    )
     assert survivor.terminate() == 0, survivor.logs()
     events = survivor.events()
     (resumed,) = [e for e in events if e["event"] == "table copy resumes"]
     assert resumed["table"] == "public.keyed" and 1 <= resumed["staged_ranges"] < RANGES
     assert not [e for e in events if e.get("conflict")]
     assert_equal(publisher, spark, warehouse)
-    # Nothing staged is left: not in the spool, not in the warehouse's staging table.
     assert not list((tmp_path / "spool").rglob("*.parquet"))
-    staging = warehouse / "_pgsub" / "copy_staging" / "sub1" / "public" / "keyed"
-    assert not list(staging.rglob("*.parquet"))

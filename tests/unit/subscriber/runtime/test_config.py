@@ -143,3 +143,11 @@ def test_table_features_default_to_what_every_reader_opens(tmp_path: Path) -> No
     text = GOOD.replace("copy_data: false", "table_features: {column_mapping: always}")
     sub = load(write(tmp_path, text), {}).subscriptions[0]
     assert sub.table_features.features().column_mapping is FeatureMode.ALWAYS
+
+
+def test_copies_in_ranges_are_resumable_unless_told_not_to(tmp_path: Path) -> None:
+    sub = load(write(tmp_path, GOOD), {}).subscriptions[0]
+    assert sub.initial_copy.settings().resumable
+    text = GOOD.replace("copy_data: false", "copy: {ranges: 4, resumable: false}")
+    settings = load(write(tmp_path, text), {}).subscriptions[0].initial_copy.settings()
+    assert settings.ranges == 4 and not settings.resumable
