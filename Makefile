@@ -36,7 +36,8 @@ help:
 	@echo "                   SYNC_REMOTE=local through a Spark Connect server (or SYNC_REMOTE=sc://...)"
 	@echo "make bench-large   one 5M-row INSERT with streaming on (LARGE_ROWS=...), beside PostgreSQL's"
 	@echo "make bench-conflicts  batch apply time with conflict detection on vs off (1M-row UPDATE)"
-	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files"
+	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files,"
+	@echo "                   warehouse size per minute (SOAK_ARGS='--deletion-vectors --retention-hours 1')"
 	@echo "make bench-ceiling the highest steady rate each subscriber keeps up with (RATES=...)"
 
 setup: venv jars postgres tools
@@ -129,8 +130,9 @@ bench-conflicts: setup
 	$(BIN)/python -m benchmarks.conflict_cost --rows $(ROWS)
 
 MINUTES ?= 60
+SOAK_ARGS ?=
 bench-soak: setup
-	$(BIN)/python -m benchmarks.soak --minutes $(MINUTES) --rate $(RATE)
+	$(BIN)/python -m benchmarks.soak --minutes $(MINUTES) --rate $(RATE) $(SOAK_ARGS)
 
 RATES ?= 1000,2000,4000,8000
 bench-ceiling: setup

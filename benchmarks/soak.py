@@ -6,15 +6,23 @@ sampled every 100 ms (``benchmarks.harness.steady_load``) and reported per
 window (``--window`` minutes): p50 / p99 / max, so a lag that grows with
 time shows. pgsub runs with its maintenance thread (compaction every
 ``--maintenance-interval``), and the target table's data file count, its
-Delta log and ``_pgsub/`` sizes are reported at the start and the end.
+Delta log and ``_pgsub/`` sizes are reported at the start and the end,
+and the warehouse's size and the disk's free space every minute: a table
+updated at random is rewritten at every MERGE, and the replaced files stay
+for ``maintenance.retention`` (docs/operations.md). A run that fails keeps
+what it measured so far in ``--out`` (``"failed": true``).
 
     python -m benchmarks.soak --minutes 60 --rate 3000
+    python -m benchmarks.soak --minutes 60 --rate 3000 --deletion-vectors --retention-hours 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +68,41 @@ def table_health(spark: Any, warehouse: Path, table: str) -> dict[str, int]:
     }
 
 
-def main() -> None:
+class DiskWatch:
+    """The warehouse's size and the disk's free space, once per ``every`` seconds."""
+
+    def __init__(self, warehouse: Path, every: float = 60.0) -> None:
+        self.warehouse = warehouse
+        self.every = every
+        self.samples: list[dict[str, float]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = time.monotonic()
+
+    def __enter__(self) -> DiskWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every):
+            self._sample()
+
+    def _sample(self) -> None:
+        self.samples.append(
+            {
+                "minute": round((time.monotonic() - self._started) / 60, 1),
+                "warehouse_gb": round(folder_bytes(self.warehouse) / 1e9, 2),
+                "free_gb": round(shutil.disk_usage(self.warehouse).free / 1e9, 2),
+            }
+        )
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -74,12 +116,32 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--window", type=float, default=10, help="minutes per reported window")
     parser.add_argument("--maintenance-interval", type=float, default=60)
+    parser.add_argument(
+        "--deletion-vectors",
+        action="store_true",
+        help="pgsub's table with deletion vectors (table_features.deletion_vectors)",
+    )
+    parser.add_argument(
+        "--retention-hours", type=float, default=168, help="maintenance.retention (at least 1)"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/soak.json"))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     stop_on_sigterm()
     seconds = int(args.minutes * 60)
     native_minutes = args.native_minutes if args.native_minutes is not None else args.minutes
     publisher = bench_publisher(args.rows, ["soak_native", "soak_pgsub"])
+    figures: dict[str, Any] = {
+        "minutes": args.minutes,
+        "native_minutes": native_minutes,
+        "rate": args.rate,
+        "deletion_vectors": args.deletion_vectors,
+        "retention_hours": args.retention_hours,
+    }
+    watch: DiskWatch | None = None
     try:
         with NativeRun(publisher, "soak_native") as native:
             lags, tps, kept = steady_load(
@@ -92,26 +154,31 @@ def main() -> None:
             )
         their_windows = windows(lags, args.window)
         theirs = {"windows": their_windows, "tps": tps, "kept_up": kept}
+        figures["native"] = theirs
         spark = build_session(SparkSettings(master="local[*]"))
         tune_garbage_collector()
-        maintenance = MaintenanceConfig(interval=args.maintenance_interval)
+        maintenance = MaintenanceConfig(
+            interval=args.maintenance_interval, retention=args.retention_hours * 3600
+        )
         with PgsubRun(
             spark,
             connection=publisher.dsn("bench"),
             publications=["pub_soak_pgsub"],
             copy_data=True,
+            table_features={"deletion_vectors": args.deletion_vectors},
         ) as run:
             run.start(maintenance)
             run.wait_ready()
             start = table_health(spark, run.warehouse, "soak_pgsub")
-            lags, tps, kept = steady_load(
-                publisher,
-                "soak_pgsub",
-                rate=args.rate,
-                seconds=seconds,
-                rows=args.rows,
-                position=run.position,
-            )
+            with DiskWatch(run.warehouse) as watch:
+                lags, tps, kept = steady_load(
+                    publisher,
+                    "soak_pgsub",
+                    rate=args.rate,
+                    seconds=seconds,
+                    rows=args.rows,
+                    position=run.position,
+                )
             end = table_health(spark, run.warehouse, "soak_pgsub")
         our_windows = windows(lags, args.window)
         ours = {
@@ -120,23 +187,29 @@ def main() -> None:
             "kept_up": kept,
             "start": start,
             "end": end,
+            "disk": watch.samples,
         }
     except BaseException:
-        # A soak fails after many minutes: keep what the publisher said about it.
+        # A soak fails after many minutes: keep what it measured, and what the publisher
+        # said about it.
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        partial = {**figures, "failed": True, "disk": watch.samples if watch else []}
+        args.out.write_text(json.dumps(partial, indent=2))
+        print(f"what was measured before the failure: {args.out}")
         kept_log = args.out.with_suffix(".publisher.log")
         kept_log.write_text(publisher.log_tail(400))
         print(f"the publisher's last log lines: {kept_log}")
         raise
     finally:
         publisher.destroy()
-    figures = {
-        "minutes": args.minutes,
-        "native_minutes": native_minutes,
-        "rate": args.rate,
-        "pgsub": ours,
-        "native": theirs,
-    }
+    figures["pgsub"] = ours
+    report(args, figures)
+
+
+def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
+    ours, native_minutes = figures["pgsub"], figures["native_minutes"]
+    our_windows, their_windows = ours["windows"], figures["native"]["windows"]
+    start, end = ours["start"], ours["end"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
@@ -155,6 +228,13 @@ def main() -> None:
             f" | {theirs_text} |"
         )
     print(f"pgsub table at the start: {start}; at the end: {end}")
+    disk = ours["disk"]
+    if disk:
+        print(
+            f"warehouse {disk[0]['warehouse_gb']} -> {disk[-1]['warehouse_gb']} GB"
+            f" (peak {max(d['warehouse_gb'] for d in disk)} GB), disk free"
+            f" {disk[0]['free_gb']} -> {disk[-1]['free_gb']} GB"
+        )
 
 
 if __name__ == "__main__":
