@@ -26,24 +26,22 @@ import structlog
 
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
-from apply.columnar import binary_text
+from apply.context import TransactionError, conflict_of
 from apply.copy_source import CopySource, StagedParts
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
-from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult
+from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult, message_rows
 from apply.resolve import looks_up_first, origin_looks_up_first
 from apply.schema import Evolution, TargetSchema, target_schema
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
-from apply.typemap import ColumnType, TypeLookup
+from apply.typemap import TypeLookup
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
-from conflicts.report import Conflict
 from conflicts.reporter import ConflictReporter
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import BINARY, TEXT, UNCHANGED, Relation
-from subscriber.replication.wire import pg_timestamp
+from subscriber.replication.messages import Relation
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -96,48 +94,6 @@ class Tables(Protocol):
         ...
 
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult: ...
-
-
-class TransactionError(ApplyError):
-    """An apply error with the remote transaction it happened in."""
-
-    def __init__(
-        self,
-        cause: ApplyError,
-        subscription: str,
-        table: str | None,
-        tx: RemoteTransaction | None,
-        batch: Batch,
-    ) -> None:
-        self.cause = cause
-        self.table = table
-        self.tx = tx
-        self.batch = batch
-        target = f' for replication target relation "{table}"' if table else ""
-        if tx is not None:
-            where = f"in transaction {tx.xid} finished at {tx.final_lsn}"
-        elif len(batch.transactions) == 1:
-            only = batch.transactions[0]
-            where = f"in transaction {only.xid} finished at {only.final_lsn}"
-        else:
-            first, last = batch.transactions[0], batch.transactions[-1]
-            where = (
-                f"in the {len(batch.transactions)} transactions finished from "
-                f"{first.final_lsn} to {last.final_lsn}"
-            )
-        super().__init__(
-            f'{cause}\nCONTEXT: processing remote data for subscription "{subscription}"'
-            f"{target} {where}"
-        )
-
-    @property
-    def finish_lsn(self) -> Lsn | None:
-        """The finish LSN of the one transaction the error is known to be in."""
-        if self.tx is not None:
-            return self.tx.final_lsn
-        if len(self.batch.transactions) == 1:
-            return self.batch.transactions[0].final_lsn
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,10 +333,6 @@ class BatchApplier:
                     return None
         return stages
 
-    def _unique_keys(self, stage: StagedSource) -> bool:
-        """No key has changes in two pieces (within a piece, keys are unique)."""
-        return stage.pieces < 2 or self._tables.staged_keys_unique(stage)
-
     def _write_stages(
         self,
         tx: SpooledTransaction,
@@ -445,59 +397,6 @@ class BatchApplier:
         return result, self._clock() - started
 
 
-def _text(value: bytes | None, kind: int, column_type: ColumnType) -> str | None:
-    if kind == UNCHANGED:
-        return "(unchanged)"
-    if value is None:
-        return None
-    if kind == BINARY:
-        return binary_text(value, column_type)
-    return value.decode(errors="replace")
-
-
-def conflict_of(
-    finding: Finding,
-    kind: ConflictKind,
-    resolution: Resolution,
-    schema: TargetSchema,
-    batch: Batch,
-) -> Conflict:
-    """A finding of the writer with the remote transaction it came from."""
-    tx = batch.transactions[finding.tx_index]
-    image = finding.image
-    remote = (
-        None
-        if image is None
-        else {
-            c.name: _text(v, k, c.type)
-            for c, v, k in zip(schema.columns, image.values, image.kinds, strict=True)
-        }
-    )
-    if schema.key:
-        kinds = finding.key_kinds or bytes([TEXT]) * len(schema.key)
-        key = {
-            n: _text(v, k, schema.column(n).type)
-            for n, v, k in zip(schema.key, finding.key, kinds, strict=True)
-        }
-    else:
-        key = dict(remote or {})
-    identity = key if kind not in (ConflictKind.INSERT_EXISTS,) else None
-    return Conflict(
-        kind=kind,
-        relation=schema.table,
-        resolution=resolution,
-        key=key,
-        existing=finding.existing,
-        remote=None if kind is ConflictKind.DELETE_MISSING else remote,
-        replica_identity=identity,
-        xid=tx.xid,
-        finish_lsn=tx.final_lsn,
-        commit_time=pg_timestamp(tx.commit_time),
-        origin=tx.origin,
-        local_version=finding.local_version,
-    )
-
-
 def _nothing_to_do(net: Net) -> bool:
     return not net.truncated and not net.rows
 
@@ -507,38 +406,3 @@ def _as_apply_error(exc: Exception) -> ApplyError:
     if isinstance(exc, ApplyError):
         return exc
     return ApplyError(f"{type(exc).__name__}: {exc}")
-
-
-def message_rows(
-    subscription: str, batch: Batch, messages: Sequence[tuple[int, MessageChange]]
-) -> pa.Table:
-    """Logical decoding messages as rows of the messages table, in order."""
-    import pyarrow as pa
-
-    def text(content: bytes) -> str | None:
-        try:
-            return content.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-
-    txs = [batch.transactions[index] for index, _ in messages]
-    changes = [change for _, change in messages]
-    return pa.table(
-        {
-            "subscription": pa.array([subscription] * len(changes), pa.string()),
-            "lsn": pa.array([int(m.lsn) for m in changes], pa.int64()),
-            "lsn_text": pa.array([str(m.lsn) for m in changes], pa.string()),
-            "transactional": pa.array([m.transactional for m in changes], pa.bool_()),
-            "xid": pa.array(
-                [tx.xid if m.transactional else None for tx, m in zip(txs, changes, strict=True)],
-                pa.int64(),
-            ),
-            "end_lsn": pa.array([str(tx.end_lsn) for tx in txs], pa.string()),
-            "commit_time": pa.array(
-                [pg_timestamp(tx.commit_time) for tx in txs], pa.timestamp("us", tz="UTC")
-            ),
-            "prefix": pa.array([m.prefix for m in changes], pa.string()),
-            "content": pa.array([m.content for m in changes], pa.binary()),
-            "content_text": pa.array([text(m.content) for m in changes], pa.string()),
-        }
-    )

@@ -6,6 +6,8 @@ a restart reads the LSN back (``lsn_from_metadata``), and the origin
 tracker tells pgsub's commits from other writers' by it
 (``apply.delta.origins``). ``StoredTableState`` is a row of the state
 store's ``table_states`` (PostgreSQL's pg_subscription_rel).
+``message_rows`` are a batch's logical decoding messages as rows of the
+messages table.
 """
 
 from __future__ import annotations
@@ -13,10 +15,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from conflicts.findings import Finding
 from subscriber.replication.lsn import Lsn
+from subscriber.replication.wire import pg_timestamp
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import pyarrow as pa
+
+    from apply.batch import Batch
+    from apply.transactions import MessageChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +136,38 @@ class StoredTableState:
     # When the row was recorded (as loaded; None when being recorded): tells a newer row of
     # another process (``pgsub resync``) from an older one of this process read back late.
     recorded_at: datetime | None = field(default=None, compare=False)
+
+
+def message_rows(
+    subscription: str, batch: Batch, messages: Sequence[tuple[int, MessageChange]]
+) -> pa.Table:
+    """Logical decoding messages as rows of the messages table, in order."""
+    import pyarrow as pa
+
+    def text(content: bytes) -> str | None:
+        try:
+            return content.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    txs = [batch.transactions[index] for index, _ in messages]
+    changes = [change for _, change in messages]
+    return pa.table(
+        {
+            "subscription": pa.array([subscription] * len(changes), pa.string()),
+            "lsn": pa.array([int(m.lsn) for m in changes], pa.int64()),
+            "lsn_text": pa.array([str(m.lsn) for m in changes], pa.string()),
+            "transactional": pa.array([m.transactional for m in changes], pa.bool_()),
+            "xid": pa.array(
+                [tx.xid if m.transactional else None for tx, m in zip(txs, changes, strict=True)],
+                pa.int64(),
+            ),
+            "end_lsn": pa.array([str(tx.end_lsn) for tx in txs], pa.string()),
+            "commit_time": pa.array(
+                [pg_timestamp(tx.commit_time) for tx in txs], pa.timestamp("us", tz="UTC")
+            ),
+            "prefix": pa.array([m.prefix for m in changes], pa.string()),
+            "content": pa.array([m.content for m in changes], pa.binary()),
+            "content_text": pa.array([text(m.content) for m in changes], pa.string()),
+        }
+    )

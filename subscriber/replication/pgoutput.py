@@ -28,10 +28,6 @@ import numpy as np
 from subscriber.replication.errors import ProtocolError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import (
-    BINARY,
-    NULL,
-    TEXT,
-    UNCHANGED,
     Begin,
     BeginPrepare,
     Column,
@@ -52,17 +48,12 @@ from subscriber.replication.messages import (
     StreamStart,
     StreamStop,
     Truncate,
-    TupleData,
     Type,
     Update,
 )
+from subscriber.replication.reader import MessageReader
 from subscriber.replication.tuples import ChangeGroup, RowChanges, RunBuffer, walk_changes
 
-_I16: Final = struct.Struct("!h")
-_I32: Final = struct.Struct("!i")
-_U32: Final = struct.Struct("!I")
-_I64: Final = struct.Struct("!q")
-_U64: Final = struct.Struct("!Q")
 _BEGIN: Final = struct.Struct("!QqI")
 _COMMIT: Final = struct.Struct("!BQQq")
 _STREAM_COMMIT: Final = struct.Struct("!IBQQq")
@@ -77,111 +68,6 @@ CHANGE_TYPES: Final = frozenset(b"IUD")
 WALK_AT_LEAST: Final = 32
 
 
-class _Reader:
-    """A cursor over one message; every read checks the bounds."""
-
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: bytes, pos: int = 1) -> None:
-        self.buf = buf
-        self.pos = pos
-
-    def _unpack(self, fmt: struct.Struct) -> tuple[int, ...]:
-        values = fmt.unpack_from(self.buf, self.pos)
-        self.pos += fmt.size
-        return values
-
-    def u8(self) -> int:
-        if self.pos >= len(self.buf):
-            raise ProtocolError("message ends early", offset=self.pos)
-        value = self.buf[self.pos]
-        self.pos += 1
-        return value
-
-    def i16(self) -> int:
-        return self._unpack(_I16)[0]
-
-    def i32(self) -> int:
-        return self._unpack(_I32)[0]
-
-    def u32(self) -> int:
-        return self._unpack(_U32)[0]
-
-    def i64(self) -> int:
-        return self._unpack(_I64)[0]
-
-    def lsn(self) -> Lsn:
-        return Lsn(self._unpack(_U64)[0])
-
-    def string(self) -> str:
-        end = self.buf.find(b"\0", self.pos)
-        if end < 0:
-            raise ProtocolError("string without a terminating NUL", offset=self.pos)
-        text = self.buf[self.pos : end].decode()
-        self.pos = end + 1
-        return text
-
-    def raw(self, length: int) -> bytes:
-        if length < 0 or self.pos + length > len(self.buf):
-            raise ProtocolError(f"length {length} runs past the message end", offset=self.pos)
-        data = self.buf[self.pos : self.pos + length]
-        self.pos += length
-        return data
-
-    def tuple_data(self, expected_columns: int) -> TupleData:
-        """TupleData, inlined for speed: it is most of what a stream carries."""
-        buf = self.buf
-        pos = self.pos
-        size = len(buf)
-        if pos + 2 > size:
-            raise ProtocolError("TupleData ends early", offset=pos)
-        ncols = (buf[pos] << 8) | buf[pos + 1]
-        if ncols != expected_columns:
-            raise ProtocolError(
-                f"TupleData has {ncols} columns, the relation has {expected_columns}", offset=pos
-            )
-        pos += 2
-        values: list[bytes | None] = []
-        kinds = bytearray(ncols)
-        for i in range(ncols):
-            if pos >= size:
-                raise ProtocolError("TupleData ends early", offset=pos)
-            kind = buf[pos]
-            kinds[i] = kind
-            if kind in (TEXT, BINARY):
-                if pos + 5 > size:
-                    raise ProtocolError("TupleData ends early", offset=pos)
-                length = int.from_bytes(buf[pos + 1 : pos + 5], "big", signed=True)
-                end = pos + 5 + length
-                if length < 0 or end > size:
-                    raise ProtocolError(
-                        f"column length {length} runs past the message end", offset=pos + 1
-                    )
-                values.append(buf[pos + 5 : end])
-                pos = end
-            elif kind in (NULL, UNCHANGED):
-                values.append(None)
-                pos += 1
-            else:
-                raise ProtocolError(f"unknown TupleData column kind {kind:#04x}", offset=pos)
-        self.pos = pos
-        return TupleData(bytes(kinds), tuple(values))
-
-    def expect(self, *allowed: int) -> int:
-        at = self.pos
-        byte = self.u8()
-        if byte not in allowed:
-            names = "/".join(repr(chr(a)) for a in allowed)
-            raise ProtocolError(f"expected {names}, got {byte:#04x}", offset=at)
-        return byte
-
-    def finish(self) -> None:
-        if self.pos != len(self.buf):
-            raise ProtocolError(
-                f"{len(self.buf) - self.pos} unexpected bytes after the message", offset=self.pos
-            )
-
-
 class PgOutputDecoder:
     """Decodes one replication session's pgoutput messages, in order."""
 
@@ -194,7 +80,7 @@ class PgOutputDecoder:
         self.types: dict[int, Type] = {}
         self._stream_xid: int | None = None  # open streamed block
         self._open: Begin | BeginPrepare | None = None  # open (non-streamed) transaction
-        self._handlers: dict[int, Callable[[_Reader], Message]] = {
+        self._handlers: dict[int, Callable[[MessageReader], Message]] = {
             ord("B"): self._begin,
             ord("C"): self._commit,
             ord("O"): self._origin,
@@ -245,7 +131,7 @@ class PgOutputDecoder:
                 offset=0,
                 lsn=lsn,
             )
-        reader = _Reader(payload)
+        reader = MessageReader(payload)
         try:
             message = handler(reader)
             reader.finish()
@@ -329,14 +215,14 @@ class PgOutputDecoder:
 
     # -- transactions ----------------------------------------------------
 
-    def _begin(self, r: _Reader) -> Begin:
+    def _begin(self, r: MessageReader) -> Begin:
         final_lsn, commit_time, xid = r._unpack(_BEGIN)
         self._no_open_transaction("Begin")
         begin = Begin(Lsn(final_lsn), commit_time, xid)
         self._open = begin
         return begin
 
-    def _commit(self, r: _Reader) -> Commit:
+    def _commit(self, r: MessageReader) -> Commit:
         flags, commit_lsn, end_lsn, commit_time = r._unpack(_COMMIT)
         if not isinstance(self._open, Begin):
             raise ProtocolError("Commit without a Begin", offset=0)
@@ -349,17 +235,17 @@ class PgOutputDecoder:
         self._open = None
         return Commit(flags, Lsn(commit_lsn), Lsn(end_lsn), commit_time)
 
-    def _origin(self, r: _Reader) -> Origin:
+    def _origin(self, r: MessageReader) -> Origin:
         return Origin(r.lsn(), r.string())
 
-    def _begin_prepare(self, r: _Reader) -> BeginPrepare:
+    def _begin_prepare(self, r: MessageReader) -> BeginPrepare:
         prepare_lsn, end_lsn, prepare_time, xid = r._unpack(_BEGIN_PREPARE_HEAD)
         self._no_open_transaction("Begin Prepare")
         begin = BeginPrepare(Lsn(prepare_lsn), Lsn(end_lsn), prepare_time, xid, r.string())
         self._open = begin
         return begin
 
-    def _prepare(self, r: _Reader) -> Prepare:
+    def _prepare(self, r: MessageReader) -> Prepare:
         flags, prepare_lsn, end_lsn, prepare_time, xid = r._unpack(_PREPARE_HEAD)
         prepare = Prepare(flags, Lsn(prepare_lsn), Lsn(end_lsn), prepare_time, xid, r.string())
         if not isinstance(self._open, BeginPrepare):
@@ -373,12 +259,12 @@ class PgOutputDecoder:
         self._open = None
         return prepare
 
-    def _commit_prepared(self, r: _Reader) -> CommitPrepared:
+    def _commit_prepared(self, r: MessageReader) -> CommitPrepared:
         flags, commit_lsn, end_lsn, commit_time, xid = r._unpack(_PREPARE_HEAD)
         self._no_open_transaction("Commit Prepared")
         return CommitPrepared(flags, Lsn(commit_lsn), Lsn(end_lsn), commit_time, xid, r.string())
 
-    def _rollback_prepared(self, r: _Reader) -> RollbackPrepared:
+    def _rollback_prepared(self, r: MessageReader) -> RollbackPrepared:
         flags, prep_end, rb_end, prep_time, rb_time, xid = r._unpack(_ROLLBACK_PREPARED_HEAD)
         self._no_open_transaction("Rollback Prepared")
         return RollbackPrepared(
@@ -395,25 +281,25 @@ class PgOutputDecoder:
 
     # -- streamed transactions -------------------------------------------
 
-    def _stream_start(self, r: _Reader) -> StreamStart:
+    def _stream_start(self, r: MessageReader) -> StreamStart:
         xid = r.u32()
         first = r.u8()
         self._no_open_transaction("Stream Start")
         self._stream_xid = xid
         return StreamStart(xid, first == 1)
 
-    def _stream_stop(self, r: _Reader) -> StreamStop:
+    def _stream_stop(self, r: MessageReader) -> StreamStop:
         if self._stream_xid is None:
             raise ProtocolError("Stream Stop without a Stream Start", offset=0)
         self._stream_xid = None
         return StreamStop()
 
-    def _stream_commit(self, r: _Reader) -> StreamCommit:
+    def _stream_commit(self, r: MessageReader) -> StreamCommit:
         xid, flags, commit_lsn, end_lsn, commit_time = r._unpack(_STREAM_COMMIT)
         self._no_open_transaction("Stream Commit")
         return StreamCommit(xid, flags, Lsn(commit_lsn), Lsn(end_lsn), commit_time)
 
-    def _stream_abort(self, r: _Reader) -> StreamAbort:
+    def _stream_abort(self, r: MessageReader) -> StreamAbort:
         xid = r.u32()
         subxid = r.u32()
         self._no_open_transaction("Stream Abort")
@@ -421,17 +307,17 @@ class PgOutputDecoder:
             return StreamAbort(xid, subxid, r.lsn(), r.i64())
         return StreamAbort(xid, subxid)
 
-    def _stream_prepare(self, r: _Reader) -> StreamPrepare:
+    def _stream_prepare(self, r: MessageReader) -> StreamPrepare:
         flags, prepare_lsn, end_lsn, prepare_time, xid = r._unpack(_PREPARE_HEAD)
         self._no_open_transaction("Stream Prepare")
         return StreamPrepare(flags, Lsn(prepare_lsn), Lsn(end_lsn), prepare_time, xid, r.string())
 
     # -- catalog ---------------------------------------------------------
 
-    def _xid(self, r: _Reader) -> int | None:
+    def _xid(self, r: MessageReader) -> int | None:
         return r.u32() if self._stream_xid is not None else None
 
-    def _relation(self, r: _Reader) -> Relation:
+    def _relation(self, r: MessageReader) -> Relation:
         xid = self._xid(r)
         oid = r.u32()
         namespace = r.string() or "pg_catalog"
@@ -453,7 +339,7 @@ class PgOutputDecoder:
         self.relations[oid] = relation
         return relation
 
-    def _type(self, r: _Reader) -> Type:
+    def _type(self, r: MessageReader) -> Type:
         xid = self._xid(r)
         type_ = Type(r.u32(), r.string() or "pg_catalog", r.string(), xid)
         self.types[type_.oid] = type_
@@ -465,7 +351,7 @@ class PgOutputDecoder:
         if self._open is None and self._stream_xid is None:
             raise ProtocolError("change outside a transaction", offset=0)
 
-    def _known_relation(self, r: _Reader) -> Relation:
+    def _known_relation(self, r: MessageReader) -> Relation:
         at = r.pos
         oid = r.u32()
         relation = self.relations.get(oid)
@@ -475,14 +361,14 @@ class PgOutputDecoder:
             )
         return relation
 
-    def _insert(self, r: _Reader) -> Insert:
+    def _insert(self, r: MessageReader) -> Insert:
         self._in_change_context()
         xid = self._xid(r)
         relation = self._known_relation(r)
         r.expect(ord("N"))
         return Insert(relation.oid, r.tuple_data(len(relation.columns)), xid)
 
-    def _update(self, r: _Reader) -> Update:
+    def _update(self, r: MessageReader) -> Update:
         self._in_change_context()
         xid = self._xid(r)
         relation = self._known_relation(r)
@@ -494,14 +380,14 @@ class PgOutputDecoder:
         r.expect(ord("N"))
         return Update(relation.oid, r.tuple_data(ncols), old, part == ord("K"), xid)
 
-    def _delete(self, r: _Reader) -> Delete:
+    def _delete(self, r: MessageReader) -> Delete:
         self._in_change_context()
         xid = self._xid(r)
         relation = self._known_relation(r)
         part = r.expect(ord("K"), ord("O"))
         return Delete(relation.oid, r.tuple_data(len(relation.columns)), part == ord("K"), xid)
 
-    def _truncate(self, r: _Reader) -> Truncate:
+    def _truncate(self, r: MessageReader) -> Truncate:
         self._in_change_context()
         xid = self._xid(r)
         count = r.i32()
@@ -515,7 +401,7 @@ class PgOutputDecoder:
             oids.append(self._known_relation(r).oid)
         return Truncate(tuple(oids), bool(options & 1), bool(options & 2), xid)
 
-    def _message(self, r: _Reader) -> LogicalMessage:
+    def _message(self, r: MessageReader) -> LogicalMessage:
         xid = self._xid(r)
         flags = r.u8()
         lsn = r.lsn()

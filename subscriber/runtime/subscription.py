@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import psycopg
 import structlog
 
-from apply.applier import TransactionError
 from apply.assembly import UnsupportedStreamError
+from apply.context import TransactionError
 from apply.delta.session import runs_here
 from apply.delta.state_store import (
     CheckpointStore,

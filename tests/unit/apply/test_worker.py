@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from apply.applier import BatchApplier, TransactionError
+from apply.applier import BatchApplier
+from apply.context import TransactionError
 from apply.assembly import AssembledTransaction, Prepared, TransactionAssembler
 from apply.batch import Batcher
 from apply.collapse import Net

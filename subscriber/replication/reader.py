@@ -1,0 +1,128 @@
+"""A bounds-checked cursor over one pgoutput message (no I/O).
+
+Every read checks that the message holds it and raises ``ProtocolError``
+with the offset where it does not; ``tuple_data`` reads a row image
+(TupleData) in one inlined loop, since row images are most of what a
+stream carries. ``subscriber.replication.pgoutput`` reads each message
+with one.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from subscriber.replication.errors import ProtocolError
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import BINARY, NULL, TEXT, UNCHANGED, TupleData
+
+_I16: Final = struct.Struct("!h")
+_I32: Final = struct.Struct("!i")
+_U32: Final = struct.Struct("!I")
+_I64: Final = struct.Struct("!q")
+_U64: Final = struct.Struct("!Q")
+
+
+class MessageReader:
+    """A cursor over one message; every read checks the bounds."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes, pos: int = 1) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def _unpack(self, fmt: struct.Struct) -> tuple[int, ...]:
+        values = fmt.unpack_from(self.buf, self.pos)
+        self.pos += fmt.size
+        return values
+
+    def u8(self) -> int:
+        if self.pos >= len(self.buf):
+            raise ProtocolError("message ends early", offset=self.pos)
+        value = self.buf[self.pos]
+        self.pos += 1
+        return value
+
+    def i16(self) -> int:
+        return self._unpack(_I16)[0]
+
+    def i32(self) -> int:
+        return self._unpack(_I32)[0]
+
+    def u32(self) -> int:
+        return self._unpack(_U32)[0]
+
+    def i64(self) -> int:
+        return self._unpack(_I64)[0]
+
+    def lsn(self) -> Lsn:
+        return Lsn(self._unpack(_U64)[0])
+
+    def string(self) -> str:
+        end = self.buf.find(b"\0", self.pos)
+        if end < 0:
+            raise ProtocolError("string without a terminating NUL", offset=self.pos)
+        text = self.buf[self.pos : end].decode()
+        self.pos = end + 1
+        return text
+
+    def raw(self, length: int) -> bytes:
+        if length < 0 or self.pos + length > len(self.buf):
+            raise ProtocolError(f"length {length} runs past the message end", offset=self.pos)
+        data = self.buf[self.pos : self.pos + length]
+        self.pos += length
+        return data
+
+    def tuple_data(self, expected_columns: int) -> TupleData:
+        """TupleData, inlined for speed: it is most of what a stream carries."""
+        buf = self.buf
+        pos = self.pos
+        size = len(buf)
+        if pos + 2 > size:
+            raise ProtocolError("TupleData ends early", offset=pos)
+        ncols = (buf[pos] << 8) | buf[pos + 1]
+        if ncols != expected_columns:
+            raise ProtocolError(
+                f"TupleData has {ncols} columns, the relation has {expected_columns}", offset=pos
+            )
+        pos += 2
+        values: list[bytes | None] = []
+        kinds = bytearray(ncols)
+        for i in range(ncols):
+            if pos >= size:
+                raise ProtocolError("TupleData ends early", offset=pos)
+            kind = buf[pos]
+            kinds[i] = kind
+            if kind in (TEXT, BINARY):
+                if pos + 5 > size:
+                    raise ProtocolError("TupleData ends early", offset=pos)
+                length = int.from_bytes(buf[pos + 1 : pos + 5], "big", signed=True)
+                end = pos + 5 + length
+                if length < 0 or end > size:
+                    raise ProtocolError(
+                        f"column length {length} runs past the message end", offset=pos + 1
+                    )
+                values.append(buf[pos + 5 : end])
+                pos = end
+            elif kind in (NULL, UNCHANGED):
+                values.append(None)
+                pos += 1
+            else:
+                raise ProtocolError(f"unknown TupleData column kind {kind:#04x}", offset=pos)
+        self.pos = pos
+        return TupleData(bytes(kinds), tuple(values))
+
+    def expect(self, *allowed: int) -> int:
+        at = self.pos
+        byte = self.u8()
+        if byte not in allowed:
+            names = "/".join(repr(chr(a)) for a in allowed)
+            raise ProtocolError(f"expected {names}, got {byte:#04x}", offset=at)
+        return byte
+
+    def finish(self) -> None:
+        if self.pos != len(self.buf):
+            raise ProtocolError(
+                f"{len(self.buf) - self.pos} unexpected bytes after the message", offset=self.pos
+            )
