@@ -17,9 +17,9 @@ from __future__ import annotations
 import binascii
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import psycopg
 import pyarrow as pa
@@ -31,6 +31,9 @@ import apply.binary
 from apply import typemap
 from apply.errors import ApplyError
 from apply.typemap import ColumnType
+
+if TYPE_CHECKING:
+    from apply.schema import TargetColumn
 
 # Text-form bytes (None for NULL), or an Arrow binary column of them.
 Values: TypeAlias = "Sequence[bytes | None] | pa.Array"
@@ -61,6 +64,11 @@ class ValueConversionError(ApplyError):
 def arrow_type(column_type: ColumnType) -> pa.DataType:
     element = _scalar_arrow_type(column_type.oid, column_type.typmod)
     return pa.list_(element) if column_type.is_array else element
+
+
+def arrow_schema(columns: Iterable[TargetColumn]) -> pa.Schema:
+    """Target columns as an Arrow schema: what delta-rs creates a table with and writes."""
+    return pa.schema([(c.name, arrow_type(c.type)) for c in columns])
 
 
 def _scalar_arrow_type(oid: int, typmod: int) -> pa.DataType:

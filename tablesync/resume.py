@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg import sql
 
-from apply.columnar import arrow_type
+from apply.columnar import arrow_schema
 from apply.schema import TargetSchema
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.replication.lsn import Lsn
@@ -167,7 +167,7 @@ def key_schema(schema: TargetSchema) -> TargetSchema:
 def empty_keys(schema: TargetSchema) -> pa.Table:
     """No keys, typed as ``schema``'s key columns."""
     columns = key_schema(schema).columns
-    return pa.schema([(c.name, arrow_type(c.type)) for c in columns]).empty_table()
+    return arrow_schema(columns).empty_table()
 
 
 def without_keys(block: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table:

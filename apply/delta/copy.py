@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from apply.columnar import arrow_type
+from apply.columnar import arrow_schema
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
 from apply.delta.session import SparkErrors, runs_here, struct
@@ -45,19 +45,19 @@ def write_once(
     the rows written."""
     import deltalake
 
-    arrow_schema = pa.schema([(c.name, arrow_type(c.type)) for c in schema.columns])
+    arrow = arrow_schema(schema.columns)
     written = [0]
 
     def batches() -> Iterator[pa.RecordBatch]:
         for block in blocks:
             written[0] += block.num_rows
-            yield from block.cast(arrow_schema).to_batches()
+            yield from block.cast(arrow).to_batches()
 
     app_id, version = mark.txn
     try:
         deltalake.write_deltalake(
             target.path,
-            pa.RecordBatchReader.from_batches(arrow_schema, batches()),
+            pa.RecordBatchReader.from_batches(arrow, batches()),
             mode="overwrite",
             commit_properties=deltalake.CommitProperties(
                 custom_metadata={"userMetadata": mark.user_metadata()},
@@ -124,7 +124,7 @@ def copy_on_executors(
     """One Spark job, a task per part, each reading its part on an executor; its rows are
     written in one commit carrying ``mark``. A failed task is retried by Spark."""
     session = target.session
-    arrow_schema = pa.schema([(c.name, arrow_type(c.type)) for c in schema.columns])
+    arrow = arrow_schema(schema.columns)
     parts, read = list(source.parts), source.read
 
     def task(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -132,7 +132,7 @@ def copy_on_executors(
             for number in batch.column(0).to_pylist():
                 for block in read(parts[number]):
                     # An empty batch would end Spark's read of the task's output.
-                    yield from (b for b in block.cast(arrow_schema).to_batches() if b.num_rows)
+                    yield from (b for b in block.cast(arrow).to_batches() if b.num_rows)
 
     frame = session.range(0, len(parts), 1, len(parts)).mapInArrow(task, struct(schema.ddl()))
     with target.marked(mark):

@@ -1,13 +1,16 @@
 """Delta tables in a local folder, through delta-rs: no Spark job, no JVM.
 
-What the state store reads and appends on a local warehouse, and the test of
+What the state store reads and appends on a local warehouse, the test of
 when delta-rs may write a table at all (``delta_rs_can_write``; the initial
-copy uses it too).
+copy uses it too), the creation of a target table that needs no table
+feature (``delta_rs_creates``), and a table's existence and commit marks
+read from its log.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import pyarrow as pa
@@ -16,6 +19,16 @@ from apply.errors import TargetTableError
 
 # Writer features delta-rs 1.6 writes correctly; any other makes a write go through Spark.
 DELTA_RS_WRITES: Final = frozenset({"appendOnly", "invariants", "timestampNtz"})
+
+# The table properties delta-rs sets at a table's creation as Spark does: no table feature
+# among them (pgsub's own, not ``delta.*``, are kept as they are).
+DELTA_RS_CREATES: Final = frozenset(
+    {
+        "delta.logRetentionDuration",
+        "delta.deletedFileRetentionDuration",
+        "delta.setTransactionRetentionDuration",
+    }
+)
 
 _ARROW_TYPES: Final = {
     "string": pa.string(),
@@ -54,7 +67,49 @@ def delta_rs_can_write(path: str) -> bool:
     return features <= DELTA_RS_WRITES
 
 
-def arrow_schema(ddl: str) -> pa.Schema:
+def delta_rs_creates(properties: Mapping[str, str]) -> bool:
+    """Whether delta-rs creates a table with ``properties`` as Spark would: they enable no
+    table feature (column mapping, type widening, deletion vectors, row tracking)."""
+    return all(not key.startswith("delta.") or key in DELTA_RS_CREATES for key in properties)
+
+
+def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+    """Create the table at ``path`` unless there is one (``CREATE TABLE IF NOT EXISTS``);
+    a ``_delta_log`` without a commit (a creation cut short) is created over."""
+    import deltalake
+
+    try:
+        deltalake.DeltaTable.create(
+            path,
+            schema=schema,
+            mode="ignore",
+            configuration=dict(properties),
+            # pgsub.* properties are not Delta's; delta-rs refuses unknown keys unless told.
+            raise_if_key_not_exists=False,
+        )
+    except (deltalake.exceptions.DeltaError, OSError) as exc:
+        raise TargetTableError(f"cannot create the Delta table at {path}: {exc}") from exc
+
+
+def is_table(path: str) -> bool:
+    """Whether ``path`` holds a Delta table with a commit (a ``_delta_log`` left empty by a
+    creation cut short does not)."""
+    import deltalake
+
+    return bool(deltalake.DeltaTable.is_deltatable(folder(path)))
+
+
+def user_metadata(path: str, limit: int | None) -> list[str | None]:
+    """The ``userMetadata`` of the table's latest ``limit`` commits (None: all), newest
+    first, read from its log; DeltaError when delta-rs cannot read the log."""
+    import deltalake
+
+    commits = deltalake.DeltaTable(folder(path)).history(limit)
+    ordered = sorted(commits, key=lambda commit: -int(commit["version"]))
+    return [commit.get("userMetadata") for commit in ordered]
+
+
+def ddl_schema(ddl: str) -> pa.Schema:
     """A state table's DDL (``a string, b map<string,long>``) as an Arrow schema."""
     fields = []
     for column in re.split(r",\s*(?![^<]*>)", ddl):
@@ -93,7 +148,7 @@ def append_rows(path: str, ddl: str, rows: list[tuple[Any, ...]]) -> None:
     a column added to ``ddl`` joins an older table."""
     import deltalake
 
-    schema = arrow_schema(ddl)
+    schema = ddl_schema(ddl)
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
     table = pa.table(
         [

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import pyarrow as pa
 
-from apply.columnar import arrow_type
+from apply.columnar import arrow_schema
 from apply.delta import sql as delta_sql
 from apply.delta.session import struct
 from apply.records import CommitMark
@@ -93,7 +93,7 @@ def stage_part(
 ) -> None:
     """One Spark job: a task on an executor runs ``read`` (pickled into it); its rows,
     some or all of ``schema``'s columns, replace part ``name`` of the staging table."""
-    arrow_schema = pa.schema([(c.name, arrow_type(c.type)) for c in schema.columns])
+    arrow = arrow_schema(schema.columns)
 
     def task(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _ in numbers:
@@ -105,9 +105,9 @@ def stage_part(
                             if field.name in block.column_names
                             else pa.nulls(block.num_rows, field.type)
                         )
-                        for field in arrow_schema
+                        for field in arrow
                     }
-                ).cast(arrow_schema)
+                ).cast(arrow)
                 # An empty batch would end Spark's read of the task's output.
                 yield from (b for b in whole.to_batches() if b.num_rows)
 

@@ -2,7 +2,7 @@
 
 Table ``schema.name`` lives at ``<warehouse>/<schema>/<name>``
 (``subscriber.replication.names``). ``DeltaTables`` creates and evolves
-them (with only the reader features their data needs, ``apply.features``),
+them (``apply.delta.definition``: only the reader features their data needs),
 reads back the LSN each one reached (``applied_lsn``: the latest commit of
 this subscription in its history), and hands each write to the writer for
 its shape - ``keyed``, ``multiset``, or the initial ``copy`` - as a
@@ -18,7 +18,6 @@ and a Spark Connect session take.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -32,17 +31,18 @@ from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
 from apply.delta.copy import copy_into, write_once
+from apply.delta.definition import TableDefinition
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
-from apply.delta.local_tables import delta_rs_can_write, is_local_folder
+from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table, user_metadata
 from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
-from apply.delta.session import SparkErrors, arrow_frame, runs_here, struct, thread_session
+from apply.delta.session import SparkErrors, arrow_frame, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
 from apply.delta.target import TargetTable
 from apply.errors import ConflictError, TargetTableError
-from apply.features import PORTABLE, Gain, TableFeatures, creation_properties, gains
-from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy, retention_properties
+from apply.features import PORTABLE, TableFeatures
+from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
 from apply.merge_plan import conflict_in
 from apply.records import (
     MESSAGES_TABLE,
@@ -52,7 +52,7 @@ from apply.records import (
     lsn_from_metadata,
     within_from_metadata,
 )
-from apply.schema import Evolution, TargetSchema, plan_evolution, quote
+from apply.schema import Evolution, TargetSchema, quote
 from apply.staging import StagedSource
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
@@ -64,8 +64,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 HISTORY_PEEK: Final = 100
-# The table property naming the subscription that writes a target table.
-WRITER: Final = "pgsub.subscription"
 
 
 class CreatedTables(Protocol):
@@ -123,6 +121,9 @@ class DeltaTables:
         self._origins: dict[str, OriginTracker] = {}
         self._lock = threading.Lock()
         self.history_peek = HISTORY_PEEK
+        self._definition = TableDefinition(
+            subscription, features, maintenance, track_origin, shared_tables, self._on_local_disk
+        )
 
     def path(self, table: str) -> str:
         if table == MESSAGES_TABLE:
@@ -137,6 +138,8 @@ class DeltaTables:
         return session
 
     def exists(self, table: str) -> bool:
+        if self._on_local_disk:
+            return is_table(self.path(table))
         return delta_sql.is_delta_table(self.session(), self.path(table))
 
     # -- progress ------------------------------------------------------------
@@ -161,20 +164,33 @@ class DeltaTables:
         """
         path = self.path(table)
         try:
-            session = self.session()
-            if not delta_sql.is_delta_table(session, path):
+            if not self.exists(table):
                 return None
             for limit in (self.history_peek, None):
-                rows = delta_sql.history(session, path, limit, ("version", "userMetadata"))
-                for row in rows:
-                    metadata = row["userMetadata"]
+                marks = self._user_metadata(path, limit)
+                for metadata in marks:
                     if lsn_from_metadata(metadata, self.subscription) is not None:
                         return str(metadata)
-                if limit is not None and len(rows) < limit:
+                if limit is not None and len(marks) < limit:
                     break
         except SparkErrors as exc:
             raise TargetTableError(f"cannot read the history of {path}: {exc}") from exc
         return None
+
+    def _user_metadata(self, path: str, limit: int | None) -> list[str | None]:
+        """The ``userMetadata`` of the latest ``limit`` commits, newest first: from the log
+        by delta-rs on a local warehouse (no Spark job), else by ``DESCRIBE HISTORY``."""
+        if self._on_local_disk:
+            import deltalake
+
+            try:
+                return user_metadata(path, limit)
+            except (deltalake.exceptions.DeltaError, OSError) as exc:
+                log.warning(
+                    "delta-rs cannot read the log; reading it with Spark", path=path, error=str(exc)
+                )
+        rows = delta_sql.history(self.session(), path, limit, ("version", "userMetadata"))
+        return [row["userMetadata"] for row in rows]
 
     # -- schema --------------------------------------------------------------
 
@@ -212,128 +228,12 @@ class DeltaTables:
                     "else? Its changes are not applied to an empty table. Copy it again: "
                     f"`pgsub resync -c <config> {self.subscription} {schema.table}`"
                 )
-            self._create(schema, path)
+            self._definition.create(self.session(), schema, path)
+            with self._lock:
+                self._origins.pop(schema.table, None)
             self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
-        return self._evolve(schema, path)
-
-    def _create(self, schema: TargetSchema, path: str) -> None:
-        session = self.session()
-        properties, needed = creation_properties(
-            [c.name for c in schema.columns], self.features, schema.table
-        )
-        for gain in needed:
-            _warn_gained(schema.table, gain)
-        properties.update(retention_properties(self.maintenance))
-        properties["pgsub.source"] = schema.table
-        properties["pgsub.key"] = json.dumps(list(schema.key))
-        properties[WRITER] = self.subscription
-        if self.track_origin:
-            properties[ROW_TRACKING] = "true"
-        try:
-            delta_sql.create_if_not_exists(session, path, schema.ddl(), properties)
-            made = delta_sql.is_delta_table(session, path)
-        except SparkErrors as exc:
-            if "DELTA_TABLE_NOT_FOUND" not in str(exc):
-                raise
-            made = False
-        if not made:
-            # IF NOT EXISTS took a _delta_log without a commit for a table and did nothing.
-            self._create_over_cut_short(schema, path, properties)
-        with self._lock:
-            self._origins.pop(schema.table, None)
-        log.info("target table created", table=schema.table, path=path, key=list(schema.key))
-
-    def _create_over_cut_short(
-        self, schema: TargetSchema, path: str, properties: Mapping[str, str]
-    ) -> None:
-        """A ``_delta_log`` without a commit (a creation killed half-way): create over it.
-
-        ``CREATE TABLE IF NOT EXISTS`` takes such a folder for a table and does
-        nothing (Delta's table builder refused it); a first write does not; a
-        write takes only ``delta.*`` properties, so the others follow in a second commit.
-        """
-        log.warning(
-            "target table creation was cut short before; creating it again",
-            table=schema.table,
-            path=path,
-        )
-        session = self.session()
-        writer = session.createDataFrame([], struct(schema.ddl())).write.format("delta")
-        for name, value in properties.items():
-            if name.startswith("delta."):
-                writer = writer.option(name, value)
-        writer.mode("overwrite").save(path)
-        others = {
-            name: value for name, value in properties.items() if not name.startswith("delta.")
-        }
-        delta_sql.set_properties(session, path, others)
-
-    def _evolve(self, schema: TargetSchema, path: str) -> Evolution:
-        session = self.session()
-        existing = {
-            f.name: f.dataType.simpleString()
-            for f in session.read.format("delta").load(path).schema.fields
-        }
-        evolution = plan_evolution(existing, schema, self.subscription)
-        table = delta_sql.table_ref(path)
-        properties = self._properties(path)
-        self._check_writer(schema.table, path, properties)
-        for gain in gains(
-            properties,
-            [c.name for c in evolution.add],
-            [column for column, _, _ in evolution.widen],
-            self.features,
-            schema.table,
-        ):
-            delta_sql.set_properties(session, path, {gain.property: gain.value})
-            _warn_gained(schema.table, gain)
-        if evolution.add:
-            columns = ", ".join(f"{quote(c.name)} {c.spark_type}" for c in evolution.add)
-            session.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
-        for column, _old, new in evolution.widen:
-            session.sql(f"ALTER TABLE {table} ALTER COLUMN {quote(column)} TYPE {new}")
-        if evolution.add or evolution.widen:
-            log.info(
-                "target table schema changed",
-                table=schema.table,
-                added=[c.name for c in evolution.add],
-                widened=[f"{c} {old}->{new}" for c, old, new in evolution.widen],
-            )
-        if evolution.dropped:
-            log.info(
-                "columns no longer published",
-                table=schema.table,
-                columns=list(evolution.dropped),
-                note="kept in the Delta table; NULL in rows inserted from now on",
-            )
-        if properties.get("pgsub.key") != json.dumps(list(schema.key)):
-            delta_sql.set_properties(session, path, {"pgsub.key": json.dumps(list(schema.key))})
-            log.info("target table key recorded", table=schema.table, key=list(schema.key))
-        return evolution
-
-    def _check_writer(self, table: str, path: str, properties: Mapping[str, str]) -> None:
-        """One subscription per target table, unless ``shared_tables`` says otherwise.
-
-        Two subscriptions that write one table by mistake (two publications that
-        both publish it) would interleave their changes and judge each other's rows
-        as conflicts. A table no subscription claims yet (made by an older pgsub, or
-        by hand) becomes this one's.
-        """
-        writer = properties.get(WRITER)
-        if writer == self.subscription:
-            return
-        if writer is None:
-            delta_sql.set_properties(self.session(), path, {WRITER: self.subscription})
-            return
-        if not self.shared_tables:
-            raise TargetTableError(
-                f'{table} at {path} is written by subscription "{writer}" (its table property '
-                f'{WRITER}), and subscription "{self.subscription}" would write it too. If '
-                "several publishers feed this table on purpose, or that subscription was "
-                f'dropped, set shared_tables: true for "{self.subscription}"; otherwise take '
-                "the table out of one of the publications"
-            )
+        return self._definition.evolve(self.session(), schema, path)
 
     def _properties(self, path: str) -> Mapping[str, str]:
         return delta_sql.properties(self.session(), path)
@@ -509,14 +409,3 @@ class DeltaTables:
             with self._lock:
                 self._origins[table] = tracker
         return tracker
-
-
-def _warn_gained(table: str, gain: Gain) -> None:
-    log.warning(
-        "target table gains a reader feature",
-        table=table,
-        feature=gain.feature,
-        reason=gain.reason,
-        detail="readers without this feature (delta-rs 1.6, polars) cannot open the table; "
-        "docs/tables.md lists which readers can",
-    )

@@ -68,3 +68,17 @@ def test_an_added_column_needs_mapping_only_where_the_table_has_none() -> None:
     assert [g.feature for g in gains({}, ["x y"], [], AUTO, "t")] == ["columnMapping"]
     assert gains({COLUMN_MAPPING: "name"}, ["x y"], [], AUTO, "t") == []
     assert gains({COLUMN_MAPPING: "none"}, ["plain"], [], AUTO, "t") == []
+
+
+def test_delta_rs_creates_a_table_only_when_it_enables_no_table_feature() -> None:
+    from apply.delta.local_tables import delta_rs_creates
+    from apply.delta.origins import ROW_TRACKING
+    from apply.maintenance_policy import DEFAULT_POLICY, retention_properties
+
+    plain = {**retention_properties(DEFAULT_POLICY), "pgsub.source": "public.t"}
+    assert delta_rs_creates(plain)
+    assert delta_rs_creates({})
+    for wants_feature in (COLUMN_MAPPING, TYPE_WIDENING, DELETION_VECTORS, ROW_TRACKING):
+        assert not delta_rs_creates({**plain, wants_feature: "true"})
+    assert not delta_rs_creates(creation_properties(["a b"], AUTO, "public.t")[0])
+    assert not delta_rs_creates(creation_properties(["id"], ALWAYS, "public.t")[0])

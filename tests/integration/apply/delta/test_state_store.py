@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apply.delta.local_tables import arrow_schema
+from apply.delta.local_tables import ddl_schema
 from apply.delta.state_store import CheckpointStore, SettingsStore, TableStateStore
 from apply.records import StoredTableState
 from subscriber.replication.lsn import Lsn
@@ -80,7 +80,7 @@ def test_a_state_table_an_older_pgsub_made_with_spark_is_carried_on(
 
 
 def test_state_table_schemas_map_to_arrow() -> None:
-    schema = arrow_schema(CheckpointStore.ddl)
+    schema = ddl_schema(CheckpointStore.ddl)
     assert str(schema.field("tables").type) == "map<string, int64>"
     assert str(schema.field("recorded_at").type) == "timestamp[us, tz=UTC]"
 

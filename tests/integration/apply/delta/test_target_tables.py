@@ -269,3 +269,53 @@ def test_a_staged_copy_lands_fresh_parts_whole_and_stale_ones_without_keys_read_
     assert list(staging.rglob("*.parquet"))
     parts.drop()
     assert not list(staging.rglob("*.parquet"))
+
+
+def test_delta_rs_creates_the_table_spark_would_create(spark: Any, warehouse: Path) -> None:
+    """On a local warehouse a table that needs no table feature is created by delta-rs (no
+    Spark job): the same schema, protocol and properties as Spark's CREATE TABLE."""
+    from dataclasses import replace
+
+    import deltalake
+
+    from apply import typemap as t
+    from apply.delta.definition import TableDefinition
+    from apply.features import PORTABLE
+    from apply.maintenance_policy import DEFAULT_POLICY
+    from apply.schema import TargetColumn, TargetSchema
+
+    scalars = [t.BOOL, t.INT2, t.INT4, t.INT8, t.FLOAT4, t.FLOAT8, t.BYTEA, t.DATE]
+    scalars += [t.TIMESTAMP, t.TIMESTAMPTZ, t.TEXT, t.UUID, t.JSONB, t.INTERVAL, t.TIME]
+    types = [t.ColumnType(oid) for oid in scalars]
+    types += [
+        t.ColumnType(t.NUMERIC, (12 << 16 | 3) + 4),  # numeric(12, 3)
+        t.ColumnType(t.NUMERIC),
+        t.ColumnType(t.INT4, is_array=True),
+        t.ColumnType(t.TIMESTAMP, is_array=True),
+        t.ColumnType(t.TEXT, is_array=True),
+    ]
+    columns = tuple(TargetColumn(f"c{i}", kind) for i, kind in enumerate(types))
+    schema = TargetSchema("public.every", columns, ("c2",))
+    definition = TableDefinition("sub1", PORTABLE, DEFAULT_POLICY, False, False, local=True)
+    by_rs, by_spark = f"{warehouse}/by_rs", f"{warehouse}/by_spark"
+    definition.create(spark, schema, by_rs)
+    replace(definition, local=False).create(spark, schema, by_spark)
+    definition.create(spark, schema, by_rs)  # IF NOT EXISTS: nothing happens
+
+    assert deltalake.DeltaTable(by_rs).version() == 0
+    made_by = deltalake.DeltaTable(by_rs).history()[0]["clientVersion"]
+    assert made_by.startswith("delta-rs")
+
+    def described(path: str) -> tuple[Any, ...]:
+        detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+        fields = spark.read.format("delta").load(path).schema.jsonValue()
+        return (
+            fields,
+            detail["minReaderVersion"],
+            detail["minWriterVersion"],
+            sorted(detail["tableFeatures"]),
+            dict(detail["properties"]),
+        )
+
+    assert described(by_rs) == described(by_spark)
+    assert described(by_rs)[4]["pgsub.key"] == '["c2"]'

@@ -1,0 +1,184 @@
+"""How a subscription defines its target tables: their creation and their evolution.
+
+A table is created with only the reader features its data needs
+(``apply.features``: column mapping, type widening, deletion vectors when
+configured), the retention its maintenance keeps (``apply.maintenance_policy``),
+and pgsub's own properties: the source table, its key, and the subscription
+that writes it (``pgsub.subscription``; one per table unless
+``shared_tables``). On a local warehouse, a table that needs no table
+feature is created by delta-rs (the same first commit, without a Spark
+job); any other by Spark. A new schema adds columns and widens types; a feature a
+change needs is gained with a warning, since some readers cannot open it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import structlog
+
+from apply.columnar import arrow_schema
+from apply.delta import sql as delta_sql
+from apply.delta.local_tables import create_table, delta_rs_creates
+from apply.delta.origins import ROW_TRACKING
+from apply.delta.session import SparkErrors, struct
+from apply.errors import TargetTableError
+from apply.features import Gain, TableFeatures, creation_properties, gains
+from apply.maintenance_policy import MaintenancePolicy, retention_properties
+from apply.schema import Evolution, TargetSchema, plan_evolution, quote
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = structlog.get_logger(__name__)
+
+# The table property naming the subscription that writes a target table.
+WRITER: Final = "pgsub.subscription"
+
+
+@dataclass(frozen=True, slots=True)
+class TableDefinition:
+    """How one subscription creates and evolves its target tables."""
+
+    subscription: str
+    features: TableFeatures
+    maintenance: MaintenancePolicy
+    track_origin: bool  # new tables get row tracking (*_origin_differs)
+    shared_tables: bool  # may write tables another subscription writes
+    local: bool  # the warehouse is a folder on this machine (delta-rs may create tables)
+
+    def create(self, session: SparkSession, schema: TargetSchema, path: str) -> None:
+        """Create the table with the reader features and properties it needs."""
+        properties, needed = creation_properties(
+            [c.name for c in schema.columns], self.features, schema.table
+        )
+        for gain in needed:
+            _warn_gained(schema.table, gain)
+        properties.update(retention_properties(self.maintenance))
+        properties["pgsub.source"] = schema.table
+        properties["pgsub.key"] = json.dumps(list(schema.key))
+        properties[WRITER] = self.subscription
+        if self.track_origin:
+            properties[ROW_TRACKING] = "true"
+        if self.local and delta_rs_creates(properties):
+            # No table feature to enable: delta-rs writes the same first commit as Spark in
+            # milliseconds, where Spark's is seconds (the first job of a cold JVM).
+            create_table(path, arrow_schema(schema.columns), properties)
+            log.info("target table created", table=schema.table, path=path, key=list(schema.key))
+            return
+        try:
+            delta_sql.create_if_not_exists(session, path, schema.ddl(), properties)
+            made = delta_sql.is_delta_table(session, path)
+        except SparkErrors as exc:
+            if "DELTA_TABLE_NOT_FOUND" not in str(exc):
+                raise
+            made = False
+        if not made:
+            # IF NOT EXISTS took a _delta_log without a commit for a table and did nothing.
+            _create_over_cut_short(session, schema, path, properties)
+        log.info("target table created", table=schema.table, path=path, key=list(schema.key))
+
+    def evolve(self, session: SparkSession, schema: TargetSchema, path: str) -> Evolution:
+        """Evolve the table to ``schema``: columns added and widened, features gained."""
+        existing = {
+            f.name: f.dataType.simpleString()
+            for f in session.read.format("delta").load(path).schema.fields
+        }
+        evolution = plan_evolution(existing, schema, self.subscription)
+        table = delta_sql.table_ref(path)
+        properties = delta_sql.properties(session, path)
+        self._check_writer(session, schema.table, path, properties)
+        for gain in gains(
+            properties,
+            [c.name for c in evolution.add],
+            [column for column, _, _ in evolution.widen],
+            self.features,
+            schema.table,
+        ):
+            delta_sql.set_properties(session, path, {gain.property: gain.value})
+            _warn_gained(schema.table, gain)
+        if evolution.add:
+            columns = ", ".join(f"{quote(c.name)} {c.spark_type}" for c in evolution.add)
+            session.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
+        for column, _old, new in evolution.widen:
+            session.sql(f"ALTER TABLE {table} ALTER COLUMN {quote(column)} TYPE {new}")
+        if evolution.add or evolution.widen:
+            log.info(
+                "target table schema changed",
+                table=schema.table,
+                added=[c.name for c in evolution.add],
+                widened=[f"{c} {old}->{new}" for c, old, new in evolution.widen],
+            )
+        if evolution.dropped:
+            log.info(
+                "columns no longer published",
+                table=schema.table,
+                columns=list(evolution.dropped),
+                note="kept in the Delta table; NULL in rows inserted from now on",
+            )
+        if properties.get("pgsub.key") != json.dumps(list(schema.key)):
+            delta_sql.set_properties(session, path, {"pgsub.key": json.dumps(list(schema.key))})
+            log.info("target table key recorded", table=schema.table, key=list(schema.key))
+        return evolution
+
+    def _check_writer(
+        self, session: SparkSession, table: str, path: str, properties: Mapping[str, str]
+    ) -> None:
+        """One subscription per target table, unless ``shared_tables`` says otherwise.
+
+        Two subscriptions that write one table by mistake (two publications that
+        both publish it) would interleave their changes and judge each other's rows
+        as conflicts. A table no subscription claims yet (made by an older pgsub, or
+        by hand) becomes this one's.
+        """
+        writer = properties.get(WRITER)
+        if writer == self.subscription:
+            return
+        if writer is None:
+            delta_sql.set_properties(session, path, {WRITER: self.subscription})
+            return
+        if not self.shared_tables:
+            raise TargetTableError(
+                f'{table} at {path} is written by subscription "{writer}" (its table property '
+                f'{WRITER}), and subscription "{self.subscription}" would write it too. If '
+                "several publishers feed this table on purpose, or that subscription was "
+                f'dropped, set shared_tables: true for "{self.subscription}"; otherwise take '
+                "the table out of one of the publications"
+            )
+
+
+def _create_over_cut_short(
+    session: SparkSession, schema: TargetSchema, path: str, properties: Mapping[str, str]
+) -> None:
+    """A ``_delta_log`` without a commit (a creation killed half-way): create over it.
+
+    ``CREATE TABLE IF NOT EXISTS`` takes such a folder for a table and does
+    nothing (Delta's table builder refused it); a first write does not; a
+    write takes only ``delta.*`` properties, so the others follow in a second commit.
+    """
+    log.warning(
+        "target table creation was cut short before; creating it again",
+        table=schema.table,
+        path=path,
+    )
+    writer = session.createDataFrame([], struct(schema.ddl())).write.format("delta")
+    for name, value in properties.items():
+        if name.startswith("delta."):
+            writer = writer.option(name, value)
+    writer.mode("overwrite").save(path)
+    others = {name: value for name, value in properties.items() if not name.startswith("delta.")}
+    delta_sql.set_properties(session, path, others)
+
+
+def _warn_gained(table: str, gain: Gain) -> None:
+    log.warning(
+        "target table gains a reader feature",
+        table=table,
+        feature=gain.feature,
+        reason=gain.reason,
+        detail="readers without this feature (delta-rs 1.6, polars) cannot open the table; "
+        "docs/tables.md lists which readers can",
+    )
