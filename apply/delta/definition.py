@@ -7,8 +7,10 @@ and pgsub's own properties: the source table, its key, and the subscription
 that writes it (``pgsub.subscription``; one per table unless
 ``shared_tables``). On a local warehouse, a table that needs no table
 feature is created by delta-rs (the same first commit, without a Spark
-job); any other by Spark. A new schema adds columns and widens types; a feature a
-change needs is gained with a warning, since some readers cannot open it.
+job); any other by Spark, and so is a table made again after it was
+deleted (Spark may still hold the deleted table's log). A new schema adds
+columns and widens types; a feature a change needs is gained with a
+warning, since some readers cannot open it.
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ class TableDefinition:
     shared_tables: bool  # may write tables another subscription writes
     local: bool  # the warehouse is a folder on this machine (delta-rs may create tables)
 
-    def create(self, session: SparkSession, schema: TargetSchema, path: str) -> None:
-        """Create the table with the reader features and properties it needs."""
+    def create(
+        self, session: SparkSession, schema: TargetSchema, path: str, *, by_spark: bool = False
+    ) -> None:
+        """Create the table with the reader features and properties it needs (``by_spark``:
+        never by delta-rs)."""
         properties, needed = creation_properties(
             [c.name for c in schema.columns], self.features, schema.table
         )
@@ -63,7 +68,7 @@ class TableDefinition:
         properties[WRITER] = self.subscription
         if self.track_origin:
             properties[ROW_TRACKING] = "true"
-        if self.local and delta_rs_creates(properties):
+        if self.local and not by_spark and delta_rs_creates(properties):
             # No table feature to enable: delta-rs writes the same first commit as Spark in
             # milliseconds, where Spark's is seconds (the first job of a cold JVM).
             create_table(path, arrow_schema(schema.columns), properties)

@@ -221,14 +221,17 @@ class DeltaTables:
                     f"no Delta table at {path} for {schema.table} and create_tables is off;"
                     " create it, or turn create_tables on"
                 )
-            if not recreate and self.created.was_created(schema.table):
+            created_before = self.created.was_created(schema.table)
+            if not recreate and created_before:
                 raise TargetTableError(
                     f"the Delta table of {schema.table} at {path} is gone, though "
                     f'subscription "{self.subscription}" created it: deleted by someone '
                     "else? Its changes are not applied to an empty table. Copy it again: "
                     f"`pgsub resync -c <config> {self.subscription} {schema.table}`"
                 )
-            self._definition.create(self.session(), schema, path)
+            # A table made again after it was deleted is made by Spark: this process's Spark
+            # may hold the deleted table's log, and sees a new one only through its own CREATE.
+            self._definition.create(self.session(), schema, path, by_spark=created_before)
             with self._lock:
                 self._origins.pop(schema.table, None)
             self.created.record_created(schema.table)
