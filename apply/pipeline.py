@@ -167,9 +167,14 @@ class ApplyPipeline:
             self._spawn("apply", lambda: self.worker.run(self._stop)),
         ]
 
+    def wake(self) -> None:
+        """Let the apply thread look at the table states now, not at its next idle tick."""
+        self._queue.wake()
+
     def stop(self) -> list[BaseException]:
         """Stop both threads; the errors that ended them (none after a requested stop)."""
         self._stop.set()
+        self._queue.wake()
         self.receiver.stop()
         for thread in self._threads:
             thread.join()

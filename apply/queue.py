@@ -47,6 +47,14 @@ class TransactionQueue:
         self._changes = 0
         self._size = 0
         self._cond = threading.Condition()
+        self._woken = False
+
+    def wake(self) -> None:
+        """End the ``get`` under way, or the next, at once with None (PostgreSQL sets the apply
+        worker's latch): a table-sync worker moved a table on, or the worker is stopping."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
 
     def _room_for(self, changes: int, size: int) -> bool:
         bounds = self._bounds
@@ -73,7 +81,10 @@ class TransactionQueue:
     ) -> Queued | None:
         """The oldest transaction, within ``timeout``, if ``accept`` takes it."""
         with self._cond:
-            if not self._cond.wait_for(lambda: bool(self._items), timeout):
+            if not self._cond.wait_for(lambda: bool(self._items) or self._woken, timeout):
+                return None
+            if not self._items:
+                self._woken = False
                 return None
             if not accept(self._items[0].tx):
                 return None

@@ -135,6 +135,10 @@ class SyncCoordinator:
         self._copy_started: dict[int, float] = {}
         self.sync_errors = 0  # failed table-sync workers since the process started
         self.stopping = threading.Event()
+        # Wakes the leader's apply thread (set by the subscription while one runs): a worker
+        # at SYNCWAIT or SYNCDONE is moved on at once, as PostgreSQL's sync worker sets the
+        # apply worker's latch, rather than at the leader's next idle tick.
+        self.wake_leader: Callable[[], None] = lambda: None
 
     # -- table list ----------------------------------------------------------
 
@@ -222,6 +226,8 @@ class SyncCoordinator:
         with self._cond:
             self._statuses[relid] = moved
             self._cond.notify_all()
+        if state in (TableState.SYNCWAIT, TableState.SYNCDONE):
+            self.wake_leader()
         log.info(
             "table state changed",
             subscription=self.settings.subscription,

@@ -401,6 +401,7 @@ class SubscriptionRunner:
         pipeline.start()
         self._metrics.workers.labels(self.name, "apply").set(1)
         self._worker = pipeline.worker
+        self.coordinator.wake_leader = pipeline.wake
         try:
             while not pipeline.done.wait(0.5):
                 self.heartbeat = time.time()
@@ -414,6 +415,7 @@ class SubscriptionRunner:
                 if self.config.two_phase and not two_phase and self._all_ready():
                     break  # every table READY: start again, with two-phase on
         finally:
+            self.coordinator.wake_leader = lambda: None
             failures = pipeline.stop()
             self._worker = None
             self._metrics.workers.labels(self.name, "apply").set(0)

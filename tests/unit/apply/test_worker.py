@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from apply.applier import BatchApplier
-from apply.context import TransactionError
 from apply.assembly import AssembledTransaction, Prepared, TransactionAssembler
 from apply.batch import Batcher
 from apply.collapse import Net
+from apply.context import TransactionError
 from apply.errors import ApplyError
 from apply.queue import TransactionQueue
 from apply.records import CommitMark, Within, WriteResult
@@ -233,6 +233,21 @@ def test_the_queue_holds_back_wide_transactions_by_bytes() -> None:
     # Any transaction passes an empty queue, however large.
     assert queue.get(timeout=0) is not None
     assert queue.put(tx(*(ins(T, n, wide) for n in range(10)), end=400), timeout=0)
+
+
+def test_a_woken_queue_ends_the_wait_under_way_and_keeps_what_it_holds() -> None:
+    """``wake`` (a table moved on, a stop) ends a ``get`` at once, as a latch does."""
+    queue = TransactionQueue(Bounds(1000))
+    threading.Timer(0.05, queue.wake).start()
+    started = time.monotonic()
+    assert queue.get(timeout=30) is None
+    assert time.monotonic() - started < 10
+    assert queue.get(timeout=0.01) is None  # one wake ends one wait
+    queue.wake()
+    assert queue.put(tx(ins(T, 1, "v")), timeout=0)
+    got = queue.get(timeout=0)  # what the queue holds comes first
+    assert got is not None and got.tx.end_lsn == Lsn(100)
+    assert queue.get(timeout=0) is None and len(queue) == 0
 
 
 def finish(gid: str, *, end: int, commit: bool = True, xid: int = 700) -> PreparedFinish:

@@ -169,3 +169,20 @@ def test_a_late_read_of_the_store_is_not_a_resync() -> None:
     store.record("s", [StoredTableState(TABLE.relid, "public", "t", "i", None)])  # pgsub resync
     sync.reload()
     assert sync.status(TABLE.relid).state is TableState.INIT
+
+
+def test_a_worker_at_syncwait_or_syncdone_wakes_the_leader() -> None:
+    """As PostgreSQL's sync worker sets the apply worker's latch: no wait for an idle tick."""
+    sync = coordinator(MemoryStore())
+    woken: list[TableState] = []
+    sync.wake_leader = lambda: woken.append(sync.status(TABLE.relid).state)
+    sync.load([TABLE], Lsn(0))
+    for state, lsn in [
+        (TableState.DATASYNC, None),
+        (TableState.FINISHEDCOPY, Lsn(10)),
+        (TableState.SYNCWAIT, Lsn(10)),
+        (TableState.CATCHUP, Lsn(20)),
+        (TableState.SYNCDONE, Lsn(25)),
+    ]:
+        sync.store(TABLE.relid, state, lsn)
+    assert woken == [TableState.SYNCWAIT, TableState.SYNCDONE]
