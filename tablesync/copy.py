@@ -13,8 +13,7 @@ empty string as ``""``; the reader is told exactly that.
 A large table is cut into CTID ranges (``split``), each read by its own
 connection under the sync slot's exported snapshot (``RangeReader``):
 by threads of this process (``parallel``) on a local Spark, by Spark tasks
-on the executors of a cluster. A table read in one range is read a block
-ahead of its write (``read_ahead``). Every row lies in exactly one range,
+on the executors of a cluster. Every row lies in exactly one range,
 whatever the split: a row's CTID under the snapshot is fixed.
 """
 
@@ -236,9 +235,3 @@ def parallel(
         stop.set()
         for thread in threads:
             thread.join()
-
-
-def read_ahead(blocks: Callable[[], Iterator[pa.Table]]) -> Iterator[pa.Table]:
-    """The blocks of ``blocks()``, in order, read by a thread a block or two ahead of the
-    consumer: the COPY read and its parsing overlap the write of the block before."""
-    return parallel(lambda _: blocks(), [0], readers=1)

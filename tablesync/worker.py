@@ -48,7 +48,6 @@ from tablesync.copy import (
     RangeReader,
     arrow_blocks,
     parallel,
-    read_ahead,
     split,
 )
 from tablesync.publication import PublishedTable, describe
@@ -183,7 +182,7 @@ class SyncWorker:
                 connection.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
                 slot = connection.create_slot(self.slot, snapshot=SnapshotAction.USE)
                 rows = connection.copy_out(table.copy_query().as_string(None))
-                source = CopySource.here(lambda: read_ahead(lambda: arrow_blocks(rows, schema)))
+                source = CopySource.here(lambda: arrow_blocks(rows, schema))
             else:
                 # The snapshot stays importable while this connection stays idle.
                 slot = connection.create_slot(self.slot, snapshot=SnapshotAction.EXPORT)

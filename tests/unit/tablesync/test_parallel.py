@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from tablesync.copy import parallel, read_ahead
+from tablesync.copy import parallel
 
 
 def blocks_of(part: int) -> Iterator[pa.Table]:
@@ -55,19 +55,3 @@ def test_a_consumer_that_stops_early_ends_the_readers_and_closes_their_reads() -
     assert copy_threads() == []
     # Every read begun is closed; at most two began (two readers), the others never did.
     assert sorted(closed) == sorted(started) and 1 <= len(started) <= 2
-
-
-def test_read_ahead_keeps_the_order_and_raises_where_the_read_failed() -> None:
-    def read() -> Iterator[pa.Table]:
-        yield from blocks_of(0)
-        raise ConnectionError("the COPY ended early")
-
-    blocks = read_ahead(read)
-    assert [b.to_pylist()[0]["block"] for b in (next(blocks), next(blocks), next(blocks))] == [
-        0,
-        1,
-        2,
-    ]
-    with pytest.raises(ConnectionError, match="ended early"):
-        next(blocks)
-    assert copy_threads() == []
