@@ -18,6 +18,13 @@ class MaintenancePolicy:
     vacuum_interval: float = DAY
     retention: float = 7 * DAY
 
+    @property
+    def vacuum_every(self) -> float:
+        """Seconds between a table's VACUUMs: ``vacuum_interval``, or ``retention`` when
+        shorter - files replaced then stay about two retentions at most, not a whole
+        interval more (a table rewritten at every batch fills a disk in hours)."""
+        return min(self.vacuum_interval, self.retention)
+
 
 DEFAULT_POLICY: Final = MaintenancePolicy()
 

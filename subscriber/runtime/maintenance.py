@@ -2,10 +2,11 @@
 
 Once per ``maintenance.interval`` it tends each target table a subscription
 has prepared (``DeltaTables.tend``: compaction past ``compact_files``,
-VACUUM once per ``vacuum_interval``, history bounded to ``retention``),
-then the state tables, and prunes checkpoint rows past the retention. A
-table is tended under its write lock, never beside its own MERGE; the
-receivers keep streaming meanwhile. One failure is logged and counted
+VACUUM once per ``vacuum_interval`` or ``retention``, whichever is
+shorter, history bounded to ``retention``), then the state tables, and
+prunes checkpoint rows past the retention. A table is tended under its
+write lock, never beside its own MERGE; the receivers keep streaming
+meanwhile. One failure is logged and counted
 (``pgsub_maintenance_errors_total``) and retried next round; it never stops
 replication.
 """
@@ -85,7 +86,7 @@ class Tender:
         key = (subscription, table)
         now = self._clock()
         # A daemon's first vacuum of a table comes one interval after it started.
-        vacuum = now - self._vacuumed.get(key, self._started) >= self._policy.vacuum_interval
+        vacuum = now - self._vacuumed.get(key, self._started) >= self._policy.vacuum_every
         try:
             done = work(vacuum=vacuum)
         except ApplyError as exc:
