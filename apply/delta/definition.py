@@ -72,18 +72,8 @@ class TableDefinition:
             # No table feature to enable: delta-rs writes the same first commit as Spark in
             # milliseconds, where Spark's is seconds (the first job of a cold JVM).
             create_table(path, arrow_schema(schema.columns), properties)
-            log.info("target table created", table=schema.table, path=path, key=list(schema.key))
-            return
-        try:
-            delta_sql.create_if_not_exists(session, path, schema.ddl(), properties)
-            made = delta_sql.is_delta_table(session, path)
-        except SparkErrors as exc:
-            if "DELTA_TABLE_NOT_FOUND" not in str(exc):
-                raise
-            made = False
-        if not made:
-            # IF NOT EXISTS took a _delta_log without a commit for a table and did nothing.
-            _create_over_cut_short(session, schema, path, properties)
+        else:
+            _create_by_spark(session, schema, path, properties)
         log.info("target table created", table=schema.table, path=path, key=list(schema.key))
 
     def evolve(self, session: SparkSession, schema: TargetSchema, path: str) -> Evolution:
@@ -153,6 +143,21 @@ class TableDefinition:
                 f'dropped, set shared_tables: true for "{self.subscription}"; otherwise take '
                 "the table out of one of the publications"
             )
+
+
+def _create_by_spark(
+    session: SparkSession, schema: TargetSchema, path: str, properties: Mapping[str, str]
+) -> None:
+    try:
+        delta_sql.create_if_not_exists(session, path, schema.ddl(), properties)
+        made = delta_sql.is_delta_table(session, path)
+    except SparkErrors as exc:
+        if "DELTA_TABLE_NOT_FOUND" not in str(exc):
+            raise
+        made = False
+    if not made:
+        # IF NOT EXISTS took a _delta_log without a commit for a table and did nothing.
+        _create_over_cut_short(session, schema, path, properties)
 
 
 def _create_over_cut_short(
