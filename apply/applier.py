@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
+import apply.binary
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.context import TransactionError, conflict_of
@@ -31,17 +32,18 @@ from apply.copy_source import CopySource, StagedParts
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult, message_rows
+from apply.rendering import TextForms, in_text_form
 from apply.resolve import looks_up_first, origin_looks_up_first
 from apply.schema import Evolution, TargetSchema, target_schema
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
-from apply.typemap import TypeLookup
+from apply.typemap import TypeLookup, resolve
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from conflicts.reporter import ConflictReporter
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import Relation
+from subscriber.replication.messages import Column, Relation
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -128,9 +130,12 @@ class BatchApplier:
         reporter: ConflictReporter | None = None,
         max_parallel: int = 4,
         staging: Path | None = None,
+        text_forms: TextForms | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.subscription = subscription
+        # Binary values of types pgsub has no reader for, as the publisher's text forms.
+        self._text_forms = text_forms
         # Where a large transaction's pieces are staged for one MERGE per table (None: never;
         # the Spark executors must read this local folder, so a local master only).
         self._staging = staging
@@ -194,6 +199,15 @@ class BatchApplier:
         self._schemas[work.name] = (work.relation, schema)
         return schema
 
+    def _net(self, work: TableWork) -> Net:
+        """The net effect of ``work`` on its table, binary values pgsub cannot read in text."""
+        if self._text_forms is not None:
+            work = in_text_form(work, self._reads_binary, self._text_forms)
+        return collapse(work)
+
+    def _reads_binary(self, column: Column) -> bool:
+        return apply.binary.readable(resolve(column.type_oid, column.typmod, self._types))
+
     def apply(self, batch: Batch) -> BatchResult:
         """Apply ``batch``; on error nothing is confirmed and the batch may be applied again."""
         work = batch.tables(self.applied_lsn, self._applies, self.applied_through)
@@ -201,7 +215,7 @@ class BatchApplier:
         for name, table_work in work.items():
             try:
                 schema = self._schema(table_work)
-                net = collapse(table_work)
+                net = self._net(table_work)
             except Exception as exc:
                 cause = _as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, None, batch) from exc
@@ -319,7 +333,7 @@ class BatchApplier:
             for name, work in batch.tables(self.applied_lsn, self._applies).items():
                 try:
                     schema = self._schema(work)
-                    net = collapse(work)
+                    net = self._net(work)
                 except Exception as exc:
                     cause = _as_apply_error(exc)
                     raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
@@ -349,7 +363,7 @@ class BatchApplier:
                 for piece in tx.pieces(bounds):
                     work = Batch([piece]).tables(self.applied_lsn, self._applies).get(name)
                     if work is not None:
-                        net = collapse(work)
+                        net = self._net(work)
                         assert isinstance(net, KeyedNet)
                         yield net
 

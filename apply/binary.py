@@ -10,11 +10,12 @@ PostgreSQL's own text output where the Delta column holds text - so a table
 replicated in binary mode equals one replicated in text mode, value for
 value (tests/integration/apply/test_apply_scenarios.py checks every type).
 
-A type pgsub has no binary reader for (composites, ranges, geometric and
-extension types, inet, ...) is an error naming the column, the type and the
-way out (``binary: false``), as PostgreSQL's subscriber stops on a type
-without a binary input function. Values that the target cannot hold are
-the same errors as in text mode, never different values. Pure.
+A type pgsub has no binary reader for here (composites, ranges, geometric
+and extension types, inet, money, ...) never reaches this module on the
+apply path: the publisher turns its values into their text forms first
+(``apply.rendering``), as PostgreSQL's subscriber reads them with the type's
+own receive function. Values that the target cannot hold are the same
+errors as in text mode, never different values. Pure.
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def to_arrow(values: Values, column_type: ColumnType, target: pa.DataType) -> pa
     """The Arrow column ``target`` of binary-format ``values`` (None for NULL)."""
     if not readable(column_type):
         raise BinaryValueError(
-            f"pgsub has no binary reader for type OID {column_type.wire_oid} (PostgreSQL's "
-            "subscriber stops the same way on a type without a binary input function); set "
-            "binary: false for this subscription"
+            f"pgsub has no binary reader for type OID {column_type.wire_oid} and was not given "
+            "the publisher's text form of these values (a pgsub bug: apply.rendering turns "
+            "them into text first); binary: false for this subscription avoids it"
         )
     raw = values if isinstance(values, pa.Array) else pa.array(values, type=pa.binary())
     if column_type.is_array:

@@ -23,6 +23,7 @@ from apply.applier import BatchApplier, Tables
 from apply.assembly import TransactionAssembler
 from apply.batch import Batcher, ShouldApply
 from apply.queue import TransactionQueue
+from apply.rendering import TextForms
 from apply.roles import Leader, Role
 from apply.spool import SpoolDirectory, SpooledTransaction
 from apply.transactions import Bounds, RemoteTransaction
@@ -49,6 +50,7 @@ class ApplyContext:
     options: StreamOptions  # the leader's; a catch-up keeps the publications and origin
     tables: Tables
     types: TypeLookup
+    text_forms: TextForms | None  # binary values pgsub has no reader for (apply.rendering)
     metrics: Metrics
     reporter: ConflictReporter | None
     resolutions: Mapping[ConflictKind, Resolution]
@@ -105,6 +107,7 @@ class ApplyPipeline:
             resolutions=context.resolutions,
             reporter=context.reporter,
             staging=context.staging,
+            text_forms=context.text_forms,
         )
         self._queue = TransactionQueue(context.queue)
         self.worker = ApplyWorker(

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg import sql
@@ -35,6 +34,7 @@ from psycopg.abc import Buffer
 
 from apply.columnar import to_arrow
 from apply.schema import TargetSchema
+from subscriber.replication import session
 from tablesync.publication import PublishedTable
 
 BLOCK_BYTES: Final = 32 << 20
@@ -160,7 +160,7 @@ class RangeReader:
         another names some of its columns)."""
         schema = schema or self.schema
         columns = [c.name for c in schema.columns]
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+        with session.connect(self.conninfo) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(self.snapshot_literal))
             with conn.cursor().copy(self.table.copy_query(condition, columns)) as copy:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Final, Protocol
 
-import psycopg
 import pyarrow as pa
 import structlog
 from psycopg import sql
@@ -28,6 +27,7 @@ from psycopg import sql
 from apply.copy_source import CopySource, StagedParts
 from apply.failpoints import failpoint
 from apply.records import CommitMark
+from subscriber.replication import session
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
@@ -131,7 +131,7 @@ class RangedCopy:
             # The snapshot stays importable while this connection stays idle.
             slot = connection.create_slot(self.slot, snapshot=SnapshotAction.EXPORT)
             read = RangeReader(conninfo, slot.snapshot_name or "", table, schema)
-            with psycopg.connect(conninfo, autocommit=True) as conn:
+            with session.connect(conninfo) as conn:
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(read.snapshot_literal))
                 xmin, relation = snapshot_facts(conn, table.relid)
@@ -177,7 +177,7 @@ class RangedCopy:
         started = time.monotonic()
         staged = stage.done()
         done = [i for i in range(len(manifest.ranges)) if range_name(i) in staged]
-        with psycopg.connect(conninfo, autocommit=True) as holder:
+        with session.connect(conninfo) as holder:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             exported = holder.execute("SELECT pg_catalog.pg_export_snapshot()").fetchone()
             _, relation = snapshot_facts(holder, table.relid)

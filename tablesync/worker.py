@@ -29,7 +29,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Protocol
 
-import psycopg
 import pyarrow as pa
 import structlog
 
@@ -40,6 +39,7 @@ from apply.pipeline import ApplyContext, ApplyPipeline
 from apply.records import CommitMark
 from apply.roles import CatchUp
 from apply.schema import target_schema
+from subscriber.replication import session
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
@@ -147,7 +147,7 @@ class SyncWorker:
 
     def _copy(self) -> Lsn:
         table = self.table
-        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+        with session.connect(self._conninfo) as conn:
             relation = describe(conn, table)
             heap_blocks = table.heap_blocks(conn)
             server_version = conn.info.server_version

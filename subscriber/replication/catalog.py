@@ -2,19 +2,25 @@
 
 pgoutput names a column's type only by OID. Built-in OIDs are known; for
 user-defined types (domains, enums, arrays of them, extension types) the
-apply side asks here, once per OID. A lost connection is reopened on the
-next lookup.
+apply side asks here, once per OID. With ``binary: true``, a value of a type
+pgsub has no binary reader for is turned into its text form here, by the
+type's own receive and output functions on the publisher
+(``PublisherCatalog.text_forms``, docs/apply.md). A lost connection is
+reopened on the next lookup.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
+from psycopg import pq
 
-from subscriber.replication.errors import ConnectionLostError
+from subscriber.replication import session
+from subscriber.replication.errors import ConnectionLostError, ReplicationError
 from subscriber.replication.lsn import Lsn
 
 
@@ -61,8 +67,14 @@ def prepared_transactions(conn: psycopg.Connection[Any]) -> tuple[set[tuple[str,
     return {(str(gid), int(xid)) for gid, xid in prepared}, Lsn.parse(str(row[0]))
 
 
+# Values rendered by one statement: one result column each (a target list holds 1,664 at
+# most), and a bound on the bytes sent at once.
+_RENDER_VALUES: Final = 1000
+_RENDER_BYTES: Final = 16 << 20
+
+
 class PublisherCatalog:
-    """Cached pg_type lookups on the publisher database."""
+    """Cached pg_type lookups on the publisher database, and the text forms of binary values."""
 
     def __init__(self, conninfo: str, *, connect_timeout: int = 30) -> None:
         self._conninfo = conninfo
@@ -77,16 +89,65 @@ class PublisherCatalog:
                 self._cache[oid] = self._fetch(oid)
             return self._cache[oid]
 
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = session.connect(self._conninfo, connect_timeout=self._timeout)
+        return self._conn
+
     def _fetch(self, oid: int) -> PgTypeRow | None:
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(
-                    self._conninfo, autocommit=True, connect_timeout=self._timeout
-                )
-            return fetch_type_rows(self._conn, [oid]).get(oid)
+            return fetch_type_rows(self._connection(), [oid]).get(oid)
         except psycopg.OperationalError as exc:
             self.close()
             raise ConnectionLostError(f"cannot look up type {oid} on the publisher: {exc}") from exc
+
+    def text_forms(self, type_oid: int, values: Sequence[bytes]) -> list[str]:
+        """Each binary-format value of ``type_oid`` as the type's output function writes it.
+
+        The values go back as parameters of that type in binary format (its receive
+        function reads them), the result comes in text format (its output function):
+        no cast, so ``inet`` is ``inet_out``'s text and not ``text(inet)``'s."""
+        texts: list[str] = []
+        with self._lock:
+            start = 0
+            while start < len(values):
+                end, size = start, 0
+                while end < len(values) and end - start < _RENDER_VALUES and size < _RENDER_BYTES:
+                    size += len(values[end])
+                    end += 1
+                texts += self._render(type_oid, values[start:end])
+                start = end
+        return texts
+
+    def _render(self, type_oid: int, values: Sequence[bytes]) -> list[str]:
+        query = "SELECT " + ", ".join(f"${i}" for i in range(1, len(values) + 1))
+        try:
+            pgconn = self._connection().pgconn
+            result = pgconn.exec_params(
+                query.encode(),
+                list(values),
+                param_types=[type_oid] * len(values),
+                param_formats=[pq.Format.BINARY] * len(values),
+                result_format=pq.Format.TEXT,
+            )
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise ConnectionLostError(
+                f"cannot read values of type {type_oid} back on the publisher: {exc}"
+            ) from exc
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            message = result.error_message.decode(errors="replace").strip()
+            if pgconn.status == pq.ConnStatus.BAD:
+                self.close()
+                raise ConnectionLostError(
+                    f"cannot read values of type {type_oid} back on the publisher: {message}"
+                )
+            raise ReplicationError(
+                f"the publisher could not read back binary values of type OID {type_oid} it "
+                f"sent (its receive function said: {message}); this is a pgsub bug, please "
+                "report it; `binary: false` for this subscription avoids the round trip"
+            )
+        return [(result.get_value(0, i) or b"").decode() for i in range(len(values))]
 
     def close(self) -> None:
         if self._conn is not None:

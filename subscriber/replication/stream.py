@@ -22,8 +22,8 @@ from types import TracebackType
 import psycopg
 import structlog
 from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from subscriber.replication import session
 from subscriber.replication.commands import (
     SnapshotAction,
     StreamOptions,
@@ -57,23 +57,6 @@ class SlotInfo:
     snapshot_name: str | None
 
 
-# The text forms the apply side parses (PostgreSQL's own walreceiver sets the
-# first three too): ISO dates, UTC offsets, shortest-exact floats, hex bytea.
-SESSION_OPTIONS = (
-    "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3"
-    " -c timezone=UTC -c bytea_output=hex"
-)
-
-
-def with_session_options(conninfo: str) -> str:
-    """``conninfo`` with our session settings appended to any ``options`` it has."""
-    params = conninfo_to_dict(conninfo)
-    current = params.get("options")
-    params["options"] = f"{current} {SESSION_OPTIONS}" if current else SESSION_OPTIONS
-    params["client_encoding"] = "UTF8"
-    return make_conninfo("", **params)
-
-
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode()
 
@@ -83,12 +66,8 @@ class ReplicationConnection:
 
     def __init__(self, conninfo: str, *, connect_timeout: int = 30) -> None:
         try:
-            self._conn = psycopg.connect(
-                with_session_options(conninfo),
-                replication="database",
-                autocommit=True,
-                prepare_threshold=None,
-                connect_timeout=connect_timeout,
+            self._conn = session.connect(
+                conninfo, replication=True, connect_timeout=connect_timeout
             )
         except psycopg.OperationalError as exc:
             raise ConnectionLostError(f"cannot open a replication connection: {exc}") from exc

@@ -14,11 +14,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
 from apply.delta.session import SparkSettings, build_session
 from apply.delta.state_store import STATE_TABLES, SettingsStore, TableStateStore
 from apply.records import StoredTableState
+from subscriber.replication import session
 from subscriber.replication.errors import SubscriberError, UsageError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.names import qualified_name, split_qualified
@@ -62,7 +61,7 @@ def refresh_publication(
     config: Config, subscription: SubscriptionConfig
 ) -> tuple[list[str], list[str]]:
     """REFRESH PUBLICATION; the names of the tables added and removed."""
-    with psycopg.connect(subscription.conninfo(), autocommit=True) as conn:
+    with session.connect(subscription.conninfo()) as conn:
         published = published_tables(conn, list(subscription.publications))
     spark = spark_on_demand(config)
     store = TableStateStore(spark, config.warehouse)
@@ -131,7 +130,7 @@ def drop(config: Config, subscription: SubscriptionConfig, *, keep_slot: bool) -
     """
     dropped: list[str] = []
     if not keep_slot:
-        with psycopg.connect(subscription.conninfo(), autocommit=True) as conn:
+        with session.connect(subscription.conninfo()) as conn:
             rows = [
                 (name, is_active)
                 for name, is_active in conn.execute(

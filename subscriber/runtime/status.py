@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from subscriber.replication import session
 from subscriber.runtime.config import Config
 
 DAEMON, STATE_STORE = "daemon", "state store"
@@ -109,7 +110,7 @@ def from_state_store(config: Config, names: list[str]) -> View:
 def _slot(conninfo: str, slot: str) -> dict[str, Any]:
     """The slot's confirmed position on the publisher, whether it streams, and the lag."""
     try:
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+        with session.connect(conninfo, connect_timeout=5) as conn:
             row = conn.execute(
                 "SELECT confirmed_flush_lsn::text, active,"
                 " pg_current_wal_lsn() - confirmed_flush_lsn"

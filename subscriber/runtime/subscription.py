@@ -40,6 +40,7 @@ from apply.spool import private_directory
 from apply.worker import ApplyWorker
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
+from subscriber.replication import session
 from subscriber.replication.catalog import PublisherCatalog, prepared_transactions
 from subscriber.replication.commands import StreamOptions
 from subscriber.replication.errors import ReplicationError, SubscriberError
@@ -131,6 +132,7 @@ class SubscriptionRunner:
             options=self.options,
             tables=self.tables,
             types=self.catalog.type_row,
+            text_forms=self.catalog.text_forms,
             metrics=metrics,
             reporter=self.reporter,
             resolutions=config.conflicts.resolutions(),
@@ -331,7 +333,7 @@ class SubscriptionRunner:
         ).run
 
     def _published_tables(self) -> list[PublishedTable]:
-        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+        with session.connect(self._conninfo) as conn:
             return published_tables(conn, list(self.config.publications))
 
     def _tables_to_sync(self, position: Lsn) -> None:
@@ -433,7 +435,7 @@ class SubscriptionRunner:
         staged = self._prepared.staged(self.name)
         if not staged:
             return None
-        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+        with session.connect(self._conninfo) as conn:
             upstream, seen_at = prepared_transactions(conn)
         stale = tuple(s for s in staged if s not in upstream)
         return PreparedLeftovers(stale, seen_at) if stale else None

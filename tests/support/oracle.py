@@ -169,10 +169,15 @@ def _select_expr(column: Column) -> sql.Composable:
     ident = sql.Identifier(column.name)
     resolved = column.column_type
     # char(n) keeps its padding in its output form; a cast to text would strip it.
-    if resolved.text_form and resolved.oid != typemap.BPCHAR:
-        cast = "text[]" if resolved.is_array else "text"
-        return sql.SQL("{}::{}").format(ident, sql.SQL(cast))
-    return ident
+    if not resolved.text_form or resolved.oid == typemap.BPCHAR:
+        return ident
+    if resolved.is_array:
+        return sql.SQL("{}::text[]").format(ident)
+    # The output function's text: a cast can differ from it (text(inet) always adds the
+    # netmask), format's %s cannot.
+    return sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE pg_catalog.format('%s', {0}) END").format(
+        ident
+    )
 
 
 def read_publisher(

@@ -120,33 +120,6 @@ def test_binary_mode_reads_a_type_without_binary_output_as_text(
         ]  # fmt: skip
 
 
-def test_binary_mode_stops_on_a_type_it_cannot_read(
-    publisher: PgDatabase, spark: Any, warehouse: Path
-) -> None:
-    """A composite arrives in record_send's form: an error naming the type and binary: false,
-    as PostgreSQL's subscriber stops on a type without a binary input function."""
-    publisher.execute(
-        "CREATE TYPE pair AS (a int, b text);"
-        "CREATE TABLE c (id int PRIMARY KEY, p pair); CREATE PUBLICATION pub FOR TABLE c"
-    )
-    pair_oid = publisher.fetchval("SELECT 'pair'::regtype::oid")
-    with Replication(publisher, spark, warehouse, binary=True) as rep:
-        publisher.execute("INSERT INTO c VALUES (1, NULL)")  # NULL needs no reading
-        rep.caught_up()
-        publisher.execute("INSERT INTO c VALUES (2, ROW(1, 'x'))")
-        runner = rep.runner
-        assert runner is not None
-
-        def stopped() -> bool:
-            return "binary: false" in (runner.status.last_error or "")
-
-        wait_until(stopped, timeout=120, what="an error naming binary: false")
-        error = runner.status.last_error or ""
-        assert f"no binary reader for type OID {pair_oid}" in error
-        assert "column 'p'" in error and 'relation "public.c"' in error
-        assert [r["id"] for r in rep.rows("public.c")] == [1]
-
-
 def test_unrepresentable_value_stops_at_exactly_its_transaction(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
