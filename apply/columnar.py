@@ -49,7 +49,7 @@ _YEAR: Final = re.compile(rb"^(\d+)-")
 
 
 class ValueConversionError(ApplyError):
-    """A value that its target column cannot hold."""
+    """A value that its target column cannot hold (the data's limit, not pgsub's)."""
 
     def __init__(self, column: str, column_type: ColumnType, problem: str) -> None:
         self.column = column
@@ -58,6 +58,30 @@ class ValueConversionError(ApplyError):
             f"column {column!r} ({column_type.spark_type}): {problem}; change the column on "
             "the publisher, leave it out of the publication's column list, or skip the "
             "transaction with `pgsub skip`"
+        )
+
+
+class ValueParseError(ValueConversionError):
+    """A value pgsub failed to read in the form PostgreSQL sent it: pgsub's fault, not the data's.
+
+    The values PostgreSQL's output and send functions write are valid by construction, so a
+    value that does not parse is a gap in pgsub's readers, and the message says so."""
+
+    def __init__(self, column: str, column_type: ColumnType, problem: str, form: str) -> None:
+        self.column = column
+        self.problem = problem
+        ApplyError.__init__(
+            self,
+            f"column {column!r} (type OID {column_type.wire_oid}, Delta "
+            f"{column_type.spark_type}): pgsub could not read a value in PostgreSQL's {form} "
+            f"format: {problem}. This is pgsub's error, not the data's: please report it with "
+            "this message. The subscription retries; "
+            + (
+                "`binary: false` for the subscription reads the column as text instead, and "
+                if form == "binary"
+                else ""
+            )
+            + "`pgsub skip` skips the transaction (its changes are not applied)",
         )
 
 
@@ -112,8 +136,8 @@ def to_arrow(
             )
             raise ValueConversionError(column, column_type, problem) from exc
         except (struct.error, ValueError, IndexError) as exc:
-            problem = "a binary value that does not parse as its type"
-            raise ValueConversionError(column, column_type, problem) from exc
+            problem = f"{type(exc).__name__}: {exc}"
+            raise ValueParseError(column, column_type, problem, "binary") from exc
     if column_type.is_array:
         return _arrays(_listed(values), column_type, target, column)
     try:
@@ -128,14 +152,18 @@ def to_arrow(
             return result
         text = raw.cast(pa.string())
     except (pa.ArrowInvalid, ValueError) as exc:
-        raise ValueConversionError(column, column_type, "a value that is not valid text") from exc
+        problem = "not hex bytea" if pa.types.is_binary(target) else "not UTF-8 text"
+        raise ValueParseError(column, column_type, problem, "text") from exc
     try:
         parsed: pa.Array = pc.cast(text, target)
         return parsed
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise ValueConversionError(
-            column, column_type, _why_not(_listed(values), column_type)
-        ) from exc
+        why = _why_not(_listed(values), column_type)
+        if why is None:
+            raise ValueParseError(
+                column, column_type, f"not {column_type.spark_type} text", "text"
+            ) from exc
+        raise ValueConversionError(column, column_type, why) from exc
 
 
 def binary_text(value: bytes, column_type: ColumnType) -> str:
@@ -152,8 +180,9 @@ def _unhex(value: bytes | None) -> bytes | None:
     return None if value is None else binascii.a2b_hex(value[2:])
 
 
-def _why_not(values: Sequence[bytes | None], column_type: ColumnType) -> str:
-    """Names the first value the target type cannot hold, without printing it."""
+def _why_not(values: Sequence[bytes | None], column_type: ColumnType) -> str | None:
+    """Names the first value the target type cannot hold, without printing it; None when
+    every value is one the type can hold (pgsub failed to read one)."""
     for value in values:
         if value is None:
             continue
@@ -169,7 +198,7 @@ def _why_not(values: Sequence[bytes | None], column_type: ColumnType) -> str:
             return f"a year after 9999 is outside {column_type.spark_type}'s range"
     if column_type.oid == typemap.NUMERIC:
         return "a value with more digits than the declared precision"
-    return f"a value that does not parse as {column_type.spark_type}"
+    return None
 
 
 def _array_loader(column_type: ColumnType) -> Callable[[bytes], Any]:

@@ -9,9 +9,12 @@ SYNCWAIT and CATCHUP in memory) and, each time the leader calls
   leader's position, and the leader waits until that worker reports
   SYNCDONE (so it cannot run past the handoff point);
 - tables not yet synchronized get a worker, at most ``max_sync_workers``
-  at once, and not sooner than ``wal_retrieve_retry_interval`` after the
-  last failed attempt for the same table. A failed worker is counted in
-  ``pgsub_sync_errors_total`` and does not stop the leader or the others.
+  at once, and after a failed attempt for the same table not sooner than
+  ``wal_retrieve_retry_interval``, doubled with each consecutive failure up
+  to ``max_retry_interval`` (the leader's backoff, ``apply.backoff``). A
+  failed worker is counted in ``pgsub_sync_errors_total``, its error shows
+  in ``/status`` and ``pgsub status`` until the table syncs, and it does not
+  stop the leader or the others.
 
 ``should_apply`` is PostgreSQL's ``should_apply_changes_for_rel``.
 """
@@ -27,6 +30,7 @@ from typing import Protocol
 
 import structlog
 
+from apply.backoff import retry_delay
 from apply.errors import ApplyError
 from apply.records import StoredTableState
 from apply.transactions import RemoteTransaction
@@ -54,6 +58,7 @@ class SyncSettings:
     copy_data: bool = True
     max_sync_workers: int = 2
     retry_interval: float = 5.0  # wal_retrieve_retry_interval
+    max_retry_interval: float = 300.0  # the longest wait after consecutive failures
 
 
 class TableStates(Protocol):
@@ -101,6 +106,16 @@ class _Running:
     stop: threading.Event
 
 
+@dataclass(frozen=True, slots=True)
+class SyncFailure:
+    """A table's failed sync attempts in a row, and the last one's error."""
+
+    count: int
+    error: str
+    at: float  # unix time of the last failure
+    retry_in: float  # seconds from ``at`` to the next attempt
+
+
 class SyncCoordinator:
     def __init__(
         self,
@@ -130,6 +145,7 @@ class SyncCoordinator:
         self._published: dict[int, PublishedTable] = {}
         self._running: dict[int, _Running] = {}
         self._failed_at: dict[int, float] = {}
+        self._failures: dict[int, SyncFailure] = {}  # until the table reaches SYNCDONE
         self._copied_at: dict[int, Lsn] = {}  # FINISHEDCOPY's LSN while SYNCWAIT/CATCHUP
         self._copy_rows: dict[int, tuple[int, int]] = {}  # rows copied, estimated
         self._copy_started: dict[int, float] = {}
@@ -225,6 +241,8 @@ class SyncCoordinator:
             self._persist([moved])
         with self._cond:
             self._statuses[relid] = moved
+            if state in (TableState.SYNCDONE, TableState.READY):
+                self._failures.pop(relid, None)  # synchronized: the backoff starts over
             self._cond.notify_all()
         if state in (TableState.SYNCWAIT, TableState.SYNCDONE):
             self.wake_leader()
@@ -274,9 +292,21 @@ class SyncCoordinator:
                     "copy_rows_per_second": rate,
                     "copy_seconds_left": left,
                     "sync_worker": status.relid in self._running,
+                    **self._failure_fields(status.relid),
                 }
             )
         return rows
+
+    def _failure_fields(self, relid: int) -> dict[str, object]:
+        failure = self._failures.get(relid)
+        if failure is None:
+            return {"sync_failures": 0, "last_error": None, "last_error_at": None, "retry_at": None}
+        return {
+            "sync_failures": failure.count,
+            "last_error": failure.error,
+            "last_error_at": failure.at,
+            "retry_at": failure.at + failure.retry_in,  # an attempt under way: sync_worker
+        }
 
     def _copy_rate(
         self, relid: int, copied: int | None, estimated: int | None
@@ -406,7 +436,7 @@ class SyncCoordinator:
                 if s.state in (TableState.INIT, TableState.DATASYNC, TableState.FINISHEDCOPY)
                 and s.relid not in self._running
                 and s.relid in self._published
-                and now - self._failed_at.get(s.relid, -1e9) >= self.settings.retry_interval
+                and now - self._failed_at.get(s.relid, -1e9) >= self._retry_in(s.relid)
             ]
             room = 0 if self._held else self.settings.max_sync_workers - len(self._running)
             for status in waiting[: max(0, room)]:
@@ -414,6 +444,10 @@ class SyncCoordinator:
         self._metrics.workers.labels(self.settings.subscription, "table synchronization").set(
             len(self._running)
         )
+
+    def _retry_in(self, relid: int) -> float:
+        failure = self._failures.get(relid)
+        return 0.0 if failure is None else failure.retry_in
 
     def _spawn(self, table: PublishedTable) -> None:
         stop = threading.Event()
@@ -444,6 +478,11 @@ class SyncCoordinator:
         self.sync_errors += 1
         with self._cond:
             self._failed_at[table.relid] = self._clock()
+            count = self._failures[table.relid].count + 1 if table.relid in self._failures else 1
+            retry_in = retry_delay(
+                count, self.settings.retry_interval, self.settings.max_retry_interval
+            )
+            self._failures[table.relid] = SyncFailure(count, str(exc), time.time(), retry_in)
             status = self._statuses.get(table.relid)
             if status is not None and not status.state.stored:
                 # SYNCWAIT / CATCHUP live in memory: back to the stored FINISHEDCOPY.
@@ -460,7 +499,8 @@ class SyncCoordinator:
             table=table.qualified_name,
             error=str(exc),
             error_type=type(exc).__name__,
-            retry_in=self.settings.retry_interval,
+            failures=count,
+            retry_in=retry_in,
         )
         if self._on_error is not None and self._on_error(
             f"table synchronization of {table.qualified_name} failed: {exc}"

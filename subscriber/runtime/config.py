@@ -235,7 +235,11 @@ class SubscriptionConfig(_Strict):
 
     def sync_settings(self) -> SyncSettings:
         return SyncSettings(
-            self.name, self.copy_data, self.max_sync_workers, self.wal_retrieve_retry_interval
+            self.name,
+            self.copy_data,
+            self.max_sync_workers,
+            self.wal_retrieve_retry_interval,
+            self.max_retry_interval,
         )
 
     @property

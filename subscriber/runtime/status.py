@@ -194,7 +194,7 @@ def render(view: View, *, color: bool = False, now: float | None = None) -> str:
                 paint(f"  the slot {sub.get('slot')} does not exist on the publisher", _RED)
             )
         lines.append("")
-        lines.extend(_tables(sub.get("tables") or [], paint))
+        lines.extend(_tables(sub.get("tables") or [], paint, now))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -213,7 +213,7 @@ def _lag(sub: dict[str, Any], now: float) -> str:
     return "   ".join(parts)
 
 
-def _tables(tables: list[dict[str, Any]], paint: Any) -> list[str]:
+def _tables(tables: list[dict[str, Any]], paint: Any, now: float) -> list[str]:
     if not tables:
         return ["  (no tables)"]
     header = ("TABLE", "STATE", "LSN", "COPY", "VERSION", "FILES")
@@ -230,12 +230,27 @@ def _tables(tables: list[dict[str, Any]], paint: Any) -> list[str]:
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     out = ["  " + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    for row in rows:
+    for row, table in zip(rows, tables, strict=True):
         tone = _GREEN if row[1].startswith("ready") else _YELLOW
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
         cells[1] = paint(cells[1], tone)
         out.append("  " + "  ".join(cells))
+        if table.get("last_error"):
+            out.append(paint("    " + _sync_failure(table, now), _RED))
     return out
+
+
+def _sync_failure(table: dict[str, Any], now: float) -> str:
+    """A table-sync worker's failures in a row, its last error's first line, the next try."""
+    first = str(table["last_error"]).splitlines()[0]
+    count = int(table.get("sync_failures") or 1)
+    text = f"sync failed {count} time{'s' if count != 1 else ''}: {first}"
+    retry_at = table.get("retry_at")
+    if table.get("sync_worker"):
+        text += " (trying again now)"
+    elif retry_at is not None:
+        text += f" (next attempt in {max(0.0, float(retry_at) - now):.0f} s)"
+    return text
 
 
 def _copy(table: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ import psycopg
 import structlog
 
 from apply.assembly import UnsupportedStreamError
+from apply.backoff import retry_delay
 from apply.context import TransactionError
 from apply.delta.session import runs_here
 from apply.delta.state_store import (
@@ -48,7 +49,6 @@ from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver
 from subscriber.replication.wire import PG_EPOCH_OFFSET
-from subscriber.runtime.backoff import retry_delay
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
 from subscriber.runtime.slots import SubscriptionSlots

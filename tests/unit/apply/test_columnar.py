@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from apply import typemap
-from apply.columnar import ValueConversionError, to_arrow
+from apply.columnar import ValueConversionError, ValueParseError, to_arrow
 from apply.typemap import ColumnType
 
 NUM_12_2 = ((12 << 16) | 2) + 4
@@ -83,3 +83,29 @@ def test_values_the_target_cannot_hold_are_errors(
         )
     assert "'when'" in str(err.value) and problem in str(err.value)
     assert value.decode() not in str(err.value) or value in (b"infinity", b"NaN")
+
+
+@pytest.mark.parametrize(
+    ("column_type", "value", "problem"),
+    [
+        (ColumnType(typemap.BYTEA), b"abc", "not hex bytea"),  # bytea_output = escape
+        (ColumnType(typemap.DATE), b"31/12/2024", "not date text"),  # DateStyle = 'SQL, DMY'
+        (ColumnType(typemap.TEXT), b"\xff\xfe", "not UTF-8 text"),
+    ],
+)
+def test_a_value_pgsub_fails_to_read_is_named_as_pgsubs_error(
+    column_type: ColumnType, value: bytes, problem: str
+) -> None:
+    """Not advice to change the publisher's data: PostgreSQL wrote a valid value."""
+    with pytest.raises(ValueParseError) as err:
+        to_arrow([value], column_type, "c")
+    message = str(err.value)
+    assert problem in message and f"type OID {column_type.oid}" in message
+    assert "pgsub's error, not the data's" in message and "text format" in message
+    assert "change the column on the publisher" not in message
+    assert value.decode(errors="replace") not in message  # no row values in logs
+
+
+def test_a_binary_value_pgsub_fails_to_read_names_the_binary_format() -> None:
+    with pytest.raises(ValueParseError, match=r"binary format.*binary: false"):
+        to_arrow([b"\x00\x01"], ColumnType(typemap.INTERVAL), "span", binary=True)

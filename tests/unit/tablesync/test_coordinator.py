@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from apply.records import StoredTableState
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
@@ -186,3 +188,57 @@ def test_a_worker_at_syncwait_or_syncdone_wakes_the_leader() -> None:
     ]:
         sync.store(TABLE.relid, state, lsn)
     assert woken == [TableState.SYNCWAIT, TableState.SYNCDONE]
+
+
+def test_consecutive_failures_back_off_like_the_leader_and_show_their_error() -> None:
+    """wal_retrieve_retry_interval doubled after each failure in a row, up to
+    max_retry_interval; the error in /status until the table syncs, then the backoff resets."""
+    now = [0.0]
+    attempts: list[float] = []
+    fail = [True]
+
+    def worker(stop: threading.Event) -> None:
+        attempts.append(now[0])
+        if fail[0]:
+            raise RuntimeError(f"attempt {len(attempts)} failed\nwith details")
+        sync.store(TABLE.relid, TableState.DATASYNC)
+
+    metrics = Metrics()
+    sync = SyncCoordinator(
+        SyncSettings("s", retry_interval=5.0, max_retry_interval=12.0),
+        MemoryStore(),
+        metrics,
+        lambda table: worker,
+        clock=lambda: now[0],
+    )
+    sync.load([TABLE], Lsn(0))
+
+    def attempt_at(moment: float) -> None:
+        count = len(attempts)
+        now[0] = moment
+        sync.process(Lsn(0))
+        wait_for(lambda: len(attempts) == count + 1, f"an attempt at {moment}")
+        if fail[0]:
+            wait_for(lambda: sync.sync_errors == count + 1, "the attempt's failure")
+
+    attempt_at(0.0)
+    (row,) = sync.describe()
+    assert row["sync_failures"] == 1 and row["last_error"] == "attempt 1 failed\nwith details"
+    assert row["retry_at"] == pytest.approx(float(row["last_error_at"]) + 5.0)  # type: ignore[arg-type]
+    for waited, moment in ((5.0, 5.0), (10.0, 15.0), (12.0, 27.0)):  # 5, 10, then capped at 12
+        now[0] = moment - 0.01
+        sync.process(Lsn(0))
+        assert len(attempts) == len([a for a in attempts if a < moment]), f"not before {waited} s"
+        attempt_at(moment)
+    assert attempts == [0.0, 5.0, 15.0, 27.0]
+    assert sync.describe()[0]["sync_failures"] == 4
+    fail[0] = False
+    attempt_at(39.0)
+    wait_for(lambda: sync.status(TABLE.relid).state is TableState.DATASYNC, "the copy to start")
+    assert sync.describe()[0]["sync_failures"] == 4  # still failing until the table syncs
+    sync.store(TABLE.relid, TableState.FINISHEDCOPY, Lsn(5))
+    sync.store(TABLE.relid, TableState.SYNCWAIT)
+    sync.store(TABLE.relid, TableState.CATCHUP, Lsn(6))
+    sync.store(TABLE.relid, TableState.SYNCDONE, Lsn(7))
+    (row,) = sync.describe()
+    assert row["sync_failures"] == 0 and row["last_error"] is None

@@ -39,6 +39,14 @@ LIVE = {
                     "copy_rows_per_second": 250.0,
                     "copy_seconds_left": 2.0,
                 },
+                {
+                    "table": "public.odd",
+                    "state": "init",
+                    "sync_worker": False,
+                    "sync_failures": 3,
+                    "last_error": "column 'by': pgsub could not read a value\nCONTEXT: ...",
+                    "retry_at": 1024.0,
+                },
             ],
         },
         {"name": "sub2", "state": "streaming", "tables": []},
@@ -57,6 +65,13 @@ def test_the_live_view_names_every_figure() -> None:
     assert "`pgsub skip -c ... sub1 --lsn 0/1F80` skips it" in text
     assert "public.big  datasync (d)" in text and "[#####.....] 50% 500/1,000" in text
     assert "250 rows/s, 2 s left" in text
+    failed = text.splitlines()[
+        text.splitlines().index(next(line for line in text.splitlines() if "public.odd" in line))
+        + 1
+    ]
+    assert failed.strip() == (
+        "sync failed 3 times: column 'by': pgsub could not read a value (next attempt in 20 s)"
+    )
     ready = next(line for line in text.splitlines() if "public.t " in line)
     assert "ready (r)" in ready and ready.split()[-2:] == ["7", "3"]
     assert "\033[" not in text

@@ -1,4 +1,4 @@
-from subscriber.runtime.backoff import retry_delay
+from apply.backoff import retry_delay
 
 
 def test_the_wait_doubles_up_to_the_cap() -> None:
