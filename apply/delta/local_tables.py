@@ -99,6 +99,13 @@ def is_table(path: str) -> bool:
     return bool(deltalake.DeltaTable.is_deltatable(folder(path)))
 
 
+def row_count(path: str) -> int:
+    """The rows of the table's latest version, read by delta-rs (no Spark, no JVM)."""
+    import deltalake
+
+    return int(deltalake.DeltaTable(folder(path)).to_pyarrow_dataset().count_rows())
+
+
 def user_metadata(path: str, limit: int | None) -> list[str | None]:
     """The ``userMetadata`` of the table's latest ``limit`` commits (None: all), newest
     first, read from its log; DeltaError when delta-rs cannot read the log."""

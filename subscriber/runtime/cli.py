@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from subscriber.replication.commands import Streaming, StreamOptions
 from subscriber.replication.errors import SubscriberError, UsageError
@@ -41,6 +42,7 @@ from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime import logs
 from subscriber.runtime.config import Config, ConfigError, SubscriptionConfig
 from subscriber.runtime.config import load as load_config
+from subscriber.runtime.shutdown import ForcedExit, ShutdownTimedOut
 
 EXIT_USAGE = 2
 
@@ -354,6 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(args.warehouse.resolve(), seconds=args.seconds, port=args.port)
         if args.command == "peek":
             return _peek(args)
+    except (ForcedExit, ShutdownTimedOut) as exc:
+        # Threads may still be running (a MERGE, a JVM call): exit without waiting for them.
+        # Every finally on the way here has run (the demo's publisher is gone).
+        print(f"pgsub {args.command}: {exc}", file=sys.stderr)
+        _exit_now(exc.exit_code)
+    except KeyboardInterrupt:
+        print(f"pgsub {args.command}: interrupted", file=sys.stderr)
+        return 130
     except ConfigError as exc:
         print(f"pgsub {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -363,6 +373,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         _release_spark_connect()
     return EXIT_USAGE
+
+
+def _exit_now(code: int) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _release_spark_connect() -> None:

@@ -4,18 +4,19 @@ Startup builds the one Spark session of the process, the HTTP endpoint and
 a ``SubscriptionRunner`` thread per enabled subscription. The main loop
 waits for SIGTERM or SIGINT. Shutdown stops taking changes, lets a batch
 being written finish (its commit is atomic either way), sends a last
-status update and returns 0.
+status update and returns 0; it waits ``shutdown_timeout`` at most, then
+gives up on the threads still running (exit 1: nothing unconfirmed was
+confirmed, so what they held is sent again). A second SIGTERM or SIGINT
+ends the process at once (``ForcedExit``, uvicorn's habit), as safely as a
+kill -9: the slot is only ever confirmed up to what Delta holds.
 """
 
 from __future__ import annotations
 
 import gc
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable
 from typing import Any, Final
 
 import structlog
@@ -26,12 +27,17 @@ from subscriber.metrics import Metrics
 from subscriber.runtime.config import Config
 from subscriber.runtime.http import StatusServer
 from subscriber.runtime.maintenance import Tender
+from subscriber.runtime.shutdown import ShutdownTimedOut, captured_signals, join_within
 from subscriber.runtime.subscription import SubscriptionRunner
 
 log = structlog.get_logger(__name__)
 
 # How often the main thread checks that the Spark JVM still answers.
 JVM_CHECK_INTERVAL = 5.0
+# The longest a shutdown waits for the subscriptions' threads (the Helm chart's grace
+# period is 300 s): a batch being written finishes well within it.
+SHUTDOWN_TIMEOUT = 240.0
+
 
 # New container objects between two runs of the cyclic garbage collector
 # (Python's default: 700). pgsub makes a few per row change - the change, its
@@ -48,23 +54,6 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(COLLECTOR_THRESHOLD, older, oldest)
 
 
-@contextmanager
-def captured_signals(stopping: threading.Event) -> Iterator[None]:
-    """SIGTERM and SIGINT set ``stopping`` for the duration; the old handlers come back after."""
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        if not stopping.is_set():
-            log.info("shutdown requested", signal=signal.Signals(signum).name)
-        stopping.set()
-
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -78,11 +67,13 @@ class Daemon:
         self.spark: Any = None
         self.started_at = time.time()
         self.jvm_lost = False
+        self.shutdown_timeout = SHUTDOWN_TIMEOUT
+        self.abandoned: list[str] = []  # threads still running when the shutdown gave up
 
     def run(self) -> int:
         with captured_signals(self.stop_requested):
-            self._startup()
             try:
+                self._startup()
                 threads = [
                     threading.Thread(
                         target=runner.run, args=(self.stopping,), name=runner.name, daemon=True
@@ -108,22 +99,43 @@ class Daemon:
                 for thread in threads:
                     thread.start()
                 while not self.stop_requested.wait(JVM_CHECK_INTERVAL):
-                    if not self._spark_alive():
-                        self.jvm_lost = True
-                        log.error(
-                            "the Spark JVM is gone; exiting so that pgsub is restarted",
-                            hint="see the JVM's last log lines above (often: out of memory)",
-                        )
-                        self.stop_requested.set()
-                if self.before_stop is not None:
+                    self.check_spark()
+                if self.before_stop is not None and not self.jvm_lost:
                     self.before_stop()
                 self.stopping.set()
-                for thread in threads:
-                    thread.join()
+                self._join(threads)
             finally:
                 self._shutdown()
         log.info("pgsub stopped")
+        if self.abandoned:
+            raise ShutdownTimedOut(f"threads still running after the shutdown: {self.abandoned}")
         return 1 if self.jvm_lost else 0
+
+    def check_spark(self) -> bool:
+        """Whether the Spark JVM still answers; when it does not, say so once and stop."""
+        if self.jvm_lost:
+            return False
+        if self._spark_alive():
+            return True
+        self.jvm_lost = True
+        log.error(
+            "the Spark JVM is gone; exiting so that pgsub is restarted",
+            hint="see the JVM's last log lines above (often: out of memory, or a signal sent "
+            "to the whole process group, which the JVM shares)",
+        )
+        self.stop_requested.set()
+        return False
+
+    def _join(self, threads: list[threading.Thread]) -> None:
+        """Wait for ``threads``, ``shutdown_timeout`` at most in all."""
+        self.abandoned = join_within(threads, self.shutdown_timeout)
+        if self.abandoned:
+            log.error(
+                "shutdown timed out: exiting without waiting for these threads",
+                threads=self.abandoned,
+                timeout=self.shutdown_timeout,
+                hint="nothing they held was confirmed to the publisher; it is sent again",
+            )
 
     def _spark_alive(self) -> bool:
         """A local or cluster Spark driver answers (Spark Connect: the server's own business)."""

@@ -7,21 +7,29 @@ copies the existing rows (table sync), and a little traffic follows
 then a delete), and runs the daemon with local Spark into a local Delta
 warehouse, serving /metrics and /status. On Ctrl-C (or after ``--seconds``)
 it stops the traffic, lets the daemon catch up, compares every table with
-the publisher, says where the Delta tables are, and removes the publisher.
+the publisher (read back by delta-rs, so the comparison is made even when
+the Spark JVM is gone), says where the Delta tables are, and removes the
+publisher. A second Ctrl-C ends it at once, the publisher removed all the same.
+
+The demo owns its publisher and its warehouse's demo tables: each run makes a
+new publisher, so it first removes what a previous run left (the demo's
+tables and its state under ``_pgsub/``), and refuses a warehouse that holds
+anything else.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import structlog
 from psycopg.types.json import Jsonb
 
+from subscriber.replication.errors import UsageError
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import (
     Config,
@@ -89,11 +97,33 @@ def _insert_lsn(dsn: str) -> Lsn:
     return Lsn.parse(str(row[0]))
 
 
+def clear_previous_run(warehouse: Path) -> None:
+    """Remove what an earlier demo left in ``warehouse``: its tables replicated from another
+    (now removed) publisher, whose state would stop this run's subscription."""
+    if not warehouse.exists():
+        return
+    ours = {Path("_pgsub"), Path("public"), *(Path("public") / table for table in TABLES)}
+    found = {entry.relative_to(warehouse) for entry in warehouse.iterdir()}
+    if (warehouse / "public").is_dir():
+        found |= {entry.relative_to(warehouse) for entry in (warehouse / "public").iterdir()}
+    others = sorted(str(entry) for entry in found - ours)
+    if others:
+        raise UsageError(
+            f"{warehouse} holds more than an earlier demo's tables ({', '.join(others[:5])}); "
+            "the demo removes what it finds there, so give it a folder of its own: "
+            "`pgsub demo --warehouse <empty folder>`"
+        )
+    if found:
+        log.info("removing an earlier demo run", warehouse=str(warehouse))
+        for entry in ("_pgsub", "public"):
+            shutil.rmtree(warehouse / entry, ignore_errors=True)
+
+
 def _catch_up(daemon: Daemon, dsn: str, timeout: float = 300) -> None:
     target = _insert_lsn(dsn)
     deadline = time.monotonic() + timeout
     log.info("demo catching up before stopping", target_lsn=str(target))
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and daemon.check_spark():
         runner = daemon.runners[0] if daemon.runners else None
         progress = runner.progress if runner is not None else None
         synced = runner is not None and all(
@@ -104,17 +134,17 @@ def _catch_up(daemon: Daemon, dsn: str, timeout: float = 300) -> None:
         time.sleep(0.5)
 
 
-def _report(spark: Any, dsn: str, warehouse: Path) -> bool:
-    from apply.delta.tables import DeltaTables
+def _report(dsn: str, warehouse: Path) -> bool:
+    """Each demo table's rows on the publisher and in Delta (read by delta-rs: no JVM)."""
+    from apply.delta.local_tables import is_table, row_count
 
-    tables = DeltaTables(spark, str(warehouse), "demo")
     same = True
     with psycopg.connect(dsn, autocommit=True) as conn:
         for table in TABLES:
             row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
             published = int(row[0]) if row else 0
-            path = tables.path(f"public.{table}")
-            replicated = int(spark.read.format("delta").load(path).count())
+            path = str(warehouse / "public" / table)
+            replicated = row_count(path) if is_table(path) else 0
             same = same and published == replicated
             print(f"{table}: {published} rows on the publisher, {replicated} in Delta at {path}")
     print("Delta tables match the publisher." if same else "Delta differs from the publisher!")
@@ -122,6 +152,7 @@ def _report(spark: Any, dsn: str, warehouse: Path) -> bool:
 
 
 def run_demo(warehouse: Path, *, seconds: float | None = None, port: int = 9187) -> int:
+    clear_previous_run(warehouse)
     cluster = PgCluster(major=DEFAULT_MAJOR).start()
     traffic_stop = threading.Event()
     try:
@@ -156,9 +187,8 @@ def run_demo(warehouse: Path, *, seconds: float | None = None, port: int = 9187)
             timer.daemon = True
             timer.start()
         code = daemon.run()
-        if code != 0 or daemon.spark is None:
-            return code
-        return 0 if _report(daemon.spark, dsn, warehouse) else 1
+        same = _report(dsn, warehouse)
+        return code or (0 if same else 1)
     finally:
         traffic_stop.set()
         cluster.destroy()

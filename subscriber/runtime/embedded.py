@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # subscriber/runtime/embedded.py
 SERVER_USER = "postgres"
 DEFAULT_MAJOR = 15
 

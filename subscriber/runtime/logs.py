@@ -36,3 +36,32 @@ def configure(format: LogFormat = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # Libraries log through the standard library: their warnings and errors become events
+    # of the same stream, not bare tracebacks. py4j logs a lost JVM connection (on the root
+    # logger) before raising it; pgsub reports the error it raises, with its context.
+    root = logging.getLogger()
+    root.handlers = [_LibraryEvents(debug=level == "debug")]
+    root.setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+
+
+class _LibraryEvents(logging.Handler):
+    """A library's log record as a structlog event: its message, its logger, the exception's
+    type and text (the traceback only at level debug)."""
+
+    def __init__(self, *, debug: bool) -> None:
+        super().__init__()
+        self._debug = debug
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self._debug and record.exc_info and record.getMessage().startswith(_PY4J_LOST):
+            return
+        fields: dict[str, object] = {"logger": record.name}
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            fields["error"] = f"{type(error).__name__}: {error}"
+            if self._debug:
+                fields["exc_info"] = record.exc_info
+        structlog.get_logger("library").log(record.levelno, record.getMessage(), **fields)
+
+
+_PY4J_LOST = "Exception while sending command"

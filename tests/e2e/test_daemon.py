@@ -1,6 +1,9 @@
 """``pgsub run`` as operators run it: config errors, probes, metrics, SIGTERM."""
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -13,6 +16,7 @@ import pytest
 from tests.support.browser import rendered
 from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgcluster import free_port, wait_until
 from tests.support.pgdatabase import PgDatabase
 
 pytestmark = pytest.mark.e2e
@@ -125,29 +129,70 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
         )
 
 
-def test_demo_replicates_its_publisher_and_checks_itself(tmp_path: Path) -> None:
-    """The README's first command: ``make demo`` runs ``pgsub demo``."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "subscriber.runtime.cli",
-            "demo",
-            "--seconds",
-            "20",
-            "--port",
-            "0",
-            "--warehouse",
-            str(tmp_path / "wh"),
-        ],
-        check=False,
-        capture_output=True,
+def _demo(warehouse: Path, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "subscriber.runtime.cli", "demo", "--warehouse", str(warehouse),
+        *args,
+    ]  # fmt: skip
+
+
+def test_demo_replicates_its_publisher_and_checks_itself_each_run(tmp_path: Path) -> None:
+    """The README's first command: ``make demo`` runs ``pgsub demo``; run again in the same
+    checkout, it starts clean (a new publisher each run) and replicates again."""
+    for run in (1, 2):
+        result = subprocess.run(
+            _demo(tmp_path / "wh", "--seconds", "20", "--port", "0"),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        output = result.stdout[-3000:] + result.stderr[-3000:]
+        assert result.returncode == 0, f"run {run}: {output}"
+        assert "accounts: 1000 rows on the publisher, 1000 in Delta" in result.stdout, output
+        assert "Delta tables match the publisher." in result.stdout
+
+
+def test_demo_whose_jvm_dies_with_it_ends_at_once_with_its_comparison(tmp_path: Path) -> None:
+    """A signal to the whole process group (``timeout``, systemd's control-group kill) takes
+    the Spark JVM too: the demo says so, compares with delta-rs, removes its publisher."""
+    port = free_port()
+    clusters_before = _clusters()
+    process = subprocess.Popen(
+        _demo(tmp_path / "wh", "--port", str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
+        start_new_session=True,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "accounts: 1000 rows on the publisher, 1000 in Delta" in result.stdout
-    assert "Delta tables match the publisher." in result.stdout
+    try:
+
+        def streaming() -> bool:
+            assert process.poll() is None, "the demo ended early"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_until(streaming, timeout=300, interval=0.5, what="the demo to stream")
+        os.killpg(process.pid, signal.SIGTERM)
+        output, _ = process.communicate(timeout=120)  # not the catch-up's 300 s
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == 1, output[-3000:]
+    assert "the Spark JVM is gone" in output
+    assert "Traceback" not in output, output[-3000:]
+    assert "accounts: 1000 rows on the publisher" in output  # compared all the same
+    assert _clusters() <= clusters_before  # its publisher is gone
+
+
+def _clusters() -> set[str]:
+    """The command lines of the throwaway PostgreSQL servers running now."""
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+    return {line for line in listing.stdout.splitlines() if "pgsub-pg-" in line}
 
 
 def served_metrics(exposition: str) -> tuple[set[str], dict[str, set[str]]]:
