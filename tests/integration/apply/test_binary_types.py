@@ -95,6 +95,13 @@ COLUMNS: list[tuple[str, str, list[str]]] = [
     ("lsns", "pg_lsn[]", ["ARRAY['1/2'::pg_lsn, NULL]"]),
     ("tsvs", "tsvector[]", ["ARRAY['a b'::tsvector]"]),
 ]
+# An array of every other type above, NULL element included (held as its text form).
+COLUMNS += [
+    (f"{name}_a", f"{kind}[]", [f"ARRAY[{values[0]}::{kind}, NULL, {values[-1]}::{kind}]"])
+    for name, kind, values in list(COLUMNS)
+    if not kind.endswith("[]")
+    and name not in {"ip", "cash", "bx", "pt", "r4", "pair", "vbits", "mac", "lsn", "tsv"}
+]
 
 SETUP = """
 CREATE TYPE pair AS (a int, b text);
