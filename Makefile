@@ -18,7 +18,7 @@ DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling
+.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool"
@@ -39,6 +39,8 @@ help:
 	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files,"
 	@echo "                   warehouse size per minute (SOAK_ARGS='--deletion-vectors --retention-hours 1')"
 	@echo "make bench-ceiling the highest steady rate each subscriber keeps up with (RATES=...)"
+	@echo "make bench-tables  TABLES tables x TABLE_ROWS rows: initial sync, then TABLE_RATE updates/s"
+	@echo "                   spread over all of them for TABLE_SECONDS, beside PostgreSQL's subscriber"
 
 setup: venv jars postgres tools
 
@@ -133,6 +135,14 @@ MINUTES ?= 60
 SOAK_ARGS ?=
 bench-soak: setup
 	$(BIN)/python -m benchmarks.soak --minutes $(MINUTES) --rate $(RATE) $(SOAK_ARGS)
+
+TABLES ?= 200
+TABLE_ROWS ?= 2000
+TABLE_RATE ?= 1000
+TABLE_SECONDS ?= 120
+bench-tables: setup
+	$(BIN)/python -m benchmarks.tables_bench --tables $(TABLES) --rows $(TABLE_ROWS) \
+		--rate $(TABLE_RATE) --seconds $(TABLE_SECONDS)
 
 RATES ?= 1000,2000,4000,8000
 bench-ceiling: setup

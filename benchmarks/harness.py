@@ -61,11 +61,20 @@ def steady_load(
     seconds: int,
     rows: int,
     position: Callable[[], Lsn],
+    transaction: str | None = None,
+    drain_timeout: float = 120,
+    drained: list[float] | None = None,
 ) -> tuple[list[float], float, bool]:
-    """pgbench at ``rate`` tx/s; lag samples (s), achieved tx/s, whether it kept up."""
+    """pgbench at ``rate`` tx/s; lag samples (s), achieved tx/s, whether it kept up.
+
+    ``transaction``: pgbench's script (default: a random row of ``table`` updated);
+    ``drain_timeout``: how long after the load the lag is still followed; ``drained``, when
+    given, gets the seconds from the load's end until its last sample was applied (nothing
+    when it was not within ``drain_timeout``)."""
     script = Path(tempfile.mkdtemp()) / "update.sql"
     script.write_text(
-        f"\\set id random(1, {rows})\nUPDATE {table} SET n = n + 1, ts = now() WHERE id = :id;\n"
+        transaction
+        or f"\\set id random(1, {rows})\nUPDATE {table} SET n = n + 1, ts = now() WHERE id = :id;\n"
     )
     os.chmod(script.parent, 0o755)  # noqa: S103 - pgbench may run as the server user
     os.chmod(script, 0o644)
@@ -93,8 +102,8 @@ def steady_load(
             while pending < len(samples) and samples[pending][1] <= current:
                 lags.append(now - samples[pending][0])
                 pending += 1
-            if done.is_set() and pending < len(samples) and now - samples[-1][0] > 120:
-                break  # did not catch up within two minutes of the end
+            if done.is_set() and pending < len(samples) and now - samples[-1][0] > drain_timeout:
+                break  # did not catch up within drain_timeout of the end
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -110,6 +119,8 @@ def steady_load(
         if line.startswith("tps = "):
             tps = float(line.split()[2])
     kept_up = len(lags) == len(samples) and (max(lags) if lags else 0) < 30
+    if drained is not None and lags and len(lags) == len(samples):
+        drained.append(lags[-1])
     return lags, tps, kept_up
 
 

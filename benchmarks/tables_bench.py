@@ -1,0 +1,259 @@
+"""Many tables: pgsub beside PostgreSQL's own subscriber on a database of N small tables.
+
+A real application database has hundreds of tables. Scenarios, in one run:
+
+(a) initial sync of N tables (default 200) of R rows each (default 2,000):
+    seconds from the subscription's start until every table is READY;
+(b) single-row updates at a fixed rate (default 1,000/s for 120 s), each to
+    a random row of a random table: commit-to-applied lag at the slot
+    (sampled every 100 ms as the publisher's WAL insert position, matched
+    with the moment the subscriber's durable position passed it), p50 / p99
+    / max, and the drain: how long after the load the last sample was applied.
+
+pgsub confirms the slot only after the Delta commits (docs/architecture.md,
+"Durability"), so its lag at the slot is its lag in the tables. Each
+subscriber has its own schema of tables and its own publication (``FOR
+TABLES IN SCHEMA``), so neither applies the other's changes; they run one
+after the other. Nothing here is a test: it prints a table and writes JSON.
+
+    python -m benchmarks.tables_bench --tables 200 --rows 2000 --rate 1000 --seconds 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from apply.delta.session import SparkSettings, build_session
+from benchmarks.harness import (
+    TABLE,
+    PgsubRun,
+    jvm_peak_rss_mb,
+    lsn_of,
+    percentile,
+    steady_load,
+    stop_on_sigterm,
+)
+from subscriber.replication.lsn import Lsn
+from subscriber.runtime.daemon import tune_garbage_collector
+from subscriber.runtime.embedded import PgCluster
+
+SCHEMAS = ("native", "ours")
+# One UPDATE of a random row of a random table of a schema (pgbench cannot name a table).
+BUMP = """
+CREATE FUNCTION {schema}.bump(t int, id bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE format('UPDATE {schema}.%I SET n = n + 1, ts = now() WHERE id = $1', 't' || t)
+    USING id;
+END $$
+"""
+
+
+@dataclass
+class Figures:
+    subscriber: str
+    sync_seconds: float = 0.0
+    lag_p50: float = 0.0
+    lag_p99: float = 0.0
+    lag_max: float = 0.0
+    drain_seconds: float | None = None
+    kept_up: bool = False
+    tps_achieved: float = 0.0
+    peak_rss_python_mb: float | None = None
+    peak_rss_jvm_mb: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def table_name(schema: str, index: int) -> str:
+    return f"{schema}.t{index}"
+
+
+def publisher_with_tables(args: argparse.Namespace) -> PgCluster:
+    publisher = PgCluster(
+        major=15,
+        settings={
+            "max_wal_size": "4GB",
+            "checkpoint_timeout": "30min",
+            "max_replication_slots": str(args.tables + 20),
+            "max_wal_senders": str(args.tables + 20),
+        },
+    ).start()
+    with publisher.connect() as conn:
+        conn.execute("CREATE DATABASE bench")
+    with publisher.connect("bench") as conn:
+        for schema in SCHEMAS:
+            conn.execute(f"CREATE SCHEMA {schema}")
+            for i in range(1, args.tables + 1):
+                name = table_name(schema, i)
+                conn.execute(TABLE.format(name=name))
+                conn.execute(
+                    f"INSERT INTO {name} SELECT g, 0, md5(g::text), now(), g / 100.0"
+                    f" FROM generate_series(1, {args.rows}) g"
+                )
+            conn.execute(BUMP.format(schema=schema))
+            conn.execute(f"CREATE PUBLICATION pub_{schema} FOR TABLES IN SCHEMA {schema}")
+        conn.execute("VACUUM ANALYZE")
+    return publisher
+
+
+def load_script(schema: str, args: argparse.Namespace) -> str:
+    return (
+        f"\\set t random(1, {args.tables})\n\\set id random(1, {args.rows})\n"
+        f"SELECT {schema}.bump(:t, :id);\n"
+    )
+
+
+def _apply_load(
+    figures: Figures, publisher: PgCluster, schema: str, args: argparse.Namespace, position: Any
+) -> None:
+    drained: list[float] = []
+    lags, tps, kept = steady_load(
+        publisher,
+        schema,
+        rate=args.rate,
+        seconds=args.seconds,
+        rows=args.rows,
+        position=position,
+        transaction=load_script(schema, args),
+        drain_timeout=args.drain_timeout,
+        drained=drained,
+    )
+    figures.lag_p50, figures.lag_p99 = percentile(lags, 0.5), percentile(lags, 0.99)
+    figures.lag_max, figures.tps_achieved, figures.kept_up = max(lags, default=0), tps, kept
+    figures.drain_seconds = drained[0] if drained else None
+
+
+def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
+    figures = Figures("PostgreSQL 15 subscriber")
+    subscriber = PgCluster(
+        major=15,
+        settings={"max_sync_workers_per_subscription": str(args.sync_workers)},
+    ).start()
+    try:
+        with subscriber.connect() as conn:
+            conn.execute("CREATE DATABASE bench")
+        with subscriber.connect("bench") as conn:
+            conn.execute("CREATE SCHEMA native")
+            for i in range(1, args.tables + 1):
+                conn.execute(TABLE.format(name=table_name("native", i)))
+            started = time.monotonic()
+            conn.execute(
+                f"CREATE SUBSCRIPTION native CONNECTION '{publisher.dsn('bench')}'"
+                " PUBLICATION pub_native"
+            )
+            while conn.execute(
+                "SELECT count(*) < %s OR bool_or(srsubstate <> 'r') FROM pg_subscription_rel",
+                [args.tables],
+            ).fetchone()[0]:  # type: ignore[index]
+                time.sleep(0.05)
+            figures.sync_seconds = time.monotonic() - started
+
+            def applied() -> Lsn:
+                return lsn_of(
+                    conn,
+                    "SELECT remote_lsn FROM pg_replication_origin_status s"
+                    " JOIN pg_subscription p ON s.external_id = 'pg_' || p.oid",
+                )
+
+            if args.seconds:
+                _apply_load(figures, publisher, "native", args, applied)
+            conn.execute("ALTER SUBSCRIPTION native DISABLE")
+            conn.execute("ALTER SUBSCRIPTION native SET (slot_name = NONE)")
+            conn.execute("DROP SUBSCRIPTION native")
+    finally:
+        subscriber.destroy()
+    return figures
+
+
+def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Figures:
+    figures = Figures("pgsub")
+    figures.notes.append(f"max_sync_workers {args.sync_workers}, as the native subscriber's")
+    with PgsubRun(
+        spark,
+        connection=publisher.dsn("bench"),
+        publications=["pub_ours"],
+        copy_data=True,
+        max_sync_workers=args.sync_workers,
+    ) as run:
+        started = time.monotonic()
+        run.start()
+        while len(run.runner.coordinator.statuses) < args.tables:
+            time.sleep(0.05)
+        run.wait_ready()
+        figures.sync_seconds = time.monotonic() - started
+        if args.seconds:
+            _apply_load(figures, publisher, "ours", args, run.position)
+        figures.peak_rss_python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tables", type=int, default=200)
+    parser.add_argument("--rows", type=int, default=2000, help="rows per table")
+    parser.add_argument("--rate", type=int, default=1000, help="updates per second, all tables")
+    parser.add_argument("--seconds", type=int, default=120, help="load duration (0: skip)")
+    parser.add_argument("--sync-workers", type=int, default=4)
+    parser.add_argument("--drain-timeout", type=float, default=900)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/tables.json"))
+    args = parser.parse_args()
+    stop_on_sigterm()
+    publisher = publisher_with_tables(args)
+    try:
+        native = run_native(publisher, args)
+        print(json.dumps(asdict(native), indent=2), flush=True)
+        spark = build_session(SparkSettings(master="local[*]"))
+        tune_garbage_collector()  # as `pgsub run` does
+        ours = run_pgsub(publisher, args, spark)
+        print(json.dumps(asdict(ours), indent=2), flush=True)
+    finally:
+        publisher.destroy()
+    report(args, native, ours)
+
+
+def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if a and b else "-"
+
+    print(f"\n{args.tables} tables x {args.rows} rows; {args.rate} updates/s for {args.seconds} s")
+    print("| figure | pgsub | PostgreSQL 15 subscriber | PostgreSQL / pgsub |\n|---|---|---|---|")
+    print(
+        f"| (a) sync, seconds to all READY | {ours.sync_seconds:,.1f} |"
+        f" {native.sync_seconds:,.1f} | {ratio(native.sync_seconds, ours.sync_seconds)} |"
+    )
+    for name, a, b in (
+        ("(b) lag p50 (s)", ours.lag_p50, native.lag_p50),
+        ("(b) lag p99 (s)", ours.lag_p99, native.lag_p99),
+        ("(b) lag max (s)", ours.lag_max, native.lag_max),
+        ("(b) updates/s achieved", ours.tps_achieved, native.tps_achieved),
+    ):
+        print(f"| {name} | {a:,.2f} | {b:,.2f} | |")
+    drains = [f"{f.drain_seconds:.1f}" if f.drain_seconds is not None else "not drained"
+              for f in (ours, native)]  # fmt: skip
+    print(f"| (b) drained after the load (s) | {drains[0]} | {drains[1]} | |")
+    print(f"| (b) kept up | {ours.kept_up} | {native.kept_up} | |")
+    memory = f"{ours.peak_rss_python_mb or 0:.0f} / {ours.peak_rss_jvm_mb or 0:.0f}"
+    print(f"| peak RSS python / JVM (MB) | {memory} | - | |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "pgsub": asdict(ours),
+                "native": asdict(native),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
