@@ -126,6 +126,25 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
+        self.slot_retained_wal = Gauge(
+            "pgsub_slot_retained_wal_bytes",
+            "WAL the publisher keeps for the subscription's slot (its position - restart_lsn)",
+            SUB,
+            registry=r,
+        )
+        self.slot_safe_wal_size = Gauge(
+            "pgsub_slot_safe_wal_size_bytes",
+            "WAL the publisher may still write before max_slot_wal_keep_size invalidates the "
+            "slot (absent when there is no limit)",
+            SUB,
+            registry=r,
+        )
+        self.slot_wal_status = Gauge(
+            "pgsub_slot_wal_status",
+            "1 for the slot's wal_status (reserved, extended, unreserved, lost)",
+            (*SUB, "status"),
+            registry=r,
+        )
         self.table_files = Gauge(
             "pgsub_table_files",
             "Data files in the table's current version (after maintenance, when it ran)",

@@ -104,6 +104,21 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             series(
+                "WAL the publisher keeps for the slot, and room before max_slot_wal_keep_size",
+                "bytes",
+                (f"pgsub_slot_retained_wal_bytes{{{SUB}}}", "kept {{subscription}}"),
+                (f"pgsub_slot_safe_wal_size_bytes{{{SUB}}}", "room {{subscription}}"),
+            )
+        )
+        .with_panel(
+            series(
+                "Slot wal_status (lost: invalidated, copy every table again)",
+                "none",
+                (f"pgsub_slot_wal_status{{{SUB}}} == 1", "{{subscription}} {{status}}"),
+            )
+        )
+        .with_panel(
+            series(
                 "WAL received, flushed and sent (bytes/s)",
                 "Bps",
                 (f"rate(pgsub_received_lsn{{{SUB}}}[{RATE}])", "received {{subscription}}"),

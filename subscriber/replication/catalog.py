@@ -50,6 +50,38 @@ def fetch_type_rows(conn: psycopg.Connection[Any], oids: list[int]) -> dict[int,
     }
 
 
+@dataclass(frozen=True, slots=True)
+class SlotWal:
+    """What a slot makes the publisher keep (pg_replication_slots, PostgreSQL 13+)."""
+
+    retained_bytes: int  # the publisher's WAL position minus the slot's restart_lsn
+    wal_status: str  # reserved | extended | unreserved | lost
+    safe_wal_size: int | None  # bytes left before max_slot_wal_keep_size (None: no limit)
+
+    @property
+    def invalidated(self) -> bool:
+        """The publisher removed WAL the slot needs: it can never stream again."""
+        return self.wal_status == "lost"
+
+
+SLOT_WAL_QUERY: Final = (
+    "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_receive_lsn()"
+    " ELSE pg_catalog.pg_current_wal_lsn() END) - restart_lsn, wal_status, safe_wal_size"
+    " FROM pg_catalog.pg_replication_slots WHERE slot_name = %s"
+)
+
+
+def slot_wal(conn: psycopg.Connection[Any], slot: str) -> SlotWal | None:
+    """The slot's retained WAL, or None when there is no such slot."""
+    row = conn.execute(SLOT_WAL_QUERY, [slot]).fetchone()
+    if row is None:
+        return None
+    retained, status, safe = row
+    return SlotWal(
+        max(0, int(retained or 0)), str(status or "lost"), None if safe is None else int(safe)
+    )
+
+
 def prepared_transactions(conn: psycopg.Connection[Any]) -> tuple[set[tuple[str, int]], Lsn]:
     """The database's prepared transactions (gid, xid) and the WAL insert position after
     them: a transaction missing from the set was finished below that position."""
@@ -100,6 +132,17 @@ class PublisherCatalog:
         except psycopg.OperationalError as exc:
             self.close()
             raise ConnectionLostError(f"cannot look up type {oid} on the publisher: {exc}") from exc
+
+    def slot_wal(self, slot: str) -> SlotWal | None:
+        """What ``slot`` makes the publisher keep (``SlotWal``); None: no such slot."""
+        with self._lock:
+            try:
+                return slot_wal(self._connection(), slot)
+            except psycopg.OperationalError as exc:
+                self.close()
+                raise ConnectionLostError(
+                    f"cannot read slot {slot} on the publisher: {exc}"
+                ) from exc
 
     def text_forms(self, type_oid: int, values: Sequence[bytes]) -> list[str]:
         """Each binary-format value of ``type_oid`` as the type's output function writes it.

@@ -1,5 +1,10 @@
 """A subscription's slots on the publisher: its own, and the table-sync workers'.
 
+``SlotWatch`` reads what the subscription's slot makes the publisher keep
+(retained WAL, ``wal_status``, ``safe_wal_size``) into the metrics and
+``/status``, every ``SLOT_WATCH_INTERVAL`` seconds whether pgsub streams or
+not: a slot whose confirmed position does not move fills the publisher's disk.
+
 Its own slot is checked at every start (the publisher is the one recorded,
 the slot is pgoutput's) and created only on the first start
 (``subscriber.replication.slot.plan_slot``). Sync slots are dropped when
@@ -9,19 +14,47 @@ is copied again, and at start for tables a crash left past their copy.
 
 from __future__ import annotations
 
+import contextlib
+import time
+
+import psycopg
 import structlog
 
+from subscriber.metrics import Metrics
+from subscriber.replication.catalog import PublisherCatalog
 from subscriber.replication.commands import quote_literal
+from subscriber.replication.errors import ReplicationError, SubscriberError
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.slot import PublisherIdentity, SlotAction, check_publisher, plan_slot
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.settings import SubscriptionSettings
+from subscriber.runtime.subscription_status import SubscriptionStatus
 from tablesync.worker import is_sync_slot, sync_slot_name, sync_slot_relid
 
 log = structlog.get_logger(__name__)
 
+# How often the slot's retained WAL is read from the publisher (pg_replication_slots).
+SLOT_WATCH_INTERVAL = 15.0
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+
 _SLOT_EXISTS = "SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = "
+
+
+class SlotInvalidatedError(ReplicationError):
+    """The publisher invalidated the subscription's slot: it can never stream from it again."""
+
+    def __init__(self, subscription: str, slot: str, confirmed: Lsn) -> None:
+        super().__init__(
+            f"the publisher invalidated slot {slot!r} of subscription {subscription!r} "
+            "(wal_status lost: it removed WAL the slot still needed, when the slot held more "
+            "than max_slot_wal_keep_size or stayed idle past idle_replication_slot_timeout); "
+            f"the changes after {confirmed} are gone from the publisher, so the subscription "
+            "cannot go on from its position. The way out is a copy of every table: `pgsub drop "
+            f"-c <config> {subscription}` drops the slot and the subscription's state (its "
+            "Delta tables stay), and the next start makes a new slot and copies every table "
+            "again (copy_data: true)"
+        )
 
 
 class SubscriptionSlots:
@@ -44,9 +77,11 @@ class SubscriptionSlots:
             check_publisher(self.name, recorded, found)
             self.system_id = system.system_id
             rows = connection.execute(
-                "SELECT plugin FROM pg_catalog.pg_replication_slots WHERE slot_name = "
-                + quote_literal(slot)
+                "SELECT plugin, wal_status FROM pg_catalog.pg_replication_slots"
+                " WHERE slot_name = " + quote_literal(slot)
             )
+            if rows and rows[0]["wal_status"] == "lost":
+                raise SlotInvalidatedError(self.name, slot, flushed)
             action = plan_slot(
                 subscription=self.name,
                 slot=slot,
@@ -82,3 +117,52 @@ class SubscriptionSlots:
                 if is_sync_slot(self.name, slot) and sync_slot_relid(slot) not in copying:
                     connection.drop_slot(slot)
                     log.info("leftover sync slot dropped", subscription=self.name, slot=slot)
+
+
+class SlotWatch:
+    """The slot's retained WAL, status and safe size, into the metrics and ``/status``."""
+
+    def __init__(
+        self,
+        config: SubscriptionConfig,
+        catalog: PublisherCatalog,
+        metrics: Metrics,
+        status: SubscriptionStatus,
+        *,
+        interval: float | None = None,
+    ) -> None:
+        self.name = config.name
+        self._slot = config.slot
+        self._catalog = catalog
+        self._metrics = metrics
+        self._status = status
+        self._interval = SLOT_WATCH_INTERVAL if interval is None else interval
+        self._sampled_at = -self._interval
+
+    def sample(self) -> None:
+        """Read the slot, at most once per interval; a failed read is logged, never raised
+        (the supervisor's own connections report a lost publisher)."""
+        now = time.monotonic()
+        if now - self._sampled_at < self._interval:
+            return
+        self._sampled_at = now
+        try:
+            wal = self._catalog.slot_wal(self._slot)
+        except (SubscriberError, psycopg.Error) as exc:
+            log.warning("slot not read", subscription=self.name, error=str(exc))
+            return
+        name, metrics, status = self.name, self._metrics, self._status
+        status.slot_retained_wal_bytes = None if wal is None else wal.retained_bytes
+        status.slot_wal_status = None if wal is None else wal.wal_status
+        status.slot_safe_wal_size = None if wal is None else wal.safe_wal_size
+        for state in WAL_STATUSES:
+            current = wal is not None and wal.wal_status == state
+            metrics.slot_wal_status.labels(name, state).set(1 if current else 0)
+        if wal is None:
+            return
+        metrics.slot_retained_wal.labels(name).set(wal.retained_bytes)
+        if wal.safe_wal_size is None:
+            with contextlib.suppress(KeyError):
+                metrics.slot_safe_wal_size.remove(name)
+        else:
+            metrics.slot_safe_wal_size.labels(name).set(wal.safe_wal_size)

@@ -176,6 +176,8 @@ def render(view: View, *, color: bool = False, now: float | None = None) -> str:
             )
         )
         lines.append("  " + _lag(sub, now))
+        if sub.get("slot_retained_wal_bytes") is not None:
+            lines.append("  " + _slot_wal(sub, paint))
         counts = ", ".join(f"{k} {v}" for k, v in sorted((sub.get("conflicts") or {}).items()))
         apply, sync = sub.get("error_count", "-"), sub.get("sync_error_count", "-")
         lines.append(f"  errors: apply {apply}, sync {sync}   conflicts: {counts or 'none'}")
@@ -197,6 +199,15 @@ def render(view: View, *, color: bool = False, now: float | None = None) -> str:
         lines.extend(_tables(sub.get("tables") or [], paint, now))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _slot_wal(sub: dict[str, Any], paint: Any) -> str:
+    """What the slot makes the publisher keep, and how close the limit is."""
+    status = str(sub.get("slot_wal_status"))
+    text = f"slot holds {_bytes(int(sub['slot_retained_wal_bytes']))} of WAL ({status}"
+    safe = sub.get("slot_safe_wal_size")
+    text += f", {_bytes(int(safe))} before max_slot_wal_keep_size)" if safe is not None else ")"
+    return paint(text, _RED) if status in ("unreserved", "lost") else text
 
 
 def _lag(sub: dict[str, Any], now: float) -> str:

@@ -51,7 +51,7 @@ from subscriber.replication.receiver import Receiver
 from subscriber.replication.wire import PG_EPOCH_OFFSET
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
-from subscriber.runtime.slots import SubscriptionSlots
+from subscriber.runtime.slots import SlotWatch, SubscriptionSlots
 from subscriber.runtime.subscription_status import SubscriptionStatus, lsn_text
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
@@ -116,6 +116,7 @@ class SubscriptionRunner:
         )
         self.catalog = PublisherCatalog(self._conninfo)
         self.slots = SubscriptionSlots(config, self._conninfo, self.settings)
+
         self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))
         self._prepared = PreparedStore(spark, warehouse)
         self.options = StreamOptions(
@@ -155,6 +156,7 @@ class SubscriptionRunner:
         )
         self._loaded = False
         self.status = SubscriptionStatus(config.name, slot=config.slot)
+        self.slot_watch = SlotWatch(config, self.catalog, metrics, self.status)
         self._versions: dict[str, int] = {}  # each table's last Delta version, across attempts
         # Unix time the supervising thread last went round its loop (liveness).
         self.heartbeat = time.time()
@@ -229,10 +231,11 @@ class SubscriptionRunner:
             self._spool_cleaned = True
 
     def _pause(self, stopping: threading.Event, seconds: float) -> bool:
-        """Wait ``seconds`` (alive all along); True when stopping."""
+        """Wait ``seconds`` (alive all along, the slot watched); True when stopping."""
         deadline = time.monotonic() + seconds
         while not stopping.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
             self.heartbeat = time.time()
+            self.slot_watch.sample()
             if time.monotonic() >= deadline:
                 return False
         return True
@@ -468,6 +471,7 @@ class SubscriptionRunner:
         elif worker.last_commit_time is not None:
             committed = worker.last_commit_time / 1e6 + PG_EPOCH_OFFSET
             status.apply_lag_seconds = round(max(0.0, time.time() - committed), 3)
+        self.slot_watch.sample()
         status.sync_error_count = self.coordinator.sync_errors
         status.conflicts = dict(self.reporter.counts)
         self._versions.update(worker.versions)

@@ -30,6 +30,9 @@ class SubscriptionStatus:
     conflicts: dict[str, int] = field(default_factory=dict)  # by kind, since the start
     consecutive_failures: int = 0  # attempts that failed in a row, with no progress between
     retry_at: float | None = None  # unix time of the next attempt after a failure
+    slot_retained_wal_bytes: int | None = None  # what the slot makes the publisher keep
+    slot_wal_status: str | None = None  # reserved | extended | unreserved | lost
+    slot_safe_wal_size: int | None = None  # bytes before max_slot_wal_keep_size (None: no limit)
     tables: list[dict[str, object]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
@@ -53,6 +56,9 @@ class SubscriptionStatus:
             "conflicts": dict(self.conflicts),
             "consecutive_failures": self.consecutive_failures,
             "retry_at": self.retry_at,
+            "slot_retained_wal_bytes": self.slot_retained_wal_bytes,
+            "slot_wal_status": self.slot_wal_status,
+            "slot_safe_wal_size": self.slot_safe_wal_size,
             "tables": self.tables,
         }
 

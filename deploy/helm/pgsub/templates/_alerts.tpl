@@ -29,6 +29,19 @@ groups:
         annotations:
           summary: 'Subscription {{ "{{" }} $labels.subscription {{ "}}" }} holds {{ "{{" }} $value | humanize1024 {{ "}}" }}B of WAL, and growing'
           description: The publisher keeps WAL for the slot until pgsub confirms it; growing lag fills the publisher's disk.
+      - alert: PgsubSlotNearInvalidation
+        expr: pgsub_slot_safe_wal_size_bytes < {{ $rule.slotSafeWalBytes | int64 }}
+        for: 5m
+        labels: {severity: critical}
+        annotations:
+          summary: 'The slot of subscription {{ "{{" }} $labels.subscription {{ "}}" }} is {{ "{{" }} $value | humanize1024 {{ "}}" }}B of WAL from being invalidated'
+          description: The publisher invalidates the slot once it holds max_slot_wal_keep_size; then every table must be copied again. Find why pgsub does not confirm (`pgsub status`), or raise the limit.
+      - alert: PgsubSlotInvalidated
+        expr: pgsub_slot_wal_status{status="lost"} == 1
+        labels: {severity: critical}
+        annotations:
+          summary: 'The publisher invalidated the slot of subscription {{ "{{" }} $labels.subscription {{ "}}" }}'
+          description: Its changes since the slot's position are gone; `pgsub drop` and a new start copy every table again (docs/operations.md).
       - alert: PgsubApplyFailing
         expr: pgsub_consecutive_failures >= 3
         for: 5m

@@ -22,6 +22,9 @@ LIVE = {
             "error_count": 2,
             "sync_error_count": 1,
             "conflicts": {"insert_exists": 2, "update_missing": 5},
+            "slot_retained_wal_bytes": 3 * 1024 * 1024,
+            "slot_wal_status": "extended",
+            "slot_safe_wal_size": 1024**3,
             "tables": [
                 {
                     "table": "public.t",
@@ -65,6 +68,7 @@ def test_the_live_view_names_every_figure() -> None:
     assert "`pgsub skip -c ... sub1 --lsn 0/1F80` skips it" in text
     assert "public.big  datasync (d)" in text and "[#####.....] 50% 500/1,000" in text
     assert "250 rows/s, 2 s left" in text
+    assert "slot holds 3.0 MB of WAL (extended, 1.0 GB before max_slot_wal_keep_size)" in text
     failed = text.splitlines()[
         text.splitlines().index(next(line for line in text.splitlines() if "public.odd" in line))
         + 1
