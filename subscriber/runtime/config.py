@@ -119,6 +119,17 @@ class TableFeaturesConfig(_Strict):
         return TableFeatures(self.column_mapping, self.type_widening, self.deletion_vectors)
 
 
+class HeartbeatConfig(_Strict):
+    """A statement run on the publisher every ``interval`` (0: never), for a slot that
+    keepalives cannot move on: a database whose own tables stay quiet while others write
+    (Debezium's ``heartbeat.action.query``). Its WAL reaches the slot, which pgsub then
+    confirms. The default writes a non-transactional logical message (no table needed;
+    pgsub ignores it unless ``messages: true``)."""
+
+    interval: Duration = 0.0
+    statement: str = "SELECT pg_catalog.pg_logical_emit_message(false, 'pgsub-heartbeat', '')"
+
+
 class CopyConfig(_Strict):
     """How the initial copy reads a table (docs/tablesync.md, "Ranges")."""
 
@@ -193,6 +204,7 @@ class SubscriptionConfig(_Strict):
     # one LSN, for readers who want a consistent cross-table point); not every batch.
     checkpoint_interval: Duration = 10.0
     status_interval: Duration = 10.0
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
 
     @field_validator("streaming", mode="before")
     @classmethod

@@ -21,6 +21,7 @@ import psycopg
 import structlog
 
 from subscriber.metrics import Metrics
+from subscriber.replication import session
 from subscriber.replication.catalog import PublisherCatalog
 from subscriber.replication.commands import quote_literal
 from subscriber.replication.errors import ReplicationError, SubscriberError
@@ -166,3 +167,33 @@ class SlotWatch:
                 metrics.slot_safe_wal_size.remove(name)
         else:
             metrics.slot_safe_wal_size.labels(name).set(wal.safe_wal_size)
+
+
+class Heartbeat:
+    """``heartbeat.statement`` on the publisher every ``heartbeat.interval`` (0: never)."""
+
+    def __init__(self, config: SubscriptionConfig, conninfo: str) -> None:
+        self.name = config.name
+        self._interval = config.heartbeat.interval
+        self._statement = config.heartbeat.statement
+        self._conninfo = conninfo
+        self._beat_at = time.monotonic()
+        self.beats = 0
+
+    def beat(self) -> None:
+        """Run the statement when it is due; a failure is logged, never raised."""
+        now = time.monotonic()
+        if not self._interval or now - self._beat_at < self._interval:
+            return
+        self._beat_at = now
+        try:
+            with session.connect(self._conninfo, connect_timeout=10) as conn:
+                conn.execute(self._statement.encode())
+            self.beats += 1
+        except psycopg.Error as exc:
+            log.warning(
+                "heartbeat failed",
+                subscription=self.name,
+                error=str(exc).strip(),
+                hint="check heartbeat.statement and the role's rights on the publisher",
+            )

@@ -51,7 +51,7 @@ from subscriber.replication.receiver import Receiver
 from subscriber.replication.wire import PG_EPOCH_OFFSET
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
-from subscriber.runtime.slots import SlotWatch, SubscriptionSlots
+from subscriber.runtime.slots import Heartbeat, SlotWatch, SubscriptionSlots
 from subscriber.runtime.subscription_status import SubscriptionStatus, lsn_text
 from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
@@ -157,6 +157,7 @@ class SubscriptionRunner:
         self._loaded = False
         self.status = SubscriptionStatus(config.name, slot=config.slot)
         self.slot_watch = SlotWatch(config, self.catalog, metrics, self.status)
+        self.publisher_heartbeat = Heartbeat(config, self._conninfo)
         self._versions: dict[str, int] = {}  # each table's last Delta version, across attempts
         # Unix time the supervising thread last went round its loop (liveness).
         self.heartbeat = time.time()
@@ -472,6 +473,7 @@ class SubscriptionRunner:
             committed = worker.last_commit_time / 1e6 + PG_EPOCH_OFFSET
             status.apply_lag_seconds = round(max(0.0, time.time() - committed), 3)
         self.slot_watch.sample()
+        self.publisher_heartbeat.beat()
         status.sync_error_count = self.coordinator.sync_errors
         status.conflicts = dict(self.reporter.counts)
         self._versions.update(worker.versions)

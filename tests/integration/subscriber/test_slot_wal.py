@@ -116,3 +116,27 @@ def test_an_invalidated_slot_is_an_error_naming_the_way_out(
         wait_until(again.all_ready, timeout=120, what="every table copied again")
         again.caught_up()
         again.assert_equal("public.t", key=("id",))
+
+
+def test_the_heartbeat_runs_its_statement_and_a_failing_one_stops_nothing(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE beats (at timestamptz);"
+        "CREATE PUBLICATION pub FOR TABLE t"
+    )
+    heartbeat = {"interval": "0.5s", "statement": "INSERT INTO beats VALUES (now())"}
+    with Replication(publisher, spark, warehouse, heartbeat=heartbeat) as rep:
+        wait_until(
+            lambda: publisher.fetchval("SELECT count(*) FROM beats") >= 3,
+            timeout=60,
+            what="three heartbeats",
+        )
+    failing = {"interval": "0.5s", "statement": "INSERT INTO no_such_table VALUES (1)"}
+    with Replication(publisher, spark, warehouse, heartbeat=failing) as rep:
+        runner = rep.runner
+        assert runner is not None
+        publisher.execute("INSERT INTO t VALUES (1)")
+        rep.caught_up()
+        assert [r["id"] for r in rep.rows("public.t")] == [1]
+        assert runner.status.state == "streaming" and runner.publisher_heartbeat.beats == 0
