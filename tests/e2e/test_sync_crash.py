@@ -75,7 +75,14 @@ def test_failing_copy_is_retried_while_other_tables_replicate(
         SCHEMA + "CREATE ROLE replicator LOGIN REPLICATION;"
         "GRANT SELECT ON a TO replicator;"  # not on bag: its copy fails
     )
-    rep = Replication(publisher, spark, warehouse, copy_data=True, wal_retrieve_retry_interval=0.5)
+    rep = Replication(
+        publisher,
+        spark,
+        warehouse,
+        copy_data=True,
+        wal_retrieve_retry_interval=0.5,
+        max_retry_interval=2,  # the backoff doubles up to this: a retry soon after the GRANT
+    )
     least_privilege = publisher.dsn.replace("user=postgres", "user=replicator")
     rep.config = rep.config.model_copy(update={"connection": least_privilege})
     with rep:
