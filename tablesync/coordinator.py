@@ -38,7 +38,7 @@ from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation
 from tablesync.publication import PublishedTable
-from tablesync.state import TableState, TableStatus
+from tablesync.state import SyncFailure, TableState, TableStatus
 
 log = structlog.get_logger(__name__)
 
@@ -75,45 +75,10 @@ class TableStates(Protocol):
 RELOAD_INTERVAL = 3.0
 
 
-@dataclass(frozen=True, slots=True)
-class Refresh:
-    """What REFRESH PUBLICATION changes: tables to add and tables to stop applying."""
-
-    added: tuple[PublishedTable, ...]
-    removed: tuple[StoredTableState, ...]
-
-
-def plan_refresh(stored: dict[int, StoredTableState], published: list[PublishedTable]) -> Refresh:
-    now = {t.relid for t in published}
-    return Refresh(
-        tuple(t for t in published if t.relid not in stored),
-        tuple(s for relid, s in stored.items() if relid not in now),
-    )
-
-
-def record_refresh(store: TableStates, settings: SyncSettings, refresh: Refresh) -> None:
-    """Store a refresh: new tables INIT (READY without copy_data), removed ones gone."""
-    state = TableState.INIT if settings.copy_data else TableState.READY
-    rows = [StoredTableState(t.relid, t.schema, t.name, state.value, None) for t in refresh.added]
-    rows += [StoredTableState(s.relid, s.schema, s.name, "", None) for s in refresh.removed]
-    if rows:
-        store.record(settings.subscription, rows)
-
-
 @dataclass
 class _Running:
     thread: threading.Thread
     stop: threading.Event
-
-
-@dataclass(frozen=True, slots=True)
-class SyncFailure:
-    """A table's failed sync attempts in a row, and the last one's error."""
-
-    count: int
-    error: str
-    at: float  # unix time of the last failure
-    retry_in: float  # seconds from ``at`` to the next attempt
 
 
 class SyncCoordinator:

@@ -82,3 +82,13 @@ class TableStatus:
         if self.state is TableState.READY:
             return True
         return self.state is TableState.SYNCDONE and self.lsn is not None and self.lsn <= final_lsn
+
+
+@dataclass(frozen=True, slots=True)
+class SyncFailure:
+    """A table's failed sync attempts in a row, and the last one's error."""
+
+    count: int
+    error: str
+    at: float  # unix time of the last failure
+    retry_in: float  # seconds from ``at`` to the next attempt

@@ -23,8 +23,8 @@ from subscriber.replication.lsn import Lsn
 from subscriber.replication.names import qualified_name, split_qualified
 from subscriber.runtime.config import Config, SubscriptionConfig
 from subscriber.runtime.settings import ENABLED, SKIP_LSN, TWO_PHASE
-from tablesync.coordinator import plan_refresh, record_refresh
 from tablesync.publication import published_tables
+from tablesync.refresh import plan_refresh, record_refresh
 from tablesync.state import TableState
 from tablesync.worker import is_sync_slot
 
