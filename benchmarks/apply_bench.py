@@ -39,6 +39,7 @@ from benchmarks.harness import (
     steady_load,
     stop_on_sigterm,
     wait_for,
+    write_results,
 )
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
@@ -221,17 +222,7 @@ def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
     print(f"| (b) kept up | {ours.kept_up} | {native.kept_up} | |")
     memory = f"{ours.peak_rss_python_mb or 0:.0f} / {ours.peak_rss_jvm_mb or 0:.0f}"
     print(f"| peak RSS python / JVM (MB) | {memory} | - | |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "args": {k: str(v) for k, v in vars(args).items()},
-                "pgsub": asdict(ours),
-                "native": asdict(native),
-            },
-            indent=2,
-        )
-    )
+    write_results(args, ours, native)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ origin's ``remote_lsn``.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
 import signal
@@ -17,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -271,3 +274,19 @@ def stop_on_sigterm() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def write_results(args: argparse.Namespace, ours: Any, native: Any) -> None:
+    """A benchmark's arguments and both subscribers' figures (dataclasses) as JSON in
+    ``args.out``."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "pgsub": asdict(ours),
+                "native": asdict(native),
+            },
+            indent=2,
+        )
+    )
