@@ -12,6 +12,7 @@ connection string is never logged.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -190,8 +191,8 @@ class SubscriptionConfig(_Strict):
     table_features: TableFeaturesConfig = Field(default_factory=TableFeaturesConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     # Local scratch for streamed transactions, those larger than a batch and the staged
-    # initial copy (default: <system temp>/pgsub-<uid>/<name>, mode 700); emptied at start,
-    # as the publisher resends what it held.
+    # initial copy (default: <system temp>/pgsub-<uid>/<name>-<warehouse digest>, mode 700);
+    # emptied at start, as the publisher resends what it held.
     spool_dir: Path | None = None
     conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
     wal_retrieve_retry_interval: Duration = 5.0
@@ -254,11 +255,15 @@ class SubscriptionConfig(_Strict):
             self.max_retry_interval,
         )
 
-    @property
-    def spool_path(self) -> Path:
-        # Per user, as tmux does: another local user cannot make it first.
-        default = Path(tempfile.gettempdir()) / f"pgsub-{os.getuid()}" / self.name
-        return self.spool_dir or default
+    def spool_path(self, warehouse: str) -> Path:
+        """``spool_dir``, or a folder per user (as tmux's: another local user cannot make it
+        first), per subscription and per warehouse: two daemons on one host whose
+        subscriptions share a name do not share a spool."""
+        if self.spool_dir is not None:
+            return self.spool_dir
+        where = warehouse if "://" in warehouse else os.path.abspath(warehouse)
+        digest = hashlib.sha256(where.encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"pgsub-{os.getuid()}" / f"{self.name}-{digest}"
 
     @property
     def slot(self) -> str:

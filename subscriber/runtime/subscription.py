@@ -99,6 +99,7 @@ class SubscriptionRunner:
         # One MERGE per large transaction reads staged files: the executors must see this disk.
         stages_locally = runs_here(spark) and not config.track_origin
         self._conninfo = config.conninfo()
+        self.spool = config.spool_path(warehouse)
         self._checkpoints = checkpoints
         self._metrics = metrics
         self.settings = SubscriptionSettings(config.name, SettingsStore(spark, warehouse))
@@ -140,10 +141,10 @@ class SubscriptionRunner:
             bounds=config.batch.bounds(),
             queue=config.batch.queue_bounds(),
             max_delay=config.batch.max_delay,
-            spool_root=config.spool_path,
+            spool_root=self.spool,
             status_interval=config.status_interval,
             wal_receiver_timeout=config.wal_receiver_timeout,
-            staging=config.spool_path / STAGING if stages_locally else None,
+            staging=self.spool / STAGING if stages_locally else None,
         )
         self.coordinator = SyncCoordinator(
             config.sync_settings(),
@@ -223,7 +224,7 @@ class SubscriptionRunner:
 
     def _prepare_spool(self) -> None:
         """The spool directory, private to this user; copies a killed run staged, removed."""
-        base = self.config.spool_path
+        base = self.spool
         for directory in ([base.parent] if self.config.spool_dir is None else []) + [base]:
             private_directory(directory)
         if not self._spool_cleaned:
@@ -355,7 +356,7 @@ class SubscriptionRunner:
                 if s.state not in (TableState.SYNCDONE, TableState.READY)
             }
             self.slots.drop_leftover_sync_slots(copying)
-            forget_staged(self.config.spool_path, copying)
+            forget_staged(self.spool, copying)
 
     # -- one attempt ---------------------------------------------------------
 

@@ -81,7 +81,7 @@ def test_streamed_transactions_apply_at_commit_without_aborted_parts(
     # Applied in pieces of 700 changes: the commits before the last say how far they got.
     marks = commits(spark, rep.path("public.keyed"))
     assert any("within" in m for m in marks), marks
-    assert not list(rep.config.spool_path.glob("*/stream-*"))
+    assert not list(rep.config.spool_path(str(rep.warehouse)).glob("*/stream-*"))
 
 
 def test_a_transaction_larger_than_a_batch_is_spilled_and_applied_in_pieces(
@@ -201,7 +201,9 @@ def test_a_transaction_larger_than_a_batch_lands_in_one_commit_per_table(
         assert merges(spark, rep.path("public.keyed"))[before:] == ["MERGE"]
         assert merges(spark, rep.path("public.other")).count("MERGE") == 1
         assert not [m for m in commits(spark, rep.path("public.keyed")) if "within" in m]
-        assert not list((rep.config.spool_path / "staging").glob("*/*"))  # cleaned after
+        assert not list(
+            (rep.config.spool_path(str(rep.warehouse)) / "staging").glob("*/*")
+        )  # cleaned after
 
 
 def test_keys_changed_in_two_pieces_are_applied_in_pieces(

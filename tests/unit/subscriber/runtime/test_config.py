@@ -1,5 +1,6 @@
 """The config file: validation errors name the key; environment overrides every key."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,16 @@ def test_copies_in_ranges_are_resumable_unless_told_not_to(tmp_path: Path) -> No
     text = GOOD.replace("copy_data: false", "copy: {ranges: 4, resumable: false}")
     settings = load(write(tmp_path, text), {}).subscriptions[0].initial_copy.settings()
     assert settings.ranges == 4 and not settings.resumable
+
+
+def test_default_spool_is_per_user_subscription_and_warehouse(tmp_path: Path) -> None:
+    """Two daemons on one host, each with a subscription ``sub1`` into its own warehouse,
+    do not share a spool (each empties its spool at start); a restart finds its own."""
+    sub = load(write(tmp_path, GOOD), environ={}).subscriptions[0]
+    one, other = sub.spool_path(str(tmp_path / "a")), sub.spool_path(str(tmp_path / "b"))
+    assert one != other and one.parent == other.parent
+    assert one.parent.name == f"pgsub-{os.getuid()}" and one.name.startswith("sub1-")
+    assert sub.spool_path(str(tmp_path / "a")) == one
+    assert sub.spool_path("s3://bucket/wh") != sub.spool_path("s3://bucket/other")
+    explicit = sub.model_copy(update={"spool_dir": tmp_path / "spool"})
+    assert explicit.spool_path(str(tmp_path / "a")) == tmp_path / "spool"
