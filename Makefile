@@ -78,8 +78,11 @@ $(DEPLOY_TOOLS): setup/tools.sh Makefile
 demo: setup
 	$(BIN)/pgsub demo $(if $(DEMO_SECONDS),--seconds $(DEMO_SECONDS))
 
+# Two processes (pytest-xdist), each test file whole in one of them: a test waits on
+# PostgreSQL, a stream or a JVM's start for a third of its time, the other runs meanwhile.
+TEST_WORKERS ?= 2
 test: setup lint typecheck
-	$(BIN)/pytest tests --durations=25
+	$(BIN)/pytest tests --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 test-unit: venv
 	$(BIN)/pytest tests/unit

@@ -20,9 +20,8 @@ import pytest
 from tests.support.daemon import DaemonProcess
 from tests.support.pgdatabase import PgDatabase
 from tests.support.scale_out import (
-    copy_killed_between_ranges_then_resumed,
     copy_stream_conflicts_and_status,
-    kill_during_a_batch_then_restart,
+    kills_during_the_copy_and_a_batch_then_restart,
 )
 from tests.support.spark_cluster import StandaloneCluster, standalone_cluster
 
@@ -50,27 +49,15 @@ def test_copy_stream_conflicts_and_status_on_a_standalone_cluster(
     assert "Registering app pgsub" in logs and "Asked to launch executor" in logs
 
 
-def test_kill_during_a_batch_on_a_cluster_then_restart(
+def test_kills_during_the_copy_and_a_batch_on_a_cluster_then_restart(
     spark_cluster: StandaloneCluster,
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
-    """The cluster drops the killed driver's executors; the restart loses and repeats nothing."""
-    kill_during_a_batch_then_restart(
-        {"master": spark_cluster.url}, publisher, spark, tmp_path, daemons
-    )
-
-
-def test_a_copy_killed_between_ranges_on_a_cluster_resumes(
-    spark_cluster: StandaloneCluster,
-    publisher: PgDatabase,
-    spark: Any,
-    tmp_path: Path,
-    daemons: Callable[..., DaemonProcess],
-) -> None:
-    """The ranges staged by Spark tasks before the kill are kept; the rest is read again."""
-    copy_killed_between_ranges_then_resumed(
+    """The cluster drops each killed driver's executors and keeps the ranges its Spark
+    tasks staged; the last restart loses and repeats nothing."""
+    kills_during_the_copy_and_a_batch_then_restart(
         {"master": spark_cluster.url}, publisher, spark, tmp_path, daemons
     )

@@ -23,9 +23,8 @@ from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgdatabase import PgDatabase
 from tests.support.scale_out import (
-    copy_killed_between_ranges_then_resumed,
     copy_stream_conflicts_and_status,
-    kill_during_a_batch_then_restart,
+    kills_during_the_copy_and_a_batch_then_restart,
 )
 from tests.support.spark_connect import ConnectServer, connect_server
 
@@ -71,27 +70,16 @@ def test_copy_stream_conflicts_and_status_through_spark_connect(
     assert merges and all("Apache-Spark" in str(c.get("engineInfo")) for c in merges), history
 
 
-def test_kill_during_a_batch_through_spark_connect_then_restart(
+def test_kills_during_the_copy_and_a_batch_through_spark_connect_then_restart(
     server: ConnectServer,
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
-    """The server outlives the killed client (its sessions expire); the restarted daemon
-    opens new ones and neither loses nor repeats rows."""
-    kill_during_a_batch_then_restart({"remote": server.url}, publisher, spark, tmp_path, daemons)
-
-
-def test_a_copy_killed_between_ranges_through_spark_connect_resumes(
-    server: ConnectServer,
-    publisher: PgDatabase,
-    spark: Any,
-    tmp_path: Path,
-    daemons: Callable[..., DaemonProcess],
-) -> None:
-    """The ranges staged by Spark tasks before the kill are kept; the rest is read again."""
-    copy_killed_between_ranges_then_resumed(
+    """The server outlives each killed client (its sessions expire) and keeps the ranges its
+    tasks staged; the last restart opens new sessions and loses and repeats nothing."""
+    kills_during_the_copy_and_a_batch_then_restart(
         {"remote": server.url}, publisher, spark, tmp_path, daemons
     )
 

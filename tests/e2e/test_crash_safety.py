@@ -46,32 +46,37 @@ UPDATE keyed SET v = 'after' WHERE id = 1;
 """
 
 
-@pytest.mark.parametrize(
-    "failpoint",
-    ["apply.after_table_write", "apply.before_checkpoint", "apply.before_flush_report"],
-)
-def test_kill_at_a_failpoint_then_restart(
-    failpoint: str,
+AFTER_SECOND_CRASH = """
+DELETE FROM bag WHERE a = 42;
+UPDATE keyed SET v = 'after again' WHERE id = 2;
+"""
+
+
+def test_kills_at_each_step_of_a_batch_then_restart(
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
+    """Killed after one table's commit, then (replaying that batch) before its checkpoint,
+    then before the flush is confirmed upstream: the survivor has every row once."""
     publisher.execute(KEYED_AND_BAG)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
     port = write_config(config, publisher, warehouse, batch={"max_delay": "2s"})
 
-    first = daemons(config, port)  # creates the slot, then is stopped cleanly
-    first.wait_ready()
-    assert first.terminate() == 0, first.logs()
-
-    publisher.execute(WORKLOAD)
-    doomed = daemons(config, port, failpoint)
-    assert doomed.wait_exit() == -9, doomed.logs()  # SIGKILL at the failpoint
-    # More transactions before the restart: the replayed batch ends at a new LSN, so
+    doomed = daemons(config, port, "apply.after_table_write")  # creates the slot
+    doomed.wait_ready()
+    publisher.execute(WORKLOAD)  # one batch: its first table's commit is the kill
+    assert doomed.wait_exit() == -9, doomed.logs()
+    # More transactions before each restart: the replayed batch ends at a new LSN, so
     # Delta's idempotent-write id alone cannot refuse it; the per-table LSN must.
     publisher.execute(AFTER_CRASH)
+    doomed = daemons(config, port, "apply.before_checkpoint")
+    assert doomed.wait_exit() == -9, doomed.logs()
+    publisher.execute(AFTER_SECOND_CRASH)
+    doomed = daemons(config, port, "apply.before_flush_report")
+    assert doomed.wait_exit() == -9, doomed.logs()
 
     survivor = daemons(config, port)
     survivor.wait_ready()
@@ -95,37 +100,39 @@ COMMIT;
 
 
 @pytest.mark.parametrize(
-    ("streaming", "failpoint"),
+    ("streaming", "failpoints"),
     [
-        ("on", "apply.after_piece=2"),
-        ("on", "apply.after_table_write"),
-        ("off", "apply.after_piece"),
+        ("on", ["apply.after_piece=2", "apply.after_table_write"]),
+        ("off", ["apply.after_piece"]),
     ],
 )
 def test_kill_inside_a_large_transaction_then_resume_with_other_pieces(
     streaming: str,
-    failpoint: str,
+    failpoints: list[str],
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
-    """Killed between the pieces of a spooled transaction, restarted with another piece
-    size: each table resumes where its last piece ended, without loss or duplicates."""
+    """Killed between the pieces of a spooled transaction (streamed: then again after a
+    table's commit in the replay), restarted with another piece size each time: each table
+    resumes where its last piece ended, without loss or duplicates."""
     publisher.execute(KEYED_AND_BAG)
     publisher.set_config("logical_decoding_work_mem", "64kB")
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
     settings: dict[str, Any] = {"streaming": streaming, "spool_dir": str(tmp_path / "spool")}
     port = write_config(config, publisher, warehouse, batch={"max_changes": 1000}, **settings)
-    first = daemons(config, port)
-    first.wait_ready()
-    assert first.terminate() == 0, first.logs()
-
+    first, *then = failpoints
+    doomed = daemons(config, port, first)  # creates the slot
+    doomed.wait_ready()
     publisher.execute(BIG)
-    doomed = daemons(config, port, failpoint)
     assert doomed.wait_exit() == -9, doomed.logs()
     publisher.execute(AFTER_CRASH)
+    for failpoint, piece in zip(then, (800, 600), strict=False):
+        port = write_config(config, publisher, warehouse, batch={"max_changes": piece}, **settings)
+        doomed = daemons(config, port, failpoint)
+        assert doomed.wait_exit() == -9, doomed.logs()
 
     port = write_config(config, publisher, warehouse, batch={"max_changes": 700}, **settings)
     survivor = daemons(config, port)
@@ -147,17 +154,15 @@ COMMIT;
 """
 
 
-@pytest.mark.parametrize("failpoint", ["apply.after_table_write", "apply.before_checkpoint"])
 def test_kill_inside_a_staged_transaction_then_restart(
-    failpoint: str,
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
     """A large transaction on keyed tables lands in one commit per table: killed after the
-    first table's commit (or before the checkpoint), restarted with another piece size, a
-    committed table skips it and the other applies it, once."""
+    first table's commit, then (replaying it with another piece size) before the
+    checkpoint, a committed table skips it and the other applies it, once."""
     publisher.execute(
         "CREATE TABLE keyed (id int PRIMARY KEY, v text);"
         "CREATE TABLE other (id int PRIMARY KEY, v text);"
@@ -174,16 +179,23 @@ def test_kill_inside_a_staged_transaction_then_restart(
     assert first.terminate() == 0, first.logs()
 
     publisher.execute(KEYED_ONLY)  # each key changed once: staged, one MERGE per table
-    doomed = daemons(config, port, failpoint)
-    assert doomed.wait_exit() == -9, doomed.logs()
-    publisher.execute("UPDATE keyed SET v = 'after' WHERE id = 1")
+    logs = ""
+    for failpoint, piece, after in (
+        ("apply.after_table_write", 1000, "UPDATE keyed SET v = 'after' WHERE id = 1"),
+        ("apply.before_checkpoint", 700, "UPDATE keyed SET v = 'again' WHERE id = 2"),
+    ):
+        port = write_config(config, publisher, warehouse, batch={"max_changes": piece}, **settings)
+        doomed = daemons(config, port, failpoint)
+        assert doomed.wait_exit() == -9, doomed.logs()
+        logs += doomed.logs()
+        publisher.execute(after)
 
-    port = write_config(config, publisher, warehouse, batch={"max_changes": 700}, **settings)
+    port = write_config(config, publisher, warehouse, batch={"max_changes": 500}, **settings)
     survivor = daemons(config, port)
     survivor.wait_ready()
     wait_confirmed(publisher)
     assert survivor.terminate() == 0, survivor.logs()
-    assert "transaction piece applied" not in doomed.logs() + survivor.logs()
+    assert "transaction piece applied" not in logs + survivor.logs()
 
     with publisher.connect() as conn:
         for table in ("keyed", "other"):
@@ -212,42 +224,31 @@ PREPARE TRANSACTION 'crash';
 """
 
 
-@pytest.mark.parametrize(
-    ("failpoint", "commit_before_crash"),
-    [
-        ("apply.after_prepare_staged", False),  # staged, not confirmed: PREPARE sent again
-        ("apply.after_table_write", True),  # COMMIT PREPARED half applied: sent again
-        ("apply.before_prepared_forgotten", True),  # applied and confirmed, staging left
-    ],
-)
-def test_kill_around_a_prepared_transaction_then_restart(
-    failpoint: str,
-    commit_before_crash: bool,
+def test_kills_around_a_prepared_transaction_then_restart(
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
-    """two_phase: whichever step a kill interrupts, the prepared transaction is applied
-    exactly once at its COMMIT PREPARED, and no staging is left behind."""
+    """two_phase: killed once its PREPARE is staged (not confirmed: sent again), then with
+    its COMMIT PREPARED half applied (sent again), then applied with the staging left: the
+    prepared transaction is applied exactly once, and no staging is left behind."""
     publisher.execute(KEYED_AND_BAG)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
     port = write_config(config, publisher, warehouse, two_phase=True, batch={"max_delay": "1s"})
-    first = daemons(config, port)
-    first.wait_ready()
-    publisher.execute("INSERT INTO keyed VALUES (0, 'first')")
-    wait_confirmed(publisher)
-    assert first.terminate() == 0, first.logs()
-
+    doomed = daemons(config, port, "apply.after_prepare_staged")  # creates the slot
+    doomed.wait_ready()
     publisher.execute(PREPARE)
-    if commit_before_crash:
-        publisher.execute("COMMIT PREPARED 'crash'")
-    doomed = daemons(config, port, failpoint)
     assert doomed.wait_exit() == -9, doomed.logs()
-    if not commit_before_crash:
-        publisher.execute("COMMIT PREPARED 'crash'")
+    publisher.execute("COMMIT PREPARED 'crash'")
     publisher.execute(AFTER_CRASH)
+    doomed = daemons(config, port, "apply.after_table_write")
+    assert doomed.wait_exit() == -9, doomed.logs()
+    publisher.execute(AFTER_SECOND_CRASH)
+    doomed = daemons(config, port, "apply.before_prepared_forgotten")
+    assert doomed.wait_exit() == -9, doomed.logs()
+    assert staged_gids(warehouse) == ["crash"]  # applied, its staging not yet forgotten
 
     survivor = daemons(config, port)
     survivor.wait_ready()

@@ -3,7 +3,8 @@
 A standalone cluster (``tests/e2e/test_cluster.py``) and a Spark Connect
 server (``tests/e2e/test_connect.py``) run the same two scenarios: copy,
 streaming apply, a conflict and ``pgsub status``; and a kill -9 of the
-daemon between a table's write and its checkpoint, then a restart. Each
+daemon once the copy has staged a range, a restart that resumes it killed
+between a table's write and its checkpoint, then a last restart. Each
 ends with the Delta tables read back and compared with the publisher.
 ``spark`` says where the daemon's Spark is: ``{"master": "spark://..."}``
 or ``{"remote": "sc://..."}``.
@@ -121,35 +122,6 @@ def copy_stream_conflicts_and_status(
     return daemon
 
 
-def kill_during_a_batch_then_restart(
-    spark_config: dict[str, str],
-    publisher: PgDatabase,
-    spark: Any,
-    tmp_path: Path,
-    daemons: Callable[..., DaemonProcess],
-) -> None:
-    """kill -9 of the daemon between a table's write and its checkpoint: the restarted
-    daemon neither loses nor repeats rows."""
-    publisher.execute(EMPTY_TABLES)
-    warehouse = tmp_path / "warehouse"
-    config = tmp_path / "pgsub.yaml"
-    port = write_config(config, publisher, warehouse, **spark_config)
-    first = daemons(config, port)  # creates the slot (the copy ran in the scenario above)
-    first.wait_ready(timeout=300)
-    assert first.terminate() == 0, first.logs()
-
-    publisher.execute(ROWS + CHANGES)
-    doomed = daemons(config, port, "apply.before_checkpoint")
-    assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
-    publisher.execute("INSERT INTO bag VALUES (42, 'after'); UPDATE keyed SET v = 'after'")
-
-    survivor = daemons(config, port)
-    survivor.wait_ready(timeout=300)
-    wait_confirmed(publisher)
-    assert survivor.terminate() == 0, survivor.logs()
-    assert_equal(publisher, spark, warehouse)
-
-
 # While the daemon is down: rows of the staged ranges deleted and their space reused by
 # new versions of rows of the others, updates, a key changed, rows added, all frozen.
 WHILE_DOWN = [
@@ -164,7 +136,7 @@ WHILE_DOWN = [
 ]
 
 
-def copy_killed_between_ranges_then_resumed(
+def kills_during_the_copy_and_a_batch_then_restart(
     spark_config: dict[str, str],
     publisher: PgDatabase,
     spark: Any,
@@ -172,7 +144,9 @@ def copy_killed_between_ranges_then_resumed(
     daemons: Callable[..., DaemonProcess],
 ) -> None:
     """kill -9 of the daemon once a range of the keyed table is staged by a Spark task; the
-    publisher changes while it is down; the restart keeps the staged ranges."""
+    publisher changes while it is down; the restart keeps the staged ranges, and is killed
+    in turn between a batch's table write and its checkpoint (in the catch-up or the
+    stream, whichever comes first); the last restart neither loses nor repeats rows."""
     publisher.execute(TABLES)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
@@ -189,10 +163,20 @@ def copy_killed_between_ranges_then_resumed(
     assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
     for statement in WHILE_DOWN:
         publisher.execute(statement)
+    resumed = daemons(config, port, "apply.before_checkpoint")
+    wait_until(
+        lambda: resumed.process.poll() is not None or tables_ready(resumed),
+        timeout=300,
+        what="the resumed copy's kill or both tables READY",
+    )
+    publisher.execute(CHANGES)  # if it still runs, its next batch is the kill
+    assert resumed.wait_exit(timeout=300) == -9, resumed.logs()
+    publisher.execute("INSERT INTO bag VALUES (42, 'after'); UPDATE keyed SET v = 'after'")
+
     survivor = daemons(config, port)
     survivor.wait_ready(timeout=300)
     wait_until(lambda: tables_ready(survivor), timeout=300, what="both tables READY")
-    publisher.execute("UPDATE keyed SET v = 'after' WHERE id % 5 = 0")
+    publisher.execute("UPDATE keyed SET v = 'last' WHERE id % 5 = 0")
     wait_confirmed(publisher)
     # Nothing staged is left: the warehouse's staging table is emptied beside the stream.
     # (Its log stays, with a checkpoint after ten commits. A Spark Connect server runs the
@@ -210,9 +194,11 @@ def copy_killed_between_ranges_then_resumed(
     wait_until(lambda: not staged_rows(), timeout=300, what="the staged copy removed")
     assert deltalake.DeltaTable(str(staging)).to_pyarrow_table().num_rows == 0
     assert survivor.terminate() == 0, survivor.logs()
-    events = survivor.events()
-    (resumed,) = [e for e in events if e["event"] == "table copy resumes"]
-    assert resumed["table"] == "public.keyed" and 1 <= resumed["staged_ranges"] < RANGES
+    events = resumed.events() + survivor.events()
+    resumes = [e for e in events if e["event"] == "table copy resumes"]
+    assert resumes, "the staged ranges were not kept"
+    for resume in resumes:
+        assert resume["table"] == "public.keyed" and 1 <= resume["staged_ranges"] <= RANGES
     assert not [e for e in events if e.get("conflict")]
     assert_equal(publisher, spark, warehouse)
     assert not list((tmp_path / "spool").rglob("*.parquet"))
