@@ -27,7 +27,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import structlog
@@ -205,21 +206,17 @@ class ApplyWorker:
     def _apply_whole(self, tx: SpooledTransaction) -> bool:
         """The transaction in one commit per table, when the applier can (``apply.staging``)."""
         batch = Batch([tx.head])
-        self.in_flight = batch
-        self.in_flight_since = self._wall_clock()
-        started = time.monotonic()
-        # Counted as each piece passes (holding the pieces would hold the transaction).
-        counts: Counter[str] = Counter()
-        result = self._applier.apply_whole(
-            tx, self._batcher.bounds, lambda piece: counts.update(_operations(piece))
-        )
-        if result is None:
-            self.in_flight = None
-            self.in_flight_since = None
-            return False
-        if self._leader is not None:
-            self._count(counts)
-        self._finish(batch, result, started, changes=tx.change_count)
+        with self._in_flight(batch) as started:
+            # Counted as each piece passes (holding the pieces would hold the transaction).
+            counts: Counter[str] = Counter()
+            result = self._applier.apply_whole(
+                tx, self._batcher.bounds, lambda piece: counts.update(_operations(piece))
+            )
+            if result is None:
+                return False
+            if self._leader is not None:
+                self._count(counts)
+            self._finish(batch, result, started, changes=tx.change_count)
         return True
 
     def _staging(self) -> PreparedStaging:
@@ -363,13 +360,9 @@ class ApplyWorker:
 
     def _apply_piece(self, batch: Batch) -> None:
         """A piece that leaves its transaction open: committed per table, confirmed nowhere."""
-        self.in_flight = batch
-        self.in_flight_since = self._wall_clock()
-        started = time.monotonic()
-        self._applier.apply(batch)
-        failpoint("apply.after_piece")
-        self.in_flight = None
-        self.in_flight_since = None
+        with self._in_flight(batch) as started:
+            self._applier.apply(batch)
+            failpoint("apply.after_piece")
         if self._leader is not None:
             piece = batch.transactions[0]
             self._count_changes(batch)
@@ -409,13 +402,23 @@ class ApplyWorker:
         self._recorded_at = time.monotonic()
 
     def _apply(self, batch: Batch) -> None:
+        with self._in_flight(batch) as started:
+            result = self._applier.apply(batch)
+            if self._leader is not None:
+                self._count_changes(batch)
+            self._finish(batch, result, started, changes=batch.change_count)
+
+    @contextmanager
+    def _in_flight(self, batch: Batch) -> Iterator[float]:
+        """``batch`` is in flight (what ``/healthz``'s watchdog times) until its flush is
+        confirmed, or until its write raises; yields the monotonic time it began."""
         self.in_flight = batch
         self.in_flight_since = self._wall_clock()
-        started = time.monotonic()
-        result = self._applier.apply(batch)
-        if self._leader is not None:
-            self._count_changes(batch)
-        self._finish(batch, result, started, changes=batch.change_count)
+        try:
+            yield time.monotonic()
+        finally:
+            self.in_flight = None
+            self.in_flight_since = None
 
     def _finish(self, batch: Batch, result: BatchResult, started: float, *, changes: int) -> None:
         """After the tables committed: checkpoint, confirm upstream, observe."""
@@ -433,8 +436,6 @@ class ApplyWorker:
         failpoint("apply.before_flush_report")
         self._progress.confirm_flushed(batch.end_lsn)
         self._skip_done(batch.end_lsn)
-        self.in_flight = None
-        self.in_flight_since = None
         if self._isolate_through is not None and batch.end_lsn >= self._isolate_through:
             self._isolate_through = None
         seconds = time.monotonic() - started

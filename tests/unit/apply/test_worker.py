@@ -156,6 +156,18 @@ def test_after_a_failed_batch_transactions_are_applied_one_at_a_time_to_name_the
     assert retry.checkpoints.recorded == [Lsn(100)] and retry.tables.keys() == [1]
 
 
+def test_a_batch_is_in_flight_until_confirmed_and_not_after_its_write_raised() -> None:
+    """/healthz times the batch in flight: a write that raised leaves none behind (the
+    supervisor's backoff is not a hung MERGE), nor does a confirmed one."""
+    done = Harness()
+    done.run(tx(ins(T, 1, "a"), end=100), until=Lsn(100))
+    assert done.worker.in_flight is None and done.worker.in_flight_since is None
+    failed = Harness(RefusesBad())
+    with pytest.raises(TransactionError):
+        failed.run(tx(ins(T, 2, "bad"), end=200), until=Lsn(200))
+    assert failed.worker.in_flight is None and failed.worker.in_flight_since is None
+
+
 def test_retries_halve_the_failed_batch_until_one_transaction_is_named() -> None:
     """Four transactions failed together: the retry applies two at a time (a failure that
     does not come back costs one retry), the failing pair is halved again, and the error
