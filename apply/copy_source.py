@@ -26,16 +26,16 @@ class CopySource:
     read: Callable[[Any], Iterator[pa.Table]]  # ...by this, in any process
 
     @classmethod
-    def here(cls, blocks: Callable[[], Iterator[pa.Table]]) -> CopySource:
+    def read_here(cls, blocks: Callable[[], Iterator[pa.Table]]) -> CopySource:
         """Rows only this process can read (the slot's own transaction): no parts."""
         return cls(blocks, (), _unreadable)
 
     @classmethod
-    def of(cls, blocks: Sequence[pa.Table]) -> CopySource:
+    def in_memory(cls, blocks: Sequence[pa.Table]) -> CopySource:
         """Rows already in memory, as one part."""
         return cls(lambda: iter(blocks), [None], lambda _: iter(blocks))
 
-    def observed(self, watch: Callable[[Iterator[pa.Table]], Iterator[pa.Table]]) -> CopySource:
+    def watched(self, watch: Callable[[Iterator[pa.Table]], Iterator[pa.Table]]) -> CopySource:
         """The same rows, with ``watch`` wrapped around the blocks read here."""
         blocks = self.blocks
         return replace(self, blocks=lambda: watch(blocks()))

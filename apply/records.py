@@ -69,13 +69,6 @@ class CommitMark:
             return f"pgsub/{self.subscription}", int(self.lsn)
         return f"pgsub/{self.subscription}/{self.within.end_lsn}", self.within.through
 
-    def partial_metadata(self) -> str:
-        """The mark of a commit that is ours but brings the table to no LSN (a copy's block)."""
-        return json.dumps(
-            {"pgsub": {"subscription": self.subscription, "copy": "partial"}},
-            separators=(",", ":"),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:

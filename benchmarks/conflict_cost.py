@@ -85,7 +85,7 @@ def load(tables: DeltaTables, schema: TargetSchema, rows: int) -> None:
     ).cast(layout)
     with tempfile.TemporaryDirectory() as staging:
         tables.copy_into(
-            schema, CopySource.of([block]), CommitMark("bench", Lsn(1), 0), Path(staging)
+            schema, CopySource.in_memory([block]), CommitMark("bench", Lsn(1), 0), Path(staging)
         )
 
 

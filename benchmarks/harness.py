@@ -31,7 +31,7 @@ from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import MaintenanceConfig, SubscriptionConfig
 from subscriber.runtime.embedded import PgCluster, bin_dir
-from subscriber.runtime.maintenance import Tender
+from subscriber.runtime.maintenance import Maintenance
 from subscriber.runtime.subscription import SubscriptionRunner
 
 TABLE = """
@@ -231,10 +231,10 @@ class PgsubRun:
         """Start replicating; with ``maintenance``, the daemon's maintenance thread too."""
         self._thread.start()
         if maintenance is not None:
-            tender = Tender(
+            tending = Maintenance(
                 [self.runner], self._spark, str(self.warehouse), maintenance, self.metrics
             )
-            threading.Thread(target=tender.run, args=(self._stopping,), daemon=True).start()
+            threading.Thread(target=tending.run, args=(self._stopping,), daemon=True).start()
         return self
 
     def wait_ready(self) -> None:

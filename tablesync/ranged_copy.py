@@ -297,7 +297,7 @@ class RangedCopy:
         table, stage, context = self.table, self._stage, self._context
         mark = CommitMark(context.subscription, manifest.lsn, 0)
         if parts is None:
-            source = CopySource.here(lambda: landed_rows(stage, manifest, keys, schema.key))
+            source = CopySource.read_here(lambda: landed_rows(stage, manifest, keys, schema.key))
             copied, _ = context.tables.copy_into(schema, source, mark, self._spark_staging)
         else:
             staged = stage.done()

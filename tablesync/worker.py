@@ -182,7 +182,7 @@ class SyncWorker:
                 connection.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
                 slot = connection.create_slot(self.slot, snapshot=SnapshotAction.USE)
                 rows = connection.copy_out(table.copy_query().as_string(None))
-                source = CopySource.here(lambda: arrow_blocks(rows, schema))
+                source = CopySource.read_here(lambda: arrow_blocks(rows, schema))
             else:
                 # The snapshot stays importable while this connection stays idle.
                 slot = connection.create_slot(self.slot, snapshot=SnapshotAction.EXPORT)
@@ -197,7 +197,7 @@ class SyncWorker:
                 ranges=len(ranges),
                 read_by="spark tasks" if on_executors else "pgsub",
             )
-            source = source.observed(self._progress)
+            source = source.watched(self._progress)
             mark = CommitMark(context.subscription, slot.consistent_point, 0)
             staging = context.spool_root / COPY_STAGING / str(table.relid)
             copied, _ = context.tables.copy_into(schema, source, mark, staging)

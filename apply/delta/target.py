@@ -64,15 +64,6 @@ class TargetTable:
             conf.unset(TXN_VERSION)
             conf.unset(USER_METADATA)
 
-    @contextmanager
-    def noted(self, mark: CommitMark) -> Iterator[SparkSession]:
-        """The session, whose next commit is marked ours without bringing the table to an LSN."""
-        self.session.conf.set(USER_METADATA, mark.partial_metadata())
-        try:
-            yield self.session
-        finally:
-            self.session.conf.unset(USER_METADATA)
-
     def committed_version(self) -> int | None:
         """The version the session's last commit made (read right after ``marked``)."""
         value = self.session.conf.get(LAST_VERSION, None)

@@ -26,7 +26,7 @@ from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
 from subscriber.runtime.config import Config
 from subscriber.runtime.http import StatusServer
-from subscriber.runtime.maintenance import Tender
+from subscriber.runtime.maintenance import Maintenance
 from subscriber.runtime.shutdown import ShutdownTimedOut, captured_signals, join_within
 from subscriber.runtime.subscription import SubscriptionRunner
 
@@ -81,7 +81,7 @@ class Daemon:
                     for runner in self.runners
                 ]
                 if self.config.maintenance.enabled:
-                    tender = Tender(
+                    maintenance = Maintenance(
                         self.runners,
                         self.spark,
                         self.config.warehouse,
@@ -90,7 +90,7 @@ class Daemon:
                     )
                     threads.append(
                         threading.Thread(
-                            target=tender.run,
+                            target=maintenance.run,
                             args=(self.stopping,),
                             name="maintenance",
                             daemon=True,

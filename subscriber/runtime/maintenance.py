@@ -35,7 +35,9 @@ log = structlog.get_logger(__name__)
 STATE = "_pgsub"
 
 
-class Tender:
+class Maintenance:
+    """The maintenance thread's work: ``run`` until stopped, a ``round`` every interval."""
+
     def __init__(
         self,
         runners: Sequence[SubscriptionRunner],

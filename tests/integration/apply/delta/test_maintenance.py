@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from subscriber.runtime.config import MaintenanceConfig
-from subscriber.runtime.maintenance import Tender
+from subscriber.runtime.maintenance import Maintenance
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
 
@@ -46,7 +46,7 @@ def test_compaction_and_vacuum_keep_rows_progress_and_time_travel(
             .first()
         )
         config = MaintenanceConfig(compact_files=4, vacuum_interval=0)
-        Tender([runner], spark, str(warehouse), config, rep.metrics).round()
+        Maintenance([runner], spark, str(warehouse), config, rep.metrics).round()
 
         assert data_files(spark, path) < 4
         last = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()
