@@ -27,8 +27,8 @@ import structlog
 import apply.binary
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
-from apply.context import TransactionError, conflict_of
 from apply.copy_source import CopySource, StagedParts
+from apply.error_context import TransactionError, conflict_of
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult, message_rows

@@ -23,7 +23,6 @@ import structlog
 
 from apply.assembly import UnsupportedStreamError
 from apply.backoff import retry_delay
-from apply.context import TransactionError
 from apply.delta.session import runs_here
 from apply.delta.state_store import (
     CheckpointStore,
@@ -33,6 +32,7 @@ from apply.delta.state_store import (
     TableStateStore,
 )
 from apply.delta.tables import DeltaTables
+from apply.error_context import TransactionError
 from apply.errors import ApplyError
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
 from apply.pipeline import ApplyContext, ApplyPipeline
@@ -57,10 +57,7 @@ from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
 from tablesync.resume import forget_staged
 from tablesync.state import TableState
-from tablesync.worker import (
-    COPY_STAGING,
-    SyncWorker,
-)
+from tablesync.worker import COPY_STAGING, SyncWorker
 
 if TYPE_CHECKING:
     from apply.delta.session import SparkSession

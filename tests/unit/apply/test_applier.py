@@ -44,7 +44,7 @@ def test_progress_is_read_once_per_table_while_the_applier_applies_it() -> None:
 def test_an_unexpected_failure_keeps_its_table_and_transaction() -> None:
     import pytest
 
-    from apply.context import TransactionError
+    from apply.error_context import TransactionError
 
     class Broken(MemoryTables):
         def write(self, *args: object, **kwargs: object) -> WriteResult:

@@ -13,7 +13,7 @@ from apply.applier import BatchApplier
 from apply.assembly import AssembledTransaction, Prepared, TransactionAssembler
 from apply.batch import Batcher
 from apply.collapse import Net
-from apply.context import TransactionError
+from apply.error_context import TransactionError
 from apply.errors import ApplyError
 from apply.queue import TransactionQueue
 from apply.records import CommitMark, Within, WriteResult
