@@ -64,7 +64,10 @@ class TableStatus:
     schema: str
     name: str
     state: TableState
-    lsn: Lsn | None = None  # SYNCDONE/READY: applied up to here; SYNCWAIT/CATCHUP: the target
+    # What the LSN means depends on the state: INIT/DATASYNC none; FINISHEDCOPY the copy's
+    # snapshot (its catch-up starts there); SYNCWAIT/CATCHUP the leader's position the
+    # catch-up must reach; SYNCDONE/READY the position the table is applied up to.
+    lsn: Lsn | None = None
 
     @property
     def qualified_name(self) -> str:

@@ -4,10 +4,12 @@
 creation and removal, START_REPLICATION) over psycopg's libpq layer with the
 simple query protocol, which is all a walsender speaks. ``ReplicationStream``
 is the receive side of one START_REPLICATION: it waits on the socket (no
-polling, no fixed sleeps), answers keepalives that ask for a reply at once,
-sends standby status updates from ``Progress`` at least every
-``status_interval``, pings at half of ``wal_receiver_timeout`` and gives up
-with ``ConnectionLostError`` when the server stays silent for all of it.
+polling, no fixed sleeps) and does what its ``StreamPolicy``
+(``subscriber.replication.stream_policy``, pure) decides: answer keepalives
+that ask for a reply at once, send standby status updates from ``Progress``
+at least every ``status_interval``, ping at half of ``wal_receiver_timeout``
+and give up with ``ConnectionLostError`` when the server stays silent for
+all of it.
 """
 
 from __future__ import annotations
@@ -34,12 +36,10 @@ from subscriber.replication.commands import (
 from subscriber.replication.errors import ConnectionLostError, ProtocolError, ReplicationError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Feedback, Progress
+from subscriber.replication.stream_policy import Silence, StreamPolicy
 from subscriber.replication.wire import Keepalive, XLogData, parse_frame, status_update
 
 log = structlog.get_logger(__name__)
-
-# A status update that only moves `write` waits at most this long (seconds).
-WRITE_REPORT_DELAY = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +269,6 @@ class ReplicationStream:
         self._connection = connection
         self._pgconn = connection.pgconn
         self._progress = progress
-        self._status_interval = status_interval
         self._timeout = wal_receiver_timeout
         self._clock = clock
         self._selector = selectors.DefaultSelector()
@@ -277,12 +276,9 @@ class ReplicationStream:
         # A socket another thread writes to, to make a waiting read() return None.
         if interrupt is not None:
             self._selector.register(interrupt, selectors.EVENT_READ, "interrupt")
-        now = clock()
-        self._last_receipt = now
-        self._last_status = now
-        self._pinged = False
-        self._last_sent: Feedback | None = None
-        self._write_pending = False  # a moved `write` not reported yet
+        self._policy = StreamPolicy.starting(
+            clock(), status_interval=status_interval, timeout=wal_receiver_timeout
+        )
         self.last_server_time = 0
         self.last_wal_end: Lsn | None = None  # the server's WAL end, as last reported
         self.last_message_time: float | None = None  # Unix time of any frame, keepalives too
@@ -297,9 +293,8 @@ class ReplicationStream:
         while True:
             frame = self._next_frame()
             if frame is not None:
-                self._last_receipt = self._clock()
+                self._policy.received(self._clock())
                 self.last_message_time = time.time()
-                self._pinged = False
                 message = parse_frame(frame)
                 self.last_server_time = message.send_time
                 self.last_wal_end = message.wal_end
@@ -313,20 +308,16 @@ class ReplicationStream:
             # Nothing buffered: a good moment to report progress, then wait.
             self.send_status()
             now = self._clock()
-            silent = now - self._last_receipt
-            if silent >= self._timeout:
+            silence = self._policy.silence(now)
+            if silence is Silence.GIVE_UP:
                 raise ConnectionLostError(
                     f"terminating replication stream due to timeout: nothing received for "
-                    f"{silent:.0f}s (wal_receiver_timeout {self._timeout:.0f}s)"
+                    f"{self._policy.silent_for(now):.0f}s "
+                    f"(wal_receiver_timeout {self._timeout:.0f}s)"
                 )
-            if silent >= self._timeout / 2 and not self._pinged:
+            if silence is Silence.PING:
                 self.send_status(force=True, reply_requested=True)
-                self._pinged = True
-            wake = min(
-                self._last_status
-                + (WRITE_REPORT_DELAY if self._write_pending else self._status_interval),
-                self._last_receipt + (self._timeout if self._pinged else self._timeout / 2),
-            )
+            wake = self._policy.wake_at()
             if deadline is not None:
                 if now >= deadline:
                     return None
@@ -343,8 +334,7 @@ class ReplicationStream:
         from the server: nothing is read while holding.
         """
         self.send_status()
-        self._last_receipt = self._clock()
-        self._pinged = False
+        self._policy.held(self._clock())
 
     def _wait_server(self, timeout: float) -> None:
         with selectors.DefaultSelector() as selector:
@@ -386,21 +376,8 @@ class ReplicationStream:
         """Report positions when they changed, when asked, or when the interval is up."""
         feedback = self._progress.feedback()
         now = self._clock()
-        since = now - self._last_status
-        last = self._last_sent
-        if not force and since < self._status_interval:
-            if feedback == last:
-                return feedback
-            # Only `write` moved: while frames keep coming, report it at most every
-            # WRITE_REPORT_DELAY, not at each drain of the socket (which, with a
-            # reader faster than the walsender, was a reply every few rows).
-            if (
-                last is not None
-                and (feedback.flush, feedback.apply) == (last.flush, last.apply)
-                and since < WRITE_REPORT_DELAY
-            ):
-                self._write_pending = True
-                return feedback
+        if not self._policy.should_report(feedback, now, force=force):
+            return feedback
         try:
             self._pgconn.put_copy_data(
                 status_update(
@@ -413,9 +390,7 @@ class ReplicationStream:
             self._pgconn.flush()
         except psycopg.OperationalError as exc:
             raise ConnectionLostError(f"cannot send a status update: {exc}") from exc
-        self._last_status = now
-        self._last_sent = feedback
-        self._write_pending = False
+        self._policy.reported(feedback, now)
         return feedback
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -17,7 +17,8 @@ from subscriber.replication.messages import Begin, Commit, Insert, LogicalMessag
 from subscriber.replication.pgoutput import PgOutputDecoder
 from subscriber.replication.progress import HeldProgress, Progress
 from subscriber.replication.receiver import Backoff, Receiver
-from subscriber.replication.stream import WRITE_REPORT_DELAY, ReplicationConnection
+from subscriber.replication.stream import ReplicationConnection
+from subscriber.replication.stream_policy import WRITE_REPORT_DELAY
 from subscriber.replication.wire import XLogData
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
