@@ -47,11 +47,11 @@ class PgDatabase:
     def execute(self, query: str, params: Sequence[Any] | None = None) -> None:
         """Run one or more statements, each in its own transaction (autocommit)."""
         with self.connect() as conn:
-            conn.execute(query, params)  # type: ignore[arg-type]
+            conn.execute(query, params)
 
     def fetch(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         with self.connect() as conn:
-            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(query, params).fetchall()
 
     def fetchval(self, query: str, params: Sequence[Any] | None = None) -> Any:
         rows = self.fetch(query, params)
@@ -91,14 +91,16 @@ class PgDatabase:
                 ).fetchall():
                     with psycopg.connect(self.dsn, autocommit=True) as db:
                         db.execute(
-                            sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(sql.Identifier(sub))
+                            sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(
+                                sql.Identifier(str(sub))
+                            )
                         )
                         db.execute(
                             sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(
-                                sql.Identifier(sub)
+                                sql.Identifier(str(sub))
                             )
                         )
-                        db.execute(sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(sub)))
+                        db.execute(sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(str(sub))))
             # A prepared transaction left behind would hold up every slot created in the
             # cluster after it (a consistent snapshot waits for it) and the DROP DATABASE.
             with psycopg.connect(self.dsn, autocommit=True) as db:

@@ -70,7 +70,7 @@ def test_random_dml_with_random_batches(
         "DROP PUBLICATION IF EXISTS pub; CREATE PUBLICATION pub FOR TABLE k, f"
     )
     warehouse = tmp_path / f"warehouse{run}"
-    settings_ = {"batch": {"max_changes": max_changes, "max_delay": "300ms"}}
+    settings_: dict[str, Any] = {"batch": {"max_changes": max_changes, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, name=f"prop{run}", **settings_) as rep:
         for statements in transactions:
             publisher.execute("BEGIN;" + ";".join(statements) + ";COMMIT")

@@ -28,7 +28,10 @@ def test_messages_land_in_commit_order_with_their_transaction_and_once(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE bag (a int);"
         "ALTER TABLE bag REPLICA IDENTITY FULL; CREATE PUBLICATION pub FOR TABLE t, bag"
     )
-    settings = {"messages": True, "batch": {"max_changes": 300, "max_delay": "200ms"}}
+    settings: dict[str, Any] = {
+        "messages": True,
+        "batch": {"max_changes": 300, "max_delay": "200ms"},
+    }
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute(
             "BEGIN; INSERT INTO t VALUES (1, 'a');"

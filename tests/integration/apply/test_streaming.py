@@ -43,7 +43,10 @@ def test_streamed_transactions_apply_at_commit_without_aborted_parts(
     publisher.execute(SCHEMA)
     publisher.set_config("logical_decoding_work_mem", "64kB")
     streaming = "parallel" if publisher.major >= 16 else "on"
-    settings = {"streaming": streaming, "batch": {"max_changes": 700, "max_delay": "300ms"}}
+    settings: dict[str, Any] = {
+        "streaming": streaming,
+        "batch": {"max_changes": 700, "max_delay": "300ms"},
+    }
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute("INSERT INTO keyed VALUES (0, 'before', 0)")
         rep.caught_up()
@@ -88,7 +91,7 @@ def test_a_transaction_larger_than_a_batch_is_spilled_and_applied_in_pieces(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
     publisher.execute(SCHEMA)
-    settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
+    settings: dict[str, Any] = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
 
         def small_one(conn: psycopg.Connection[Any], n: int) -> None:
@@ -121,7 +124,7 @@ def test_skip_of_a_transaction_applied_in_pieces_keeps_its_first_pieces_and_says
     changes keyed tables only lands in one commit, and then nothing of it stays: see
     ``test_a_conflict_in_a_staged_transaction_commits_nothing_and_names_it``.)"""
     publisher.execute(SCHEMA)
-    settings = {"batch": {"max_changes": 4, "max_delay": "300ms"}}
+    settings: dict[str, Any] = {"batch": {"max_changes": 4, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute("INSERT INTO keyed VALUES (0, 'first', 0)")
         rep.caught_up()
@@ -157,7 +160,9 @@ def test_wide_rows_are_bounded_by_bytes_not_by_their_count(
     (the first 33 pass 1 MiB), however high ``max_changes`` is. (A table without a key: its
     transaction is applied in pieces, whose marks show where they were cut.)"""
     publisher.execute(SCHEMA)
-    settings = {"batch": {"max_changes": 100_000, "max_bytes": "1MB", "max_delay": "300ms"}}
+    settings: dict[str, Any] = {
+        "batch": {"max_changes": 100_000, "max_bytes": "1MB", "max_delay": "300ms"}
+    }
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute(
             "INSERT INTO bag SELECT g, repeat(md5(g::text), 1000) FROM generate_series(1, 200) g"
@@ -182,7 +187,7 @@ def test_a_transaction_larger_than_a_batch_lands_in_one_commit_per_table(
     reader never sees part of it, and the table is rewritten once, not once a piece."""
     publisher.execute(SCHEMA + "CREATE TABLE other (id int PRIMARY KEY, v text);")
     publisher.execute("ALTER PUBLICATION pub ADD TABLE other")
-    settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
+    settings: dict[str, Any] = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute("INSERT INTO keyed SELECT g, 'old', 0 FROM generate_series(1, 3000) g")
         rep.caught_up()
@@ -212,7 +217,7 @@ def test_keys_changed_in_two_pieces_are_applied_in_pieces(
     """A key with changes in two pieces: one MERGE of the staged pieces would hold it twice,
     so the transaction is applied piece by piece, as before."""
     publisher.execute(SCHEMA)
-    settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
+    settings: dict[str, Any] = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute(
             "BEGIN;"
@@ -237,7 +242,7 @@ def test_a_conflict_in_a_staged_transaction_commits_nothing_and_names_it(
     from structlog.testing import capture_logs
 
     publisher.execute(SCHEMA)
-    settings = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
+    settings: dict[str, Any] = {"batch": {"max_changes": 500, "max_delay": "300ms"}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute("INSERT INTO keyed VALUES (0, 'first', 0)")
         rep.caught_up()

@@ -54,7 +54,7 @@ def test_prepared_transactions_wait_for_commit_prepared_and_apply_once(
         pytest.skip("two_phase needs PostgreSQL 15 (protocol 3)")
     publisher.execute(SCHEMA)
     publisher.set_config("logical_decoding_work_mem", "64kB")
-    settings = {"two_phase": True, "streaming": "on", "batch": {"max_changes": 700}}
+    settings: dict[str, Any] = {"two_phase": True, "streaming": "on", "batch": {"max_changes": 700}}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute("INSERT INTO keyed VALUES (0, 'before')")
         rep.caught_up()
@@ -111,7 +111,7 @@ def test_two_phase_is_pending_until_every_table_is_ready_then_refuses_copies(
     waits for READY; once on, a command that would copy a table again is refused."""
     publisher.execute(SCHEMA)
     publisher.execute("INSERT INTO keyed SELECT g, 'c' || g FROM generate_series(1, 20000) g")
-    settings = {"two_phase": True, "copy_data": True}
+    settings: dict[str, Any] = {"two_phase": True, "copy_data": True}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         runner = rep.runner
         assert runner is not None

@@ -217,7 +217,7 @@ def test_disable_on_error_covers_a_failed_table_sync(
         " INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 3) g"
     )
     # No Delta table and create_tables off: the table-sync worker fails.
-    settings = {"copy_data": True, "create_tables": False, "disable_on_error": True}
+    settings: dict[str, Any] = {"copy_data": True, "create_tables": False, "disable_on_error": True}
     with Replication(publisher, spark, warehouse, **settings) as rep:
         runner = rep.runner
         assert runner is not None

@@ -99,7 +99,7 @@ def test_a_resumed_copy_lands_each_row_of_the_later_snapshot_once(
         later = RangeReader(publisher.dsn, str(exported[0]), table, schema)
         stage_ranges(stage, manifest, later, range(2, 4))
         keys = read_again(stage, manifest, later, schema)
-        current = dict(holder.execute("SELECT id, v FROM t").fetchall())
+        current: dict[int, str] = dict(holder.execute("SELECT id, v FROM t").fetchall())
         holder.execute("COMMIT")
     # Fewer rows read again than the table holds: only what changed since S1.
     assert 0 < keys.num_rows < len(current) // 2

@@ -1,7 +1,7 @@
 """Initial copy and handoff against a real publisher: oracle equality, states, slots."""
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -62,7 +62,8 @@ def test_initial_sync_under_a_write_workload(
         )
         assert ready == 1
         assert rep.runner is not None
-        tables = {t["table"]: t for t in rep.runner.status.as_dict()["tables"]}  # /status
+        listed = cast("list[dict[str, Any]]", rep.runner.status.as_dict()["tables"])
+        tables = {t["table"]: t for t in listed}  # /status
         assert tables["public.a"]["state"] == "ready"
         assert tables["public.a"]["rows_copied"] == 20000
 

@@ -8,14 +8,16 @@ already there raises ``ConflictError`` as the MERGE's ``raise_error`` does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from apply.collapse import KeyedNet, Net
+from apply.copy_source import StagedParts
 from apply.errors import ConflictError
 from apply.records import CommitMark, Within, WriteResult
 from apply.schema import Evolution, TargetSchema
+from apply.staging import StagedSource
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
@@ -67,12 +69,29 @@ class MemoryTables:
         self.commits.append((schema.table, mark))
         return WriteResult(schema.table, len(self.commits))
 
+    # What only Spark does (tests/integration has them): staged transactions, a copy.
     copy_on_executors = False
+
+    def staged_keys_unique(self, stage: StagedSource) -> bool:
+        raise NotImplementedError("staged transactions are read by Spark")
+
+    def write_staged(
+        self,
+        schema: TargetSchema,
+        stage: StagedSource,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+        nets: Callable[[], Iterator[KeyedNet]],
+    ) -> WriteResult:
+        raise NotImplementedError("staged transactions are merged by Spark")
 
     def copy_into(
         self, schema: TargetSchema, source: Any, mark: CommitMark, staging: Path
     ) -> tuple[int, int | None]:
         raise NotImplementedError("the copy needs a publisher")
+
+    def staged_copy(self, schema: TargetSchema) -> StagedParts:
+        raise NotImplementedError("a staged copy is Spark's")
 
     def write_messages(self, rows: Any, mark: CommitMark) -> WriteResult:
         self.messages.extend(rows.to_pylist())

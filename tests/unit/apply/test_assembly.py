@@ -12,6 +12,7 @@ from apply.assembly import TransactionAssembler, UnsupportedStreamError
 from apply.spool import FRAME, SpoolDirectory, SpooledTransaction, SpoolError, read_changes
 from apply.transactions import (
     Bounds,
+    Change,
     Op,
     RemoteTransaction,
     RowChange,
@@ -246,7 +247,7 @@ def test_every_change_shape_reads_back_equal_and_relations_stay_one_object(
     spools: SpoolDirectory,
 ) -> None:
     other = Relation(16385, "s", "u", ReplicaIdentity.FULL, (Column("a", 25, -1, True),))
-    changes = [
+    changes: list[Change] = [
         RowChange(rel("id", "v"), Op.INSERT, row(1, "x"), None),
         RowChange(rel("id", "v"), Op.UPDATE, row(2, ...), row(1, None)),
         RowChange(other, Op.DELETE, None, row("gone")),
@@ -277,7 +278,7 @@ def _assembled(spools: SpoolDirectory, payloads: list[bytes], runs: bool) -> lis
             if isinstance(tx, SpooledTransaction):
                 made.append([c for piece in tx.pieces(Bounds(1_000)) for c in piece.changes])
                 tx.discard()
-            elif tx is not None:
+            elif isinstance(tx, RemoteTransaction):
                 made.append(list(tx.changes))
     return made
 

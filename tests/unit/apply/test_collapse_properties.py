@@ -9,6 +9,8 @@ table the changes give one at a time.
 """
 
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +33,8 @@ def keyed_history(draw: st.DrawFn) -> tuple[list[Change], Table]:
     """A valid change sequence and the table it leaves (applied one by one)."""
     table: Table = {}
     changes: list[Change] = []
+    v: bytes | None
+    big: bytes | None
     for _ in range(draw(st.integers(1, 40))):
         keys = sorted(table)
         action = draw(st.sampled_from(["insert", "update", "move", "delete", "truncate"]))
@@ -70,7 +74,7 @@ def _s(value: bytes | None) -> str | None:
     return None if value is None else value.decode()
 
 
-def _cut(draw: st.DrawFn, changes: list[Change]) -> list[Batch]:
+def _cut(draw: Callable[..., Any], changes: list[Change]) -> list[Batch]:
     """Random transactions, then random batches of them."""
     transactions: list[RemoteTransaction] = []
     position, end = 0, 100

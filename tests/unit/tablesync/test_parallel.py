@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from typing import cast
 
 import pyarrow as pa
 import pytest
@@ -49,7 +50,7 @@ def test_a_consumer_that_stops_early_ends_the_readers_and_closes_their_reads() -
         finally:
             closed.append(part)
 
-    blocks = parallel(endless, range(4), readers=2)
+    blocks = cast("Generator[pa.Table, None, None]", parallel(endless, range(4), readers=2))
     assert next(blocks).num_rows == 1
     blocks.close()
     assert copy_threads() == []

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pytest
@@ -117,7 +119,10 @@ def test_a_stage_marks_a_folder_complete_only_once_its_blocks_end(tmp_path: Path
     assert stage.manifest() == manifest()
     passed = list(stage.stage("range-00000", [rows([1, 2]), rows([3])], attempt=1))
     assert [b.num_rows for b in passed] == [2, 1]
-    cut = stage.stage("range-00001", [rows([4]), rows([5])], attempt=1)
+    cut = cast(
+        "Generator[pa.Table, None, None]",
+        stage.stage("range-00001", [rows([4]), rows([5])], attempt=1),
+    )
     next(cut)
     cut.close()  # a crash or a stop half-way: no marker
     assert stage.done() == {"range-00000": 1}

@@ -26,7 +26,10 @@ def test_compaction_and_vacuum_keep_rows_progress_and_time_travel(
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )
-    settings = {"batch": {"max_changes": 1, "max_delay": "10ms"}, "checkpoint_interval": 0}
+    settings: dict[str, Any] = {
+        "batch": {"max_changes": 1, "max_delay": "10ms"},
+        "checkpoint_interval": 0,
+    }
     with Replication(publisher, spark, warehouse, **settings) as rep:
         with publisher.connect() as conn:
             for n in range(1, 7):  # one commit, and one more file, each
@@ -77,7 +80,10 @@ def test_checkpoint_rows_past_the_retention_are_pruned_but_the_latest(
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )
-    settings = {"batch": {"max_changes": 1, "max_delay": "10ms"}, "checkpoint_interval": 0}
+    settings: dict[str, Any] = {
+        "batch": {"max_changes": 1, "max_delay": "10ms"},
+        "checkpoint_interval": 0,
+    }
     with Replication(publisher, spark, warehouse, **settings) as rep:
         with publisher.connect() as conn:
             for n in range(1, 6):

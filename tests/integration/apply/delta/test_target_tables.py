@@ -275,7 +275,7 @@ def test_a_staged_copy_lands_fresh_parts_whole_and_stale_ones_without_keys_read_
     assert landed == {1: "old1", 2: "moved2", 3: "old3", 4: "again4", 5: "again5"}
     assert copied == 5 and version is not None
     assert tables.applied_lsn("public.t") == Lsn(0x100)
-    staging = Path(parts.path)  # type: ignore[attr-defined]
+    staging = Path(parts.path)
     assert list(staging.rglob("*.parquet"))
     parts.drop()
     assert not list(staging.rglob("*.parquet"))

@@ -76,9 +76,12 @@ def test_every_offered_protocol_version_decodes(publisher_any: PgDatabase, proto
     ms = read_stream(db, "s1", StreamOptions(("p",), proto_version=proto), done)
     changes = [m for m in ms if isinstance(m, Insert | Update | Delete)]
     assert [type(m) for m in changes] == [Insert, Update, Delete]
-    assert changes[0].new.values == (b"1", b"one", b"happy", b"5")
-    assert changes[1].old is not None and changes[1].old.values[0] == b"1"
-    assert changes[2].old is not None and changes[2].old.values[0] == b"2"
+    insert, update, delete = changes
+    assert isinstance(insert, Insert) and insert.new.values == (b"1", b"one", b"happy", b"5")
+    assert isinstance(update, Update) and update.old is not None
+    assert update.old.values[0] == b"1"
+    assert isinstance(delete, Delete) and delete.old is not None
+    assert delete.old.values[0] == b"2"
     # Protocol 2+ tags every change with its transaction only inside a streamed block.
     assert all(m.xid is None for m in changes)
 

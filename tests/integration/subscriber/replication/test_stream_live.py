@@ -19,6 +19,7 @@ from subscriber.replication.progress import HeldProgress, Progress
 from subscriber.replication.receiver import Backoff, Receiver
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.replication.stream_policy import WRITE_REPORT_DELAY
+from subscriber.replication.tuples import RowChanges
 from subscriber.replication.wire import XLogData
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
@@ -124,10 +125,10 @@ def test_flush_is_held_back_until_confirmed(publisher: PgDatabase) -> None:
     start = create_slot(db, "s1")
     db.execute("INSERT INTO t VALUES (1)")
     db.execute("INSERT INTO other VALUES (1)")  # WAL past the commit, not for p
-    received: list[Message] = []
+    received: list[Message | RowChanges] = []
     progress = Progress()
 
-    def deliver(message: Message, data: XLogData) -> None:
+    def deliver(message: Message | RowChanges, data: XLogData) -> None:
         received.append(message)
 
     receiver = Receiver(
@@ -176,7 +177,7 @@ def test_cut_connection_resumes_from_flushed_position(
     state: dict[str, object] = {}
     progress = Progress()
 
-    def deliver(message: Message, data: XLogData) -> None:
+    def deliver(message: Message | RowChanges, data: XLogData) -> None:
         if isinstance(message, Begin):
             state["pending"] = None
         elif isinstance(message, Insert):
@@ -286,8 +287,8 @@ def test_mutated_captured_messages_raise_only_protocol_error(
 ) -> None:
     index = data.draw(st.integers(0, len(captured) - 1))
     decoder = PgOutputDecoder(3)
-    for payload, lsn, _ in captured[:index]:
-        decoder.decode(payload, lsn)
+    for earlier, lsn, _ in captured[:index]:
+        decoder.decode(earlier, lsn)
     payload = bytearray(captured[index][0])
     for _ in range(data.draw(st.integers(1, 3))):
         pos = data.draw(st.integers(0, len(payload) - 1)) if payload else 0

@@ -1,6 +1,7 @@
 """The session configuration is pure; jars come from a folder, never a download."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,11 +92,11 @@ def test_a_spark_connect_session_is_told_apart_and_its_thread_sessions_are_relea
     """No server is needed: a Spark Connect client connects on its first call."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    client = ConnectSession(connection="sc://127.0.0.1:9")
+    client: Any = ConnectSession(connection="sc://127.0.0.1:9")
     try:
         assert is_remote(client)
         assert spark_master(client) == "" and not runs_here(client)
-        own = thread_session(client)
+        own: Any = thread_session(client)
         assert is_remote(own) and own is not client
         assert own.session_id != client.session_id  # its own conf and temporary views
     finally:

@@ -21,7 +21,7 @@ def test_our_settings_come_after_the_users_and_win() -> None:
         "host=db dbname=app options='-c work_mem=64MB -c datestyle=SQL'"
     )
     params = conninfo_to_dict(conninfo)
-    options = params["options"]
+    options = str(params["options"])
     assert options.startswith("-c work_mem=64MB -c datestyle=SQL ")
     for name, value in SETTINGS.items():
         assert f"-c {name}={value}" in options

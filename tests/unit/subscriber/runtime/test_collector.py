@@ -22,7 +22,7 @@ def test_the_daemon_collects_less_often_and_not_over_startup_objects(
     restored_collector: None,
 ) -> None:
     _, older, oldest = gc.get_threshold()
-    made_at_startup = [[] for _ in range(100)]  # containers the collector tracks
+    made_at_startup: list[list[int]] = [[] for _ in range(100)]  # containers the collector tracks
     tune_garbage_collector()
     assert gc.get_threshold() == (COLLECTOR_THRESHOLD, older, oldest)
     assert gc.get_freeze_count() >= len(made_at_startup)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from subscriber.runtime.config import ConfigError, Resolution, load
+from conflicts.kinds import Resolution
+from subscriber.runtime.config import ConfigError, load
 
 GOOD = """
 warehouse: /data/wh

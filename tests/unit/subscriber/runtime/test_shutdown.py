@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from subscriber.runtime import cli, daemon
+from subscriber.runtime import cli, daemon, logs
 from subscriber.runtime.config import Config, MetricsConfig
 from subscriber.runtime.embedded import REPO, free_port
 from subscriber.runtime.shutdown import ForcedExit, ShutdownTimedOut, captured_signals, join_within
@@ -72,7 +72,7 @@ def test_the_cli_exits_without_waiting_for_threads_left_running(
 
     monkeypatch.setattr(cli, "_run", run)
     monkeypatch.setattr(cli, "_exit_now", exit_now)
-    monkeypatch.setattr(cli.logs, "configure", lambda *args: None)  # pytest's own logging
+    monkeypatch.setattr(logs, "configure", lambda *args: None)  # pytest's own logging
     with pytest.raises(SystemExit) as exited:
         cli.main(["run", "-c", "pgsub.yaml"])
     assert exited.value.code == code
@@ -84,7 +84,7 @@ def test_the_cli_reports_an_interrupt_without_a_traceback(monkeypatch: Any, caps
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "_run", run)
-    monkeypatch.setattr(cli.logs, "configure", lambda *args: None)  # pytest's own logging
+    monkeypatch.setattr(logs, "configure", lambda *args: None)  # pytest's own logging
     assert cli.main(["run", "-c", "pgsub.yaml"]) == 130
     assert capsys.readouterr().err.strip() == "pgsub run: interrupted"
 
