@@ -68,7 +68,11 @@ class Maintenance:
             for table in runner.tables.known():
                 if stopping is not None and stopping.is_set():
                     return
-                self._tend(runner.name, table, partial(runner.tables.tend, table, self._policy))
+                done = self._tend(
+                    runner.name, table, partial(runner.tables.tend, table, self._policy)
+                )
+                if done is not None:
+                    runner.table_files[table] = done.files_after  # its /status
         retained = datetime.now(UTC) - timedelta(seconds=self._policy.retention)
         checkpoints = CheckpointStore(self._spark, self._warehouse)
         for runner in self._runners:
@@ -83,8 +87,9 @@ class Maintenance:
                 continue  # not written yet (no conflict so far, say)
             self._tend(STATE, kind.name, partial(tend, self._spark, path, self._policy, mark=None))
 
-    def _tend(self, subscription: str, table: str, work: Callable[..., Tended]) -> None:
-        """``work(vacuum=...)`` tends the table; its outcome counted and logged."""
+    def _tend(self, subscription: str, table: str, work: Callable[..., Tended]) -> Tended | None:
+        """``work(vacuum=...)`` tends the table; its outcome counted, logged and returned
+        (None when it failed)."""
         key = (subscription, table)
         now = self._clock()
         # A daemon's first vacuum of a table comes one interval after it started.
@@ -93,7 +98,7 @@ class Maintenance:
             done = work(vacuum=vacuum)
         except ApplyError as exc:
             self._failed(subscription, table, exc)
-            return
+            return None
         if vacuum:
             self._vacuumed[key] = now
         metrics = self._metrics
@@ -113,6 +118,7 @@ class Maintenance:
                 files_after=done.files_after,
                 seconds=round(done.seconds, 3),
             )
+        return done
 
     def _failed(self, subscription: str, table: str, exc: Exception) -> None:
         self._metrics.maintenance_errors.labels(subscription, table).inc()

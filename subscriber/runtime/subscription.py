@@ -157,6 +157,7 @@ class SubscriptionRunner:
         self.slot_watch = SlotWatch(config, self.catalog, metrics, self.status)
         self.publisher_heartbeat = Heartbeat(config, self._conninfo)
         self._versions: dict[str, int] = {}  # each table's last Delta version, across attempts
+        self.table_files: dict[str, int] = {}  # each table's data files, as maintenance found
         # Unix time the supervising thread last went round its loop (liveness).
         self.heartbeat = time.time()
         self.progress: Progress | None = None
@@ -480,16 +481,10 @@ class SubscriptionRunner:
     def _describe_tables(self) -> None:
         """Each table's sync state and copy progress, its Delta version and data files."""
         tables = self.coordinator.describe()
-        files = {
-            sample.labels["relation"]: int(sample.value)
-            for family in self._metrics.table_files.collect()
-            for sample in family.samples
-            if sample.labels.get("subscription") == self.name
-        }
         for table in tables:
             name = str(table["table"])
             table["delta_version"] = self._versions.get(name)
-            table["files"] = files.get(name)
+            table["files"] = self.table_files.get(name)
         self.status.tables = tables
 
     @property

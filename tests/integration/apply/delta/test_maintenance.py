@@ -52,6 +52,7 @@ def test_compaction_and_vacuum_keep_rows_progress_and_time_travel(
         Maintenance([runner], spark, str(warehouse), config, rep.metrics).round()
 
         assert data_files(spark, path) < 4
+        assert runner.table_files == {"public.t": data_files(spark, path)}  # its /status
         last = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()
         assert last["operation"] in ("OPTIMIZE", "VACUUM END")
         assert '"lsn"' in (last["userMetadata"] or "")  # the table's mark carried forward
