@@ -80,9 +80,11 @@ demo: setup
 
 # Two processes (pytest-xdist), each test file whole in one of them: a test waits on
 # PostgreSQL, a stream or a JVM's start for a third of its time, the other runs meanwhile.
+# Files in collection order (e2e first: the longest), not xdist's most-tests-first,
+# which left the long e2e files for last, one process idle.
 TEST_WORKERS ?= 2
 test: setup lint typecheck
-	$(BIN)/pytest tests --durations=25 -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest tests --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-unit: venv
 	$(BIN)/pytest tests/unit

@@ -4,6 +4,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -157,15 +158,12 @@ def test_demo_whose_jvm_dies_with_it_ends_at_once_with_its_comparison(tmp_path: 
     """A signal to the whole process group (``timeout``, systemd's control-group kill) takes
     the Spark JVM too: the demo says so, compares with delta-rs, removes its publisher."""
     port = free_port()
-    scratch = tmp_path / "tmp"  # the demo's publisher is made under it: told from others
-    scratch.mkdir()
     process = subprocess.Popen(
         _demo(tmp_path / "wh", "--port", str(port)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "TMPDIR": str(scratch)},
     )
     try:
 
@@ -188,13 +186,24 @@ def test_demo_whose_jvm_dies_with_it_ends_at_once_with_its_comparison(tmp_path: 
     assert "the Spark JVM is gone" in output
     assert "Traceback" not in output, output[-3000:]
     assert "accounts: 1000 rows on the publisher" in output  # compared all the same
-    assert not _clusters(scratch)  # its publisher is gone
+    assert not _listening(_publisher_port(output))  # its publisher is gone
 
 
-def _clusters(under: Path) -> set[str]:
-    """The command lines of the throwaway PostgreSQL servers running now from ``under``."""
-    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
-    return {line for line in listing.stdout.splitlines() if f"{under}/pgsub-pg-" in line}
+def _publisher_port(output: str) -> int:
+    """The port of the demo's throwaway publisher, from its log line."""
+    (line,) = [line for line in output.splitlines() if "demo publisher ready" in line]
+    found = re.search(r"port\W+(\d+)", line)
+    assert found, line
+    return int(found.group(1))
+
+
+def _listening(port: int) -> bool:
+    """Whether a server still answers on the loopback ``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return False
+    return True
 
 
 def served_metrics(exposition: str) -> tuple[set[str], dict[str, set[str]]]:
