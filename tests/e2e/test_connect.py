@@ -28,7 +28,8 @@ from tests.support.scale_out import (
 )
 from tests.support.spark_connect import ConnectServer, connect_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+# A server JVM beside the daemon, on two cores shared with the other test process.
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(1500)]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,11 @@
 """The scale-out scenarios, run against each way of reaching Spark beyond ``local[*]``.
 
-A standalone cluster (``tests/e2e/test_cluster.py``) and a Spark Connect
-server (``tests/e2e/test_connect.py``) run the same two scenarios: copy,
-streaming apply, a conflict and ``pgsub status``; and a kill -9 of the
-daemon once the copy has staged a range, a restart that resumes it killed
-between a table's write and its checkpoint, then a last restart. Each
+Two scenarios: copy, streaming apply, a conflict and ``pgsub status`` (on a
+standalone cluster, ``tests/e2e/test_cluster.py``, and through a Spark
+Connect server, ``tests/e2e/test_connect.py``); and a kill -9 of the daemon
+once the copy has staged a range, a restart that resumes it killed between
+a table's write and its checkpoint, then a last restart (through Spark
+Connect; the staging by Spark tasks is the same code on a cluster). Each
 ends with the Delta tables read back and compared with the publisher.
 ``spark`` says where the daemon's Spark is: ``{"master": "spark://..."}``
 or ``{"remote": "sc://..."}``.
@@ -81,16 +82,16 @@ def copy_stream_conflicts_and_status(
         config, publisher, warehouse, copy_data=True, copy={"ranges": RANGES}, **spark_config
     )
     daemon = daemons(config, port)
-    daemon.wait_ready(timeout=300)
-    wait_until(lambda: tables_ready(daemon), timeout=300, what="both tables READY")
+    daemon.wait_ready(timeout=600)
+    wait_until(lambda: tables_ready(daemon), timeout=600, what="both tables READY")
     while_running(daemon)
     publisher.execute(CHANGES)
-    wait_confirmed(publisher)
+    wait_confirmed(publisher, timeout=600)
 
     # Another writer removes a row; the publisher then deletes it: delete_missing, skipped.
     deltalake.DeltaTable(str(warehouse / "public" / "keyed")).delete("id = 5")
     publisher.execute("DELETE FROM keyed WHERE id = 5")
-    wait_confirmed(publisher)
+    wait_confirmed(publisher, timeout=600)
     metrics = daemon.get("/metrics")[1]
     assert (
         'pgsub_conflicts_total{relation="public.keyed",subscription="sub1",'
@@ -160,24 +161,24 @@ def kills_during_the_copy_and_a_batch_then_restart(
         **spark_config,
     )
     doomed = daemons(config, port, "tablesync.after_range_staged=1")
-    assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
+    assert doomed.wait_exit(timeout=600) == -9, doomed.logs()
     for statement in WHILE_DOWN:
         publisher.execute(statement)
     resumed = daemons(config, port, "apply.before_checkpoint")
     wait_until(
         lambda: resumed.process.poll() is not None or tables_ready(resumed),
-        timeout=300,
+        timeout=600,
         what="the resumed copy's kill or both tables READY",
     )
     publisher.execute(CHANGES)  # if it still runs, its next batch is the kill
-    assert resumed.wait_exit(timeout=300) == -9, resumed.logs()
+    assert resumed.wait_exit(timeout=600) == -9, resumed.logs()
     publisher.execute("INSERT INTO bag VALUES (42, 'after'); UPDATE keyed SET v = 'after'")
 
     survivor = daemons(config, port)
-    survivor.wait_ready(timeout=300)
-    wait_until(lambda: tables_ready(survivor), timeout=300, what="both tables READY")
+    survivor.wait_ready(timeout=600)
+    wait_until(lambda: tables_ready(survivor), timeout=600, what="both tables READY")
     publisher.execute("UPDATE keyed SET v = 'last' WHERE id % 5 = 0")
-    wait_confirmed(publisher)
+    wait_confirmed(publisher, timeout=600)
     # Nothing staged is left: the warehouse's staging table is emptied beside the stream.
     # (Its log stays, with a checkpoint after ten commits. A Spark Connect server runs the
     # killed daemon's jobs on, whose files - attempt 1's partitions - a cleanup that ran
@@ -191,7 +192,7 @@ def kills_during_the_copy_and_a_batch_then_restart(
             if "_delta_log" not in f.parts and not f.parent.name.endswith(".1")
         ]
 
-    wait_until(lambda: not staged_rows(), timeout=300, what="the staged copy removed")
+    wait_until(lambda: not staged_rows(), timeout=600, what="the staged copy removed")
     assert deltalake.DeltaTable(str(staging)).to_pyarrow_table().num_rows == 0
     assert survivor.terminate() == 0, survivor.logs()
     events = resumed.events() + survivor.events()
