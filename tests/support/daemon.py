@@ -18,16 +18,24 @@ import yaml
 from tests.support.pgcluster import free_port, wait_until
 from tests.support.pgdatabase import PgDatabase
 
+# A test's daemon lives for seconds, not months: its JVM compiles with C1 alone, which
+# starts and warms up faster on two cores than the tiered default (a production daemon
+# keeps the default, whose C2 code is the faster one for hours of MERGEs).
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 
 def pgsub(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """One ``pgsub`` command, run to completion."""
+    """One ``pgsub`` command, run to completion.
+
+    A command that deletes (``pgsub drop``) starts a JVM of its own: cold, beside the
+    other test process's JVMs on two cores, it took more than 120 s; hence 300 s."""
     return subprocess.run(
         [sys.executable, "-m", "subscriber.runtime.cli", *args],
         check=False,
         capture_output=True,
         text=True,
-        timeout=120,
-        env=env,
+        timeout=300,
+        env={"JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM, **(env or os.environ)},
     )
 
 
@@ -80,12 +88,6 @@ def write_subscriptions(
     }
     path.write_text(yaml.safe_dump(config))
     return port
-
-
-# A test's daemon lives for seconds, not months: its JVM compiles with C1 alone, which
-# starts and warms up faster on two cores than the tiered default (a production daemon
-# keeps the default, whose C2 code is the faster one for hours of MERGEs).
-SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 class DaemonProcess:
