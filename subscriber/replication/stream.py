@@ -269,7 +269,6 @@ class ReplicationStream:
         self._connection = connection
         self._pgconn = connection.pgconn
         self._progress = progress
-        self._timeout = wal_receiver_timeout
         self._clock = clock
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._pgconn.socket, selectors.EVENT_READ, "server")
@@ -313,7 +312,7 @@ class ReplicationStream:
                 raise ConnectionLostError(
                     f"terminating replication stream due to timeout: nothing received for "
                     f"{self._policy.silent_for(now):.0f}s "
-                    f"(wal_receiver_timeout {self._timeout:.0f}s)"
+                    f"(wal_receiver_timeout {self._policy.timeout:.0f}s)"
                 )
             if silence is Silence.PING:
                 self.send_status(force=True, reply_requested=True)
