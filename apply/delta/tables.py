@@ -33,6 +33,7 @@ from apply.delta import sql as delta_sql
 from apply.delta.copy import copy_into, write_once
 from apply.delta.definition import TableDefinition
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
+from apply.delta.local_merge import merge_locally
 from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table, user_metadata
 from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
@@ -106,6 +107,7 @@ class DeltaTables:
         self.warehouse = warehouse.rstrip("/")
         # A warehouse on this machine's file system (delta-rs may write it directly).
         self._on_local_disk = is_local_folder(self.warehouse)
+        self._local_spark: bool | None = None  # Spark runs in this process (asked once)
         self.subscription = subscription
         self.create_tables = create_tables
         self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)
@@ -321,9 +323,25 @@ class DeltaTables:
         resolutions: Mapping[ConflictKind, Resolution],
     ) -> WriteResult:
         if isinstance(net, KeyedNet):
+            if self._merges_locally(target):
+                written = merge_locally(target.path, schema, net, mark)
+                if written is not None:
+                    return written
             origins = self._tracker(schema.table, target.path)
             return write_keyed(target, schema, net, mark, resolutions, origins=origins)
         return write_multiset(target, schema, net, mark, resolutions)
+
+    def _merges_locally(self, target: TargetTable) -> bool:
+        """Whether a keyed batch may be merged by delta-rs (``apply.delta.local_merge``): a
+        local warehouse and Spark, and no other writer whose rows pgsub must tell apart."""
+        if self._local_spark is None:
+            self._local_spark = runs_here(target.session)
+        return (
+            self._on_local_disk
+            and self._local_spark
+            and not self.track_origin
+            and not self.shared_tables
+        )
 
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult:
         """Append logical decoding messages in one commit carrying ``mark`` (exactly once, as

@@ -1,0 +1,186 @@
+"""A keyed table's batch merged by delta-rs in this process: no Spark job, no JVM.
+
+A Spark MERGE costs about a second whatever its size (its jobs, its commit's
+snapshot and statistics: docs/performance.md, "Many tables"), so a batch
+over many small tables paid a second per table. On a local warehouse, a
+table that delta-rs may write (``delta_rs_can_write``) and whose files hold
+at most ``LOCAL_MERGE_MAX_BYTES`` takes this path instead:
+
+1. the commit already made? Delta's idempotent-write id
+   (``txn``: ``mark.txn``) is read from the log, and a batch the table has
+   is not merged twice (what Spark's ``txnAppId`` does);
+2. the batch's keys are looked up in the table's key columns, read by
+   pyarrow from its live files; a chain whose first change does not find
+   what it expects (``conflicts.kinds.judge``) is a conflict, and the whole
+   batch then takes Spark's path (``apply.delta.keyed``), which judges,
+   resolves and reports it - conflicts cost what they did, and their report
+   is the same;
+3. the same MERGE plan as Spark's (``apply.merge_plan``, without its
+   ``raise_error`` clause: nothing conflicts) is run by delta-rs, in one
+   commit carrying the same mark (txn and ``userMetadata``).
+
+None from ``merge_locally`` means "take Spark's path", and nothing was
+written. Left to Spark: a TRUNCATE in the batch, an update that moved a
+key with unchanged TOAST values (``fill_moved``), a table whose types
+delta-rs would write differently, multiset tables, large tables.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import structlog
+
+from apply.collapse import KeyedNet
+from apply.columnar import arrow_schema
+from apply.delta.local_tables import delta_rs_can_write, folder
+from apply.errors import TargetTableError
+from apply.merge_plan import (
+    ClauseKind,
+    MergePlan,
+    OnExists,
+    expected_counts,
+    key_bounds,
+    keyed_merge,
+    shape_of,
+)
+from apply.records import CommitMark, WriteResult
+from apply.source import FIRST, keyed_source
+from conflicts.kinds import First
+
+if TYPE_CHECKING:
+    import deltalake
+
+    from apply.schema import TargetSchema
+
+log = structlog.get_logger(__name__)
+
+# Above this much Parquet a table's MERGE goes to Spark: delta-rs rewrites the touched files
+# in this process's memory, and the key lookup reads every key.
+LOCAL_MERGE_MAX_BYTES: Final = 256 * 2**20
+_EXPECTS_PRESENT: Final = pa.array([f.value for f in First if f.expects_present], type=pa.string())
+
+
+def merge_locally(
+    path: str, schema: TargetSchema, net: KeyedNet, mark: CommitMark
+) -> WriteResult | None:
+    """``net`` merged into the table at ``path`` by delta-rs, in one commit carrying ``mark``;
+    None when the batch must take Spark's path (nothing was written)."""
+    import deltalake
+
+    if net.truncated or any(row.toast_key is not None for row in net.rows.values()):
+        return None
+    local = folder(path)
+    if not delta_rs_can_write(local):
+        return None
+    try:
+        table = deltalake.DeltaTable(local)
+        app_id, version = mark.txn
+        done = table.transaction_version(app_id)
+        if done is not None and done >= version:
+            return WriteResult(schema.table, None)  # committed before: Delta's txn says so
+        if not _fits(table, schema):
+            return None
+        source = keyed_source(net, schema)
+        try:
+            if _conflicts(table, schema, source.table):
+                return None
+        except pa.ArrowException:  # a key type pyarrow cannot join on
+            return None
+        bounds = key_bounds(source.table, schema.key[0])
+        shape = shape_of(source.table)
+        plan = keyed_merge(schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds)
+        metrics = _merge(table, source.table, plan, mark)
+    except deltalake.exceptions.DeltaError as exc:
+        raise TargetTableError(
+            f"writing {schema.table} to {path} at LSN {mark.lsn} through delta-rs failed: {exc}"
+        ) from exc
+    counts = (
+        int(metrics.get("num_target_rows_inserted") or 0),
+        int(metrics.get("num_target_rows_updated") or 0),
+        int(metrics.get("num_target_rows_deleted") or 0),
+    )
+    if counts != expected_counts(source.table):
+        # Only another writer between the lookup and the commit can make this happen.
+        log.warning(
+            "a MERGE by delta-rs changed other rows than its lookup predicted",
+            table=schema.table,
+            lsn=str(mark.lsn),
+            counts=counts,
+            expected=expected_counts(source.table),
+        )
+    return WriteResult(schema.table, table.version(), *counts)
+
+
+def _fits(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
+    """Whether the table is small enough and its columns have the types pgsub's Arrow
+    values have (a table made by Spark, or evolved, may differ)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    size = pc.sum(actions.column("size_bytes")).as_py() if actions.num_rows else 0
+    if int(size or 0) > LOCAL_MERGE_MAX_BYTES:
+        return False
+    have = pa.schema(table.schema().to_arrow())
+    for wanted in arrow_schema(schema.columns):
+        if wanted.name not in have.names or have.field(wanted.name).type != wanted.type:
+            return False
+    return True
+
+
+def _conflicts(table: deltalake.DeltaTable, schema: TargetSchema, source: pa.Table) -> bool:
+    """Whether some chain of ``source`` does not find what its first change expects: an
+    update or delete whose key is missing, an insert whose key is there."""
+    import pyarrow.dataset as ds
+
+    keys = list(schema.key)
+    files = table.file_uris()
+    if files:
+        wanted = pa.schema([source.schema.field(k) for k in keys])
+        scan = ds.dataset(files, schema=wanted, format="parquet")
+        where = pc.field(keys[0]).isin(source[keys[0]].unique())
+        local = scan.to_table(columns=keys, filter=where)
+    else:
+        local = pa.schema([source.schema.field(k) for k in keys]).empty_table()
+    found_marker = "__pgsub_found"
+    looked = (
+        source.select(keys)
+        .append_column("__pgsub_at", pa.array(range(source.num_rows), pa.int64()))
+        .join(
+            local.append_column(found_marker, pa.array([True] * local.num_rows, pa.bool_())),
+            keys,
+            join_type="left outer",
+        )
+        .sort_by("__pgsub_at")
+    )
+    found = pc.fill_null(looked[found_marker], False)
+    expects = pc.is_in(source[FIRST], _EXPECTS_PRESENT)
+    return bool(pc.any(pc.not_equal(found, expects)).as_py())
+
+
+def _merge(
+    table: deltalake.DeltaTable, source: pa.Table, plan: MergePlan, mark: CommitMark
+) -> dict[str, int]:
+    """``plan`` (the SQL conditions and values Spark's MERGE takes) run by delta-rs."""
+    import deltalake
+
+    app_id, version = mark.txn
+    merger = table.merge(
+        source,
+        plan.condition,
+        source_alias="s",
+        target_alias="t",
+        streamed_exec=False,  # a small source, read twice: its key range prunes files
+        commit_properties=deltalake.CommitProperties(
+            custom_metadata={"userMetadata": mark.user_metadata()},
+            app_transactions=[deltalake.Transaction(app_id=app_id, version=version)],
+        ),
+    )
+    for clause in plan.clauses:
+        if clause.kind is ClauseKind.MATCHED_UPDATE:
+            merger = merger.when_matched_update(clause.assignments, clause.condition)
+        elif clause.kind is ClauseKind.MATCHED_DELETE:
+            merger = merger.when_matched_delete(clause.condition)
+        else:
+            merger = merger.when_not_matched_insert(clause.assignments, clause.condition)
+    return {k: int(v) for k, v in merger.execute().items() if isinstance(v, int)}

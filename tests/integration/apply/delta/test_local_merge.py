@@ -1,0 +1,113 @@
+"""A keyed batch on a local warehouse is merged by delta-rs (apply/delta/local_merge.py):
+the same rows, marks and exactly-once as Spark's MERGE; a conflict goes to Spark's path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from apply.applier import BatchApplier
+from apply.collapse import KeyedNet
+from apply.delta.local_merge import merge_locally
+from apply.delta.tables import DeltaTables
+from apply.records import CommitMark
+from apply.schema import target_schema
+from subscriber.replication.lsn import ZERO, Lsn
+from tests.unit.apply.builders import batch, dele, ins, relation, trunc, tx, upd
+
+pytestmark = pytest.mark.integration
+
+T = relation("id", "v", "big")
+
+
+def delta_rs_rows(table: Path, key: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The table's rows as delta-rs lists its files (pyarrow reads them), sorted by ``key``."""
+    log = deltalake.DeltaTable(str(table))
+    schema = pa.schema(log.schema().to_arrow())
+    rows = ds.dataset(log.file_uris(), schema=schema, format="parquet").to_table().to_pylist()
+    return sorted(rows, key=lambda row: tuple(row[k] for k in key))
+
+
+def _writers(table: Path) -> list[str]:
+    """The engine of each commit of the table, oldest first ("delta-rs" or "Spark")."""
+    engines = []
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info is not None:
+                client = str(info.get("clientVersion") or info.get("engineInfo") or "")
+                engines.append("delta-rs" if client.startswith("delta-rs") else "Spark")
+    return engines
+
+
+def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
+    spark: Any, warehouse: Path
+) -> None:
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "t"
+    try:
+        applier.apply(batch(tx(*(ins(T, i, f"v{i}", "big") for i in range(1, 6)), end=100)))
+        applier.apply(
+            batch(
+                tx(upd(T, 1, "one", ...), dele(T, 2, None, None), end=200),  # TOAST kept
+                tx(ins(T, 9, "nine", "b9"), upd(T, 3, "x", "y"), end=300),
+                tx(dele(T, 3, None, None), ins(T, 3, "back", "again"), end=400),  # re-insert
+            )
+        )
+        want = [
+            {"id": 1, "v": "one", "big": "big"},
+            {"id": 3, "v": "back", "big": "again"},
+            {"id": 4, "v": "v4", "big": "big"},
+            {"id": 5, "v": "v5", "big": "big"},
+            {"id": 9, "v": "nine", "big": "b9"},
+        ]
+        assert delta_rs_rows(folder, key=("id",)) == want
+        assert _writers(folder)[1:] == ["delta-rs", "delta-rs"]  # after Spark's CREATE
+        assert tables.applied_lsn("public.t") == Lsn(400)
+
+        # An update of a missing row (update_missing, skipped): judged and reported by Spark.
+        result = applier.apply(batch(tx(upd(T, 2, "gone", "g"), upd(T, 4, "four", ...), end=500)))
+        (written,) = result.tables
+        assert [f.kind for f in written.write.conflicts] == ["update_missing"]
+        assert _writers(folder)[-1] == "Spark"
+        assert {r["id"]: r["v"] for r in delta_rs_rows(folder, key=("id",))}[4] == "four"
+
+        # A TRUNCATE takes Spark's path too.
+        applier.apply(batch(tx(trunc(T), ins(T, 7, "seven", "s"), end=600)))
+        assert delta_rs_rows(folder, key=("id",)) == [{"id": 7, "v": "seven", "big": "s"}]
+        assert _writers(folder)[-1] == "Spark"
+    finally:
+        applier.close()
+
+
+def test_a_batch_the_table_has_is_not_merged_twice(spark: Any, warehouse: Path) -> None:
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    schema = target_schema(T, lambda oid: None, True)
+    tables.prepare(schema)
+    path = tables.path("public.t")
+
+    def net(*changes: Any) -> KeyedNet:
+        from apply.collapse import collapse
+
+        work = batch(tx(*changes)).tables(lambda name: ZERO)["public.t"]
+        keyed = collapse(work)
+        assert isinstance(keyed, KeyedNet)
+        return keyed
+
+    mark = CommitMark("sub1", Lsn(100), 0)
+    first = merge_locally(path, schema, net(ins(T, 1, "a", "x")), mark)
+    assert first is not None and first.version is not None and first.inserted == 1
+    again = merge_locally(path, schema, net(ins(T, 1, "a", "x")), mark)
+    assert again is not None and again.version is None  # Delta's txn: committed before
+    assert delta_rs_rows(Path(path), key=("id",)) == [{"id": 1, "v": "a", "big": "x"}]
+    # An insert of a key the table has is a conflict: left to Spark, nothing written.
+    later = CommitMark("sub1", Lsn(200), 0)
+    assert merge_locally(path, schema, net(ins(T, 1, "b", "y")), later) is None
+    assert len(_writers(Path(path))) == 2
