@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
 from apply.errors import TargetTableError
+
+if TYPE_CHECKING:
+    import deltalake
 
 # Writer features delta-rs 1.6 writes correctly; any other makes a write go through Spark.
 DELTA_RS_WRITES: Final = frozenset({"appendOnly", "invariants", "timestampNtz"})
@@ -59,6 +62,11 @@ def delta_rs_can_write(path: str) -> bool:
         protocol = deltalake.DeltaTable(path).protocol()
     except (deltalake.exceptions.DeltaError, OSError):
         return False
+    return delta_rs_writes(protocol)
+
+
+def delta_rs_writes(protocol: deltalake.table.ProtocolVersions) -> bool:
+    """Whether delta-rs writes a table of ``protocol`` correctly."""
     features = set(protocol.writer_features or ())
     if protocol.min_writer_version < 7:
         # The legacy protocol: 3 adds CHECK constraints, 4 generated columns and change

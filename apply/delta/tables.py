@@ -33,7 +33,7 @@ from apply.delta import sql as delta_sql
 from apply.delta.copy import copy_into, write_once
 from apply.delta.definition import TableDefinition
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
-from apply.delta.local_merge import merge_locally
+from apply.delta.local_merge import LocalMerges
 from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table, user_metadata
 from apply.delta.maintenance import Tended, tend
 from apply.delta.multiset import write_multiset
@@ -108,6 +108,7 @@ class DeltaTables:
         # A warehouse on this machine's file system (delta-rs may write it directly).
         self._on_local_disk = is_local_folder(self.warehouse)
         self._local_spark: bool | None = None  # Spark runs in this process (asked once)
+        self._local_merges = LocalMerges()  # small keyed tables' batches, by delta-rs
         self.subscription = subscription
         self.create_tables = create_tables
         self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)
@@ -234,6 +235,7 @@ class DeltaTables:
             # A table made again after it was deleted is made by Spark: this process's Spark
             # may hold the deleted table's log, and sees a new one only through its own CREATE.
             self._definition.create(self.session(), schema, path, by_spark=created_before)
+            self._local_merges.forget(path)
             with self._lock:
                 self._origins.pop(schema.table, None)
             self.created.record_created(schema.table)
@@ -324,7 +326,7 @@ class DeltaTables:
     ) -> WriteResult:
         if isinstance(net, KeyedNet):
             if self._merges_locally(target):
-                written = merge_locally(target.path, schema, net, mark)
+                written = self._local_merges.merge(target.path, schema, net, mark)
                 if written is not None:
                     return written
             origins = self._tracker(schema.table, target.path)

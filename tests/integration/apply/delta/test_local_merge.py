@@ -83,6 +83,14 @@ def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
         applier.apply(batch(tx(trunc(T), ins(T, 7, "seven", "s"), end=600)))
         assert delta_rs_rows(folder, key=("id",)) == [{"id": 7, "v": "seven", "big": "s"}]
         assert _writers(folder)[-1] == "Spark"
+
+        # The open table reads Spark's commits before its next MERGE.
+        applier.apply(batch(tx(upd(T, 7, "after", ...), ins(T, 8, "eight", "e"), end=700)))
+        assert delta_rs_rows(folder, key=("id",)) == [
+            {"id": 7, "v": "after", "big": "s"},
+            {"id": 8, "v": "eight", "big": "e"},
+        ]
+        assert _writers(folder)[-1] == "delta-rs"
     finally:
         applier.close()
 
