@@ -26,6 +26,7 @@ from apply.queue import TransactionQueue
 from apply.rendering import TextForms
 from apply.roles import Leader, Role
 from apply.spool import SpoolDirectory, SpooledTransaction
+from apply.spool_layout import SpoolLayout
 from apply.transactions import Bounds, RemoteTransaction
 from apply.typemap import TypeLookup
 from apply.worker import ApplyWorker
@@ -82,7 +83,7 @@ class ApplyPipeline:
             self.name = context.subscription
             options, should_apply = context.options, role.should_apply
             spools = SpoolDirectory(
-                context.spool_root / "apply",
+                SpoolLayout(context.spool_root).leader,
                 on_size=context.metrics.spill_bytes.labels(context.subscription).set,
             )
             status_interval = context.status_interval
@@ -95,7 +96,7 @@ class ApplyPipeline:
                 origin=context.options.origin,
             )
             should_apply = _only(role.relid)
-            spools = SpoolDirectory(context.spool_root / self.name)
+            spools = SpoolDirectory(SpoolLayout(context.spool_root).sync_worker(role.relid))
             status_interval = 1.0  # the leader waits on this worker's progress
         self.progress = Progress(start)
         self.spools = spools

@@ -50,12 +50,10 @@ from psycopg import sql
 
 from apply.columnar import arrow_schema
 from apply.schema import TargetSchema
+from apply.spool_layout import SpoolLayout
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.replication.lsn import Lsn
 from tablesync.copy import BlockRange, RangeReader
-
-# Under spool_dir: one folder per table whose copy is staged by range.
-RANGE_STAGING: Final = "copy-ranges"
 
 # pg_partition_tree (SNAPSHOT_FACTS) is there from PostgreSQL 12; an older publisher's
 # tables are copied again after a crash.
@@ -304,7 +302,7 @@ def landed_rows(
 def forget_staged(spool_root: Path, copying: set[int]) -> None:
     """Remove the staged copies of tables no longer being copied (synchronized since, or
     removed from the subscription)."""
-    for folder in (spool_root / RANGE_STAGING).glob("*"):
+    for folder in SpoolLayout(spool_root).copy_ranges.glob("*"):
         if not (folder.name.isdigit() and int(folder.name) in copying):
             shutil.rmtree(folder, ignore_errors=True)
 

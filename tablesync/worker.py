@@ -39,6 +39,7 @@ from apply.pipeline import ApplyContext, ApplyPipeline
 from apply.records import CommitMark
 from apply.roles import CatchUp
 from apply.schema import target_schema
+from apply.spool_layout import SpoolLayout
 from subscriber.replication import session
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
@@ -52,7 +53,7 @@ from tablesync.copy import (
 )
 from tablesync.publication import PublishedTable, describe
 from tablesync.ranged_copy import RangedCopy
-from tablesync.resume import MIN_SERVER_VERSION, RANGE_STAGING, RESUMED_RESOLUTIONS, RangeStage
+from tablesync.resume import MIN_SERVER_VERSION, RESUMED_RESOLUTIONS, RangeStage
 from tablesync.state import TableState, TableStatus
 
 log = structlog.get_logger(__name__)
@@ -68,10 +69,6 @@ class Handoff(Protocol):
     def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None: ...
 
     def copy_progress(self, relid: int, copied: int, estimated: int) -> None: ...
-
-
-# Under spool_dir: the Parquet files of a copy before they land in Delta.
-COPY_STAGING = "copy"
 
 
 def sync_slot_name(subscription: str, relid: int, system_id: str) -> str:
@@ -112,7 +109,7 @@ class SyncWorker:
         self.slot = sync_slot_name(context.subscription, table.relid, system_id)
         self._conninfo = context.conninfo
         self._copy_settings = copy or CopySettings()
-        self._stage = RangeStage(context.spool_root / RANGE_STAGING / str(table.relid))
+        self._stage = RangeStage(SpoolLayout(context.spool_root).ranges_of(table.relid))
 
     def run(self, stopping: threading.Event) -> None:
         relid = self.table.relid
@@ -168,7 +165,7 @@ class SyncWorker:
                 readers=self._copy_settings.readers,
                 progress=self._progress,
                 drop_slot=self._drop_slot,
-                spark_staging=context.spool_root / COPY_STAGING / str(table.relid),
+                spark_staging=SpoolLayout(context.spool_root).copy(table.relid),
             ).run(schema, ranges, on_executors)
         self._stage.clear()
         self._handoff.store(table.relid, TableState.DATASYNC)
@@ -199,7 +196,7 @@ class SyncWorker:
             )
             source = source.watched(self._progress)
             mark = CommitMark(context.subscription, slot.consistent_point, 0)
-            staging = context.spool_root / COPY_STAGING / str(table.relid)
+            staging = SpoolLayout(context.spool_root).copy(table.relid)
             copied, _ = context.tables.copy_into(schema, source, mark, staging)
             if in_transaction:
                 connection.execute("COMMIT")

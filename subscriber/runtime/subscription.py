@@ -38,6 +38,7 @@ from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
 from apply.pipeline import ApplyContext, ApplyPipeline
 from apply.roles import Leader, PreparedLeftovers
 from apply.spool import private_directory
+from apply.spool_layout import SpoolLayout
 from apply.worker import ApplyWorker
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
@@ -57,15 +58,13 @@ from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublicationError, PublishedTable, published_tables
 from tablesync.resume import forget_staged
 from tablesync.state import TableState
-from tablesync.worker import COPY_STAGING, SyncWorker
+from tablesync.worker import SyncWorker
 
 if TYPE_CHECKING:
     from apply.delta.session import SparkSession
 
 log = structlog.get_logger(__name__)
 
-# Under spool_dir: the staged pieces of transactions larger than a batch (apply.staging).
-STAGING = "staging"
 # A supervising thread that has not gone round its loop for this long is hung.
 HEARTBEAT_LIMIT = 120.0
 
@@ -141,7 +140,7 @@ class SubscriptionRunner:
             spool_root=self.spool,
             status_interval=config.status_interval,
             wal_receiver_timeout=config.wal_receiver_timeout,
-            staging=self.spool / STAGING if stages_locally else None,
+            staging=SpoolLayout(self.spool).staging if stages_locally else None,
         )
         self.coordinator = SyncCoordinator(
             config.sync_settings(),
@@ -226,8 +225,8 @@ class SubscriptionRunner:
         for directory in ([base.parent] if self.config.spool_dir is None else []) + [base]:
             private_directory(directory)
         if not self._spool_cleaned:
-            shutil.rmtree(base / COPY_STAGING, ignore_errors=True)
-            shutil.rmtree(base / STAGING, ignore_errors=True)
+            for scratch in SpoolLayout(base).left_by_a_killed_run:
+                shutil.rmtree(scratch, ignore_errors=True)
             self._spool_cleaned = True
 
     def _pause(self, stopping: threading.Event, seconds: float) -> bool:

@@ -8,6 +8,7 @@ import psycopg
 import pytest
 from structlog.testing import capture_logs
 
+from apply.spool_layout import SpoolLayout
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
@@ -207,7 +208,7 @@ def test_a_transaction_larger_than_a_batch_lands_in_one_commit_per_table(
         assert merges(spark, rep.path("public.other")).count("MERGE") == 1
         assert not [m for m in commits(spark, rep.path("public.keyed")) if "within" in m]
         assert not list(
-            (rep.config.spool_path(str(rep.warehouse)) / "staging").glob("*/*")
+            SpoolLayout(rep.config.spool_path(str(rep.warehouse))).staging.glob("*/*")
         )  # cleaned after
 
 

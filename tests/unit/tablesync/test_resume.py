@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from apply.schema import TargetColumn, TargetSchema
+from apply.spool_layout import SpoolLayout
 from apply.typemap import ColumnType
 from subscriber.replication.lsn import Lsn
 from tablesync.copy import BlockRange
@@ -113,7 +114,7 @@ def test_without_keys_takes_a_key_of_several_columns_and_of_any_type(
 
 
 def test_a_stage_marks_a_folder_complete_only_once_its_blocks_end(tmp_path: Path) -> None:
-    stage = RangeStage(tmp_path / "copy-ranges" / "16384")
+    stage = RangeStage(SpoolLayout(tmp_path).ranges_of(16384))
     assert stage.manifest() is None and stage.done() == {}
     stage.begin(manifest())
     assert stage.manifest() == manifest()
@@ -149,8 +150,8 @@ def test_landed_rows_are_dropped_and_the_manifest_kept(tmp_path: Path) -> None:
 
 def test_staged_copies_of_tables_no_longer_copied_are_removed(tmp_path: Path) -> None:
     for relid in (16384, 16390, 16400):
-        RangeStage(tmp_path / "copy-ranges" / str(relid)).begin(manifest())
-    (tmp_path / "copy-ranges" / "stray").mkdir()
+        RangeStage(SpoolLayout(tmp_path).ranges_of(relid)).begin(manifest())
+    (SpoolLayout(tmp_path).copy_ranges / "stray").mkdir()
     forget_staged(tmp_path, copying={16390})
-    assert [p.name for p in (tmp_path / "copy-ranges").iterdir()] == ["16390"]
+    assert [p.name for p in SpoolLayout(tmp_path).copy_ranges.iterdir()] == ["16390"]
     forget_staged(tmp_path / "nothing-there", copying=set())
