@@ -37,6 +37,7 @@ from apply.transactions import RemoteTransaction
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation
+from tablesync.copy_progress import CopyProgress
 from tablesync.publication import PublishedTable
 from tablesync.state import SyncFailure, TableState, TableStatus
 
@@ -112,8 +113,7 @@ class SyncCoordinator:
         self._failed_at: dict[int, float] = {}
         self._failures: dict[int, SyncFailure] = {}  # until the table reaches SYNCDONE
         self._copied_at: dict[int, Lsn] = {}  # FINISHEDCOPY's LSN while SYNCWAIT/CATCHUP
-        self._copy_rows: dict[int, tuple[int, int]] = {}  # rows copied, estimated
-        self._copy_started: dict[int, float] = {}
+        self.copies = CopyProgress(clock)  # how far each copy is, for /status
         self.sync_errors = 0  # failed table-sync workers since the process started
         self.stopping = threading.Event()
         # Wakes the leader's apply thread (set by the subscription while one runs): a worker
@@ -238,25 +238,20 @@ class SyncCoordinator:
         return mine is None or stored.recorded_at is None or stored.recorded_at > mine
 
     def copy_progress(self, relid: int, copied: int, estimated: int) -> None:
-        self._copy_started.setdefault(relid, self._clock())
-        self._copy_rows[relid] = (copied, estimated)
+        self.copies.note(relid, copied, estimated)
 
     def describe(self) -> list[dict[str, object]]:
         """Each table's state, LSN and copy progress, for ``/status``."""
         rows: list[dict[str, object]] = []
         for status in self.statuses:
-            copied, estimated = self._copy_rows.get(status.relid, (None, None))
-            rate, left = self._copy_rate(status.relid, copied, estimated)
+            running = status.relid in self._running
             rows.append(
                 {
                     "table": status.qualified_name,
                     "state": status.state.label,
                     "lsn": None if status.lsn is None else str(status.lsn),
-                    "rows_copied": copied,
-                    "rows_estimated": estimated,
-                    "copy_rows_per_second": rate,
-                    "copy_seconds_left": left,
-                    "sync_worker": status.relid in self._running,
+                    **self.copies.figures(status.relid, running=running),
+                    "sync_worker": running,
                     **self._failure_fields(status.relid),
                 }
             )
@@ -272,17 +267,6 @@ class SyncCoordinator:
             "last_error_at": failure.at,
             "retry_at": failure.at + failure.retry_in,  # an attempt under way: sync_worker
         }
-
-    def _copy_rate(
-        self, relid: int, copied: int | None, estimated: int | None
-    ) -> tuple[float | None, float | None]:
-        """Rows per second of a copy under way, and its time left by the estimate."""
-        started = self._copy_started.get(relid)
-        if started is None or not copied or relid not in self._running:
-            return None, None
-        rate = copied / max(self._clock() - started, 1e-3)
-        left = max(0.0, (estimated or 0) - copied) / rate if estimated else None
-        return round(rate, 1), None if left is None else round(left, 1)
 
     def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None:
         """The sync worker's SYNCWAIT: wait until the leader sets CATCHUP; its LSN."""
