@@ -285,14 +285,26 @@ class SyncCoordinator:
     def process(self, position: Lsn) -> None:
         if self._clock() - self._reloaded_at >= RELOAD_INTERVAL:
             self.reload()
+        handed_over = False
         for status in self.statuses:
             if status.state is TableState.SYNCDONE and status.lsn is not None:
-                if position >= status.lsn:
-                    self.store(status.relid, TableState.READY, position)
+                self._ready_at(status, position)
             elif status.state is TableState.SYNCWAIT and status.lsn is not None:
                 self.store(status.relid, TableState.CATCHUP, max(status.lsn, position))
                 self._wait_sync_done(status.relid)
+                handed_over = True
+        if handed_over:
+            # A worker that stopped at or before the leader's position is READY now, not at
+            # the leader's next batch or idle tick (its wake-up came while the leader waited).
+            for status in self.statuses:
+                if status.state is TableState.SYNCDONE and status.lsn is not None:
+                    self._ready_at(status, position)
         self._start_workers()
+
+    def _ready_at(self, status: TableStatus, position: Lsn) -> None:
+        """A SYNCDONE table becomes READY once the leader has reached its LSN."""
+        if status.lsn is not None and position >= status.lsn:
+            self.store(status.relid, TableState.READY, position)
 
     def reload(self) -> None:
         """Pick up tables added or removed by ``pgsub refresh`` since the last look."""
@@ -373,9 +385,13 @@ class SyncCoordinator:
                     return
                 self._cond.wait(0.5)
 
-    def _start_workers(self) -> None:
+    def _start_workers(self, after: int | None = None) -> None:
+        """Workers for tables waiting to be copied, up to ``max_sync_workers``; ``after``: a
+        table whose worker just ended, left for the leader's next look."""
         now = self._clock()
         with self._cond:
+            if self.stopping.is_set():
+                return
             for relid, running in list(self._running.items()):
                 if not running.thread.is_alive():
                     del self._running[relid]
@@ -384,6 +400,7 @@ class SyncCoordinator:
                 for s in self._statuses.values()
                 if s.state in (TableState.INIT, TableState.DATASYNC, TableState.FINISHEDCOPY)
                 and s.relid not in self._running
+                and s.relid != after
                 and s.relid in self._published
                 and now - self._failed_at.get(s.relid, -1e9) >= self._retry_in(s.relid)
             ]
@@ -409,11 +426,24 @@ class SyncCoordinator:
                 self._failed(table, exc)
             finally:
                 with self._cond:
+                    if self._running.get(table.relid) is running:
+                        del self._running[table.relid]
                     self._cond.notify_all()
+            # A table synchronized gives its place to the next one now, not at the leader's
+            # next batch or idle tick. A worker that failed or stopped early does not: its
+            # table waits for the leader's look (and its retry interval).
+            if self._synchronized(table.relid):
+                self._start_workers(after=table.relid)
 
         thread = threading.Thread(target=run, name=f"sync-{table.relid}", daemon=True)
-        self._running[table.relid] = _Running(thread, stop)
+        running = _Running(thread, stop)
+        self._running[table.relid] = running
         thread.start()
+
+    def _synchronized(self, relid: int) -> bool:
+        with self._cond:
+            status = self._statuses.get(relid)
+        return status is not None and status.state in (TableState.SYNCDONE, TableState.READY)
 
     def _failed(self, table: PublishedTable, exc: Exception) -> None:
         with self._cond:

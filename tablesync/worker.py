@@ -249,7 +249,12 @@ class SyncWorker:
         """Apply this table's changes from the sync slot up to ``target``; the LSN reached."""
         context = self._context
         staged = self._stage.manifest()
-        if staged is not None and staged.resumed and staged.lsn == start:
+        resumed = staged is not None and staged.resumed and staged.lsn == start
+        if target <= start and not resumed:
+            # The leader is not past the copy's snapshot: nothing to catch up. PostgreSQL's
+            # worker ends here too, at its start position, without applying a change.
+            return start
+        if resumed:
             # The table holds rows read after ``start``: replay over them (tablesync.resume).
             resolutions = {**context.resolutions, **RESUMED_RESOLUTIONS}
             context = replace(context, resolutions=resolutions, reporter=None)

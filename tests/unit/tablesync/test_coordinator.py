@@ -242,3 +242,59 @@ def test_consecutive_failures_back_off_like_the_leader_and_show_their_error() ->
     sync.store(TABLE.relid, TableState.SYNCDONE, Lsn(7))
     (row,) = sync.describe()
     assert row["sync_failures"] == 0 and row["last_error"] is None
+
+
+def test_a_worker_that_ends_gives_its_place_to_the_next_table_at_once() -> None:
+    """max_sync_workers 1, two tables: the second table's worker starts when the first
+    one's ends synchronized, with no further call of the leader's process(); a worker that
+    ends without synchronizing its table leaves the next start to the leader."""
+    other = PublishedTable(2, "public", "u", ("id",), None, False, 10)
+    started: list[int] = []
+    release = threading.Event()
+
+    def factory(table: PublishedTable) -> Callable[[threading.Event], None]:
+        def work(stop: threading.Event) -> None:
+            started.append(table.relid)
+            release.wait(5)
+            if table.relid == 1:
+                for state, lsn in (
+                    (TableState.DATASYNC, None),
+                    (TableState.FINISHEDCOPY, Lsn(5)),
+                    (TableState.SYNCWAIT, None),
+                    (TableState.CATCHUP, Lsn(6)),
+                    (TableState.SYNCDONE, Lsn(7)),
+                ):
+                    sync.store(table.relid, state, lsn)
+
+        return work
+
+    sync = SyncCoordinator(SyncSettings("s", max_sync_workers=1), MemoryStore(), Metrics(), factory)
+    sync.load([TABLE, other], Lsn(0))
+    sync.process(Lsn(0))
+    wait_for(lambda: len(started) == 1, "one worker")
+    release.set()
+    wait_for(lambda: sorted(started) == [1, 2], "the second table's worker, unasked")
+    wait_for(lambda: not sync.describe()[1]["sync_worker"], "the second worker's end")
+    threading.Event().wait(0.2)
+    assert sorted(started) == [1, 2]  # table 2 is not synchronized: no worker until asked
+    sync.stop()
+
+
+def test_a_table_handed_over_at_the_leaders_position_is_ready_in_the_same_pass() -> None:
+    """The worker stops at the CATCHUP LSN the leader gave (its own position): READY before
+    process() returns, not at the leader's next batch or idle tick."""
+    store = MemoryStore()
+
+    def worker(stop: threading.Event) -> None:
+        sync.store(TABLE.relid, TableState.DATASYNC)
+        sync.store(TABLE.relid, TableState.FINISHEDCOPY, Lsn(10))
+        target = sync.wait_for_catchup(TABLE.relid, Lsn(10), stop)
+        assert target is not None
+        sync.store(TABLE.relid, TableState.SYNCDONE, target)
+
+    sync = coordinator(store, worker)
+    sync.load([TABLE], Lsn(0))
+    sync.process(Lsn(0))
+    wait_for(lambda: sync.status(TABLE.relid).state is TableState.SYNCWAIT, "SYNCWAIT")
+    sync.process(Lsn(50))
+    assert sync.status(TABLE.relid).state is TableState.READY
