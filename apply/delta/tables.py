@@ -271,6 +271,10 @@ class DeltaTables:
                 return self._write(target, schema, net, mark, resolutions)
         except ConflictError:
             raise
+        except TargetTableError:  # delta-rs's write failed (the table deleted, say)
+            with self._lock:
+                self._schemas.pop(schema.table, None)  # the next attempt looks at it again
+            raise
         except SparkErrors as exc:
             with self._lock:
                 self._schemas.pop(schema.table, None)  # the next attempt looks at it again
