@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Protocol
 
 import structlog
 
@@ -39,6 +38,7 @@ from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation
 from tablesync.copy_progress import CopyProgress
 from tablesync.publication import PublishedTable
+from tablesync.settings import SyncSettings, TableStates
 from tablesync.state import SyncFailure, TableState, TableStatus
 
 log = structlog.get_logger(__name__)
@@ -49,27 +49,6 @@ class TableRenamedError(ApplyError):
 
 
 WorkerFactory = Callable[[PublishedTable], Callable[[threading.Event], None]]
-
-
-@dataclass(frozen=True, slots=True)
-class SyncSettings:
-    """What table synchronization takes from the subscription's config."""
-
-    subscription: str
-    copy_data: bool = True
-    max_sync_workers: int = 2
-    retry_interval: float = 5.0  # wal_retrieve_retry_interval
-    max_retry_interval: float = 300.0  # the longest wait after consecutive failures
-
-
-class TableStates(Protocol):
-    """The stored table states (``apply.delta.state_store.TableStateStore``)."""
-
-    def load(self, subscription: str) -> dict[int, StoredTableState]: ...
-
-    def record(self, subscription: str, states: list[StoredTableState]) -> datetime:
-        """Appends ``states``; returns the time they are recorded at."""
-        ...
 
 
 # How often a running leader looks for tables added or removed by ``pgsub refresh``.

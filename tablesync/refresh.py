@@ -11,7 +11,7 @@ from tablesync.publication import PublishedTable
 from tablesync.state import TableState
 
 if TYPE_CHECKING:
-    from tablesync.coordinator import SyncSettings, TableStates
+    from tablesync.settings import SyncSettings, TableStates
 
 
 @dataclass(frozen=True, slots=True)

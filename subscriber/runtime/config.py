@@ -36,8 +36,8 @@ from apply.maintenance_policy import MaintenancePolicy
 from apply.transactions import Bounds
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.replication.commands import Streaming, check_slot_name
-from tablesync.coordinator import SyncSettings
 from tablesync.copy import CopySettings
+from tablesync.settings import SyncSettings
 
 ENV_PREFIX = "PGSUB_"
 # pgsub's environment variables that are not config keys.

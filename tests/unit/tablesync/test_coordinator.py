@@ -12,8 +12,9 @@ import pytest
 from apply.records import StoredTableState
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
-from tablesync.coordinator import SyncCoordinator, SyncSettings
+from tablesync.coordinator import SyncCoordinator
 from tablesync.publication import PublishedTable
+from tablesync.settings import SyncSettings
 from tablesync.state import TableState
 
 TABLE = PublishedTable(1, "public", "t", ("id",), None, False, 10)
