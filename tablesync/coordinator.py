@@ -176,27 +176,36 @@ class SyncCoordinator:
     # -- state changes -------------------------------------------------------
 
     def store(self, relid: int, state: TableState, lsn: Lsn | None = None) -> TableStatus:
+        return self.store_many([relid], state, lsn)[0]
+
+    def store_many(
+        self, relids: list[int], state: TableState, lsn: Lsn | None = None
+    ) -> list[TableStatus]:
+        """Move every table of ``relids`` to ``state``, stored in one write."""
         with self._cond:
-            current = self._statuses[relid]
-            moved = current.moved_to(state, lsn)
-        if moved == current:
-            return current  # a retried copy: DATASYNC again is nothing new to store
+            moved = [self._statuses[relid].moved_to(state, lsn) for relid in relids]
+            # A retried copy's DATASYNC again is nothing new to store.
+            fresh = [m for m in moved if m != self._statuses[m.relid]]
+        if not fresh:
+            return moved
         if state.stored:
-            self._persist([moved])
+            self._persist(fresh)
         with self._cond:
-            self._statuses[relid] = moved
-            if state in (TableState.SYNCDONE, TableState.READY):
-                self._failures.pop(relid, None)  # synchronized: the backoff starts over
+            for status in fresh:
+                self._statuses[status.relid] = status
+                if state in (TableState.SYNCDONE, TableState.READY):
+                    self._failures.pop(status.relid, None)  # the backoff starts over
             self._cond.notify_all()
         if state in (TableState.SYNCWAIT, TableState.SYNCDONE):
             self.wake_leader()
-        log.info(
-            "table state changed",
-            subscription=self.settings.subscription,
-            table=moved.qualified_name,
-            state=state.label,
-            lsn=None if lsn is None else str(lsn),
-        )
+        for status in fresh:
+            log.info(
+                "table state changed",
+                subscription=self.settings.subscription,
+                table=status.qualified_name,
+                state=state.label,
+                lsn=None if lsn is None else str(lsn),
+            )
         self._export()
         return moved
 
@@ -304,13 +313,10 @@ class SyncCoordinator:
             ]
             for status in added + resynced:
                 self._statuses[status.relid] = status
-                running = self._running.get(status.relid)
-                if running is not None:
-                    running.stop.set()
             for status in removed:
                 del self._statuses[status.relid]
-                running = self._running.get(status.relid)
-                if running is not None:
+            for status in added + resynced + removed:
+                if (running := self._running.get(status.relid)) is not None:
                     running.stop.set()
             self._cond.notify_all()
         for status in removed:
@@ -402,7 +408,7 @@ class SyncCoordinator:
             try:
                 work(stop)
             except Exception as exc:  # noqa: BLE001 - a sync failure must not stop the leader
-                self._failed(table, exc)
+                self.failed(table, exc)
             finally:
                 with self._cond:
                     if self._running.get(table.relid) is running:
@@ -424,7 +430,8 @@ class SyncCoordinator:
             status = self._statuses.get(relid)
         return status is not None and status.state in (TableState.SYNCDONE, TableState.READY)
 
-    def _failed(self, table: PublishedTable, exc: Exception) -> None:
+    def failed(self, table: PublishedTable, exc: Exception) -> None:
+        """A table's sync failed: counted, shown, retried after its backoff."""
         with self._cond:
             if table.relid not in self._statuses:
                 log.info(

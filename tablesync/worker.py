@@ -59,7 +59,13 @@ from tablesync.state import TableState, TableStatus
 log = structlog.get_logger(__name__)
 
 
-class Handoff(Protocol):
+class CopyWatcher(Protocol):
+    """Who hears of a copy's progress (``tablesync.coordinator.SyncCoordinator``)."""
+
+    def copy_progress(self, relid: int, copied: int, estimated: int) -> None: ...
+
+
+class Handoff(CopyWatcher, Protocol):
     """The leader's side of the handoff (``tablesync.coordinator.SyncCoordinator``)."""
 
     def status(self, relid: int) -> TableStatus: ...
@@ -68,7 +74,32 @@ class Handoff(Protocol):
 
     def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None: ...
 
-    def copy_progress(self, relid: int, copied: int, estimated: int) -> None: ...
+
+def watch_copy(
+    context: ApplyContext,
+    table: PublishedTable,
+    watcher: CopyWatcher,
+    blocks: Iterable[pa.Table],
+    copied: int = 0,
+) -> Iterator[pa.Table]:
+    """``blocks`` as they are copied, counted in the metrics, ``/status`` and the log (a
+    ``table copy progress`` event per block); the ``tablesync.after_copy_block`` failpoint
+    after each."""
+    counter = context.metrics.tablesync_rows_copied.labels(
+        context.subscription, table.qualified_name
+    )
+    for block in blocks:
+        copied += block.num_rows
+        counter.inc(block.num_rows)
+        watcher.copy_progress(table.relid, copied, table.estimated_rows)
+        log.info(
+            "table copy progress",
+            table=table.qualified_name,
+            rows=copied,
+            estimated_rows=table.estimated_rows,
+        )
+        yield block
+        failpoint("tablesync.after_copy_block")
 
 
 def sync_slot_name(subscription: str, relid: int, system_id: str) -> str:
@@ -213,21 +244,7 @@ class SyncWorker:
         return slot.consistent_point
 
     def _progress(self, blocks: Iterable[pa.Table], copied: int = 0) -> Iterator[pa.Table]:
-        counter = self._context.metrics.tablesync_rows_copied.labels(
-            self._context.subscription, self.table.qualified_name
-        )
-        for block in blocks:
-            copied += block.num_rows
-            counter.inc(block.num_rows)
-            self._handoff.copy_progress(self.table.relid, copied, self.table.estimated_rows)
-            log.info(
-                "table copy progress",
-                table=self.table.qualified_name,
-                rows=copied,
-                estimated_rows=self.table.estimated_rows,
-            )
-            yield block
-            failpoint("tablesync.after_copy_block")
+        return watch_copy(self._context, self.table, self._handoff, blocks, copied)
 
     def _slot_exists(self) -> bool:
         with ReplicationConnection(self._conninfo) as connection:

@@ -324,8 +324,10 @@ class SettingsStore(_StateTable):
         latest = {row["key"]: row["value"] for row in self._rows(subscription)}
         return {key: value for key, value in latest.items() if value}
 
-    def record(self, subscription: str, key: str, value: str) -> None:
-        self._append([(subscription, key, value, datetime.now(UTC))])
+    def record(self, subscription: str, key: str, value: str, *more: tuple[str, str]) -> None:
+        """``key`` set to ``value`` (and each of ``more``'s), in one write."""
+        now = datetime.now(UTC)
+        self._append([(subscription, k, v, now) for k, v in ((key, value), *more)])
 
 
 class PreparedStore(_StateTable):

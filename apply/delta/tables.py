@@ -72,7 +72,7 @@ class CreatedTables(Protocol):
 
     def was_created(self, table: str) -> bool: ...
 
-    def record_created(self, table: str) -> None: ...
+    def record_created(self, *tables: str) -> None: ...
 
 
 class _Forgetful:
@@ -81,7 +81,7 @@ class _Forgetful:
     def was_created(self, table: str) -> bool:
         return False
 
-    def record_created(self, table: str) -> None:
+    def record_created(self, *tables: str) -> None:
         return None
 
 
@@ -197,12 +197,16 @@ class DeltaTables:
 
     # -- schema --------------------------------------------------------------
 
-    def prepare(self, schema: TargetSchema, *, recreate: bool = False) -> Evolution | None:
+    def prepare(
+        self, schema: TargetSchema, *, recreate: bool = False, remember: bool = True
+    ) -> Evolution | None:
         """Create the table, or evolve it to ``schema``; None when nothing changed.
 
         A table this subscription created once and that is gone now (deleted by
         someone else) is not created again empty - that would lose its rows
-        silently - unless ``recreate`` (a copy that fills it anew).
+        silently - unless ``recreate`` (a copy that fills it anew). ``remember``
+        False: the caller records the creation (``remember_created``), with others
+        in one write, before anything may depend on it.
         """
         with self._lock:
             if self._schemas.get(schema.table) == schema:
@@ -210,14 +214,18 @@ class DeltaTables:
         path = self.path(schema.table)
         try:
             with self.exclusive(schema.table):
-                evolution = self._create_or_evolve(schema, path, recreate=recreate)
+                evolution = self._create_or_evolve(
+                    schema, path, recreate=recreate, remember=remember
+                )
         except SparkErrors as exc:
             raise TargetTableError(f"cannot prepare {path} for {schema.table}: {exc}") from exc
         with self._lock:
             self._schemas[schema.table] = schema
         return evolution
 
-    def _create_or_evolve(self, schema: TargetSchema, path: str, *, recreate: bool) -> Evolution:
+    def _create_or_evolve(
+        self, schema: TargetSchema, path: str, *, recreate: bool, remember: bool
+    ) -> Evolution:
         if not self.exists(schema.table):
             if not self.create_tables:
                 raise TargetTableError(
@@ -238,9 +246,14 @@ class DeltaTables:
             self._local_merges.forget(path)
             with self._lock:
                 self._origins.pop(schema.table, None)
-            self.created.record_created(schema.table)
+            if remember:
+                self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
         return self._definition.evolve(self.session(), schema, path)
+
+    def remember_created(self, tables: list[str]) -> None:
+        """``prepare(..., remember=False)``'s tables: created by this subscription."""
+        self.created.record_created(*tables)
 
     def _properties(self, path: str) -> Mapping[str, str]:
         return delta_sql.properties(self.session(), path)

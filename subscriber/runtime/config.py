@@ -146,6 +146,11 @@ class CopyConfig(_Strict):
     # keeps what was read (docs/tablesync.md, "Resuming a copy"); false: written once, and
     # copied again after a crash, as PostgreSQL does.
     resumable: bool = True
+    # On the first start, every table of at most range_size is copied under the
+    # subscription slot's own snapshot before the leader streams: no sync slot, catch-up
+    # or handover per table (docs/tablesync.md, "The first start"); false: each table on
+    # its own, as PostgreSQL.
+    initial_load: bool = True
 
     @field_validator("ranges")
     @classmethod

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import structlog
 
+from subscriber.replication.errors import SubscriberError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.slot import PublisherIdentity
 
@@ -36,7 +37,7 @@ class SettingsLog(Protocol):
 
     def load(self, subscription: str) -> dict[str, str]: ...
 
-    def record(self, subscription: str, key: str, value: str) -> None: ...
+    def record(self, subscription: str, key: str, value: str, *more: tuple[str, str]) -> None: ...
 
 
 class SubscriptionSettings:
@@ -104,12 +105,14 @@ class SubscriptionSettings:
         with self._lock:
             return self._values.get(CREATED + table) == "true"
 
-    def record_created(self, table: str) -> None:
-        if self.was_created(table):
+    def record_created(self, *tables: str) -> None:
+        """``tables``' Delta tables were created by this subscription (one write)."""
+        keys = [CREATED + table for table in tables if not self.was_created(table)]
+        if not keys:
             return
-        self._store.record(self.subscription, CREATED + table, "true")
+        self._store.record(self.subscription, keys[0], "true", *((k, "true") for k in keys[1:]))
         with self._lock:
-            self._values[CREATED + table] = "true"
+            self._values.update(dict.fromkeys(keys, "true"))
 
     def set_enabled(self, enabled: bool) -> None:
         self._store.record(self.subscription, ENABLED, "true" if enabled else "false")
@@ -125,6 +128,29 @@ class SubscriptionSettings:
         self._store.record(self.subscription, TWO_PHASE, state)
         with self._lock:
             self._values[TWO_PHASE] = state
+
+    def advance_two_phase(self, wanted: bool, all_ready: bool, slot: str) -> str:
+        """The two-phase state for the next attempt, as PostgreSQL's: pending while a table
+        is not READY (a table-sync worker cannot handle a prepared transaction), then
+        enabled; off when not ``wanted``, which a slot already enabled cannot go back to."""
+        state = self.two_phase
+        if not wanted:
+            if state == "enabled":
+                # Its slot now decodes prepared transactions whatever START_REPLICATION asks.
+                raise SubscriberError(
+                    f"subscription {self.subscription!r} has two_phase enabled (its slot "
+                    f"{slot!r} sends prepared transactions) and it cannot be turned "
+                    "off: set two_phase: true again, or `pgsub drop` the subscription and "
+                    "start it anew"
+                )
+            return "off"
+        if state != "enabled" and all_ready:
+            self.set_two_phase(state := "enabled")
+            log.info("two_phase enabled", subscription=self.subscription)
+        elif state is None:
+            self.set_two_phase(state := "pending")
+            log.info("two_phase pending until every table is ready", subscription=self.subscription)
+        return state
 
     def clear_skip(self) -> None:
         self._store.record(self.subscription, SKIP_LSN, "")

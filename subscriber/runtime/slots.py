@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass, field
 
 import psycopg
 import structlog
@@ -23,7 +24,7 @@ import structlog
 from subscriber.metrics import Metrics
 from subscriber.replication import session
 from subscriber.replication.catalog import PublisherCatalog
-from subscriber.replication.commands import quote_literal
+from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.errors import ReplicationError, SubscriberError
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.slot import PublisherIdentity, SlotAction, check_publisher, plan_slot
@@ -58,6 +59,19 @@ class SlotInvalidatedError(ReplicationError):
         )
 
 
+@dataclass
+class ExportedSnapshot:
+    """The snapshot of a slot made with ``SNAPSHOT 'export'``: importable by other sessions
+    (``SET TRANSACTION SNAPSHOT``) while the connection that made it stays idle and open."""
+
+    connection: ReplicationConnection = field(repr=False)
+    name: str
+    lsn: Lsn  # the slot's consistent point: the snapshot sees every commit before it
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 class SubscriptionSlots:
     def __init__(
         self, config: SubscriptionConfig, conninfo: str, settings: SubscriptionSettings
@@ -68,10 +82,15 @@ class SubscriptionSlots:
         self._settings = settings
         self.system_id = ""  # the publisher's, known once ``ensure`` ran
 
-    def ensure(self, flushed: Lsn) -> None:
-        """Check the publisher and the slot; create the slot only on the first start."""
+    def ensure(self, flushed: Lsn, *, export_snapshot: bool = False) -> ExportedSnapshot | None:
+        """Check the publisher and the slot; create the slot only on the first start.
+
+        With ``export_snapshot``, a slot made now is made with ``SNAPSHOT 'export'`` and its
+        snapshot returned, alive until it is closed (``tablesync.initial_load``)."""
         slot = self._config.slot
-        with ReplicationConnection(self._conninfo) as connection:
+        connection = ReplicationConnection(self._conninfo)
+        exported: ExportedSnapshot | None = None
+        try:
             system = connection.identify_system()
             found = PublisherIdentity(system.system_id, system.timeline)
             recorded = self._settings.publisher
@@ -95,9 +114,21 @@ class SubscriptionSlots:
             if action is SlotAction.CREATE:
                 # Two-phase is switched on at START_REPLICATION once every table is READY
                 # (the walsender marks the slot then), as PostgreSQL's subscriber does.
-                connection.create_slot(slot, failover=self._config.failover)
+                made = connection.create_slot(
+                    slot,
+                    failover=self._config.failover,
+                    snapshot=SnapshotAction.EXPORT if export_snapshot else SnapshotAction.NOTHING,
+                )
+                if export_snapshot and made.snapshot_name:
+                    exported = ExportedSnapshot(
+                        connection, made.snapshot_name, made.consistent_point
+                    )
+        finally:
+            if exported is None:
+                connection.close()
         # Recorded once the slot exists: a crash in between leaves a first start.
         self._settings.record_publisher(found)
+        return exported
 
     def drop_sync_slot(self, relid: int) -> None:
         slot = sync_slot_name(self.name, relid, self.system_id)

@@ -55,6 +55,7 @@ from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
 from subscriber.runtime.slots import Heartbeat, SlotWatch, SubscriptionSlots
 from subscriber.runtime.subscription_status import SubscriptionStatus, lsn_text
 from tablesync.coordinator import SyncCoordinator
+from tablesync.initial_load import InitialLoad
 from tablesync.publication import PublicationError, PublishedTable, published_tables
 from tablesync.resume import forget_staged
 from tablesync.state import TableState
@@ -183,8 +184,7 @@ class SubscriptionRunner:
                     log.info("subscription starting", subscription=name, origin_lsn=str(flushed))
                 self._forget_done_skip(flushed)
                 self._prepare_spool()
-                self.slots.ensure(flushed)
-                self._tables_to_sync(flushed)
+                self._start(flushed, stopping)
                 flushed = self._attempt(flushed, isolate, stopping)
                 isolate = None
             except TransactionError as exc:
@@ -218,6 +218,32 @@ class SubscriptionRunner:
         self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
+
+    def _start(self, flushed: Lsn, stopping: threading.Event) -> None:
+        """The slot checked (made on the first start), the tables to sync known; on the first
+        start, the small tables copied under the new slot's snapshot (tablesync.initial_load)."""
+        exported = self.slots.ensure(
+            flushed, export_snapshot=self.config.copy_data and self.config.initial_copy.initial_load
+        )
+        try:
+            self._tables_to_sync(flushed)
+            if exported is not None:
+                InitialLoad(
+                    self.context,
+                    self.coordinator,
+                    snapshot=exported.name,
+                    lsn=exported.lsn,
+                    copy=self.config.initial_copy.settings(),
+                    workers=self.config.max_sync_workers,
+                ).run(self._published_tables(), stopping, beat=self._loading)
+        finally:
+            if exported is not None:
+                exported.close()
+
+    def _loading(self) -> None:
+        """The supervising thread, alive while the first start's load runs."""
+        self.heartbeat = time.time()
+        self._describe_tables()
 
     def _prepare_spool(self) -> None:
         """The spool directory, private to this user; copies a killed run staged, removed."""
@@ -358,27 +384,9 @@ class SubscriptionRunner:
     # -- one attempt ---------------------------------------------------------
 
     def _two_phase(self) -> bool:
-        """Whether this attempt streams with two-phase on. As PostgreSQL: pending while a table
-        is not READY (a table-sync worker cannot handle a prepared transaction), then on."""
-        state = self.settings.two_phase
-        if not self.config.two_phase:
-            if state == "enabled":
-                # Its slot now decodes prepared transactions whatever START_REPLICATION asks.
-                raise SubscriberError(
-                    f"subscription {self.name!r} has two_phase enabled (its slot "
-                    f"{self.config.slot!r} sends prepared transactions) and it cannot be turned "
-                    "off: set two_phase: true again, or `pgsub drop` the subscription and "
-                    "start it anew"
-                )
-            self.status.two_phase = "off"
-            return False
-        statuses = self.coordinator.statuses
-        if state != "enabled" and all(s.state is TableState.READY for s in statuses):
-            self.settings.set_two_phase(state := "enabled")
-            log.info("two_phase enabled", subscription=self.name)
-        elif state is None:
-            self.settings.set_two_phase(state := "pending")
-            log.info("two_phase pending until every table is ready", subscription=self.name)
+        """Whether this attempt streams with two-phase on (``advance_two_phase``)."""
+        wanted, slot = self.config.two_phase, self.config.slot
+        state = self.settings.advance_two_phase(wanted, self._all_ready(), slot)
         self.status.two_phase = state
         return state == "enabled"
 

@@ -201,3 +201,56 @@ def test_a_copy_killed_between_ranges_resumes_with_the_ranges_staged(
     assert publisher.slots() == ["sub1"]
     assert not list((tmp_path / "spool").rglob("*.parquet")), "staged ranges left behind"
     assert not list((tmp_path / "spool").rglob("manifest.json"))
+
+
+LOADED = """
+CREATE TABLE a (id int PRIMARY KEY, v text);
+CREATE TABLE bag (x int, y text);
+INSERT INTO a SELECT g, 'v' || g FROM generate_series(1, 200000) g;
+INSERT INTO bag SELECT g % 5, 'b' FROM generate_series(1, 2000) g;
+CREATE PUBLICATION pub FOR TABLE a, bag;
+"""
+
+
+def test_a_kill_in_the_first_start_load_keeps_the_tables_it_made_ready(
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """Killed just after the first start's load stored its first READY tables (one loader:
+    bag, the smaller, is copied first while a still copies): after the restart the READY
+    tables are not copied again - the leader applies their changes from the slot's
+    consistent point - and the others are synchronized on their own. Both end equal to the
+    publisher under a steady writer, with no sync slot left."""
+    publisher.execute(LOADED)
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, warehouse, copy_data=True, max_sync_workers=1)
+
+    def step(conn: psycopg.Connection[Any], n: int) -> None:
+        conn.execute("UPDATE a SET v = v || '+' WHERE id = %s", [n % 200000 + 1])
+        conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n])
+
+    with Writer(publisher, step, pause=0.02) as writer:
+        doomed = daemons(config, port, "tablesync.after_syncdone")
+        assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
+        made_ready = {
+            e["table"]
+            for e in doomed.events()
+            if e["event"] == "table state changed" and e["state"] == "ready"
+        }
+        assert made_ready, doomed.logs()
+        survivor = daemons(config, port)
+        wait_until(lambda: ready_states(survivor), timeout=300, what="both tables READY")
+        writer.stop()
+        wait_confirmed(publisher)
+        assert survivor.terminate() == 0, survivor.logs()
+    copied_again = {e["table"] for e in survivor.events() if e["event"] == "table copy started"}
+    assert copied_again == {"public.a", "public.bag"} - made_ready
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(
+            conn, "public.a", spark, str(warehouse / "public" / "a"), ("id",)
+        )
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+    assert publisher.slots() == ["sub1"]

@@ -3,9 +3,10 @@
 ``DateStyle``, ``TimeZone``, ``IntervalStyle``, ``bytea_output`` and
 ``extra_float_digits`` all change the text forms a server writes. pgsub's
 connections set their own (``subscriber.replication.session``), so the
-tables must equal the publisher's whatever its defaults: the copy in one
-range, in CTID ranges read by threads, staged (resumable) ranges, and the
-stream in text and in binary mode.
+tables must equal the publisher's whatever its defaults: the first start's
+load under the subscription slot's snapshot, the copy in one range in its
+sync slot's transaction, in CTID ranges read by threads, staged (resumable)
+ranges, and the stream in text and in binary mode.
 """
 
 from __future__ import annotations
@@ -63,7 +64,11 @@ INSERT INTO odd (id, by, span, score, days) VALUES (30001, '\\x00', '1 day', -0.
 # Every copy path once; the stream after it in text mode, and in binary mode once (the
 # stream does not depend on how the copy was read).
 CASES = {
-    "one range, text stream": ({"ranges": 1, "readers": 1}, False),
+    "first start's load, text stream": ({"ranges": 1, "readers": 1}, False),
+    "one range in the sync slot's transaction, text stream": (
+        {"ranges": 1, "readers": 1, "initial_load": False},
+        False,
+    ),
     "ranges by threads, binary stream": ({"ranges": 4, "readers": 2, "resumable": False}, True),
     "staged ranges, text stream": ({"ranges": 4, "readers": 2, "resumable": True}, False),
 }

@@ -39,7 +39,12 @@ class MemoryTables:
     def applied_within(self, table: str) -> Within | None:
         return self.within.get(table)
 
-    def prepare(self, schema: TargetSchema, *, recreate: bool = False) -> Evolution | None:
+    def prepare(
+        self, schema: TargetSchema, *, recreate: bool = False, remember: bool = True
+    ) -> Evolution | None:
+        return None
+
+    def remember_created(self, tables: list[str]) -> None:
         return None
 
     def write(

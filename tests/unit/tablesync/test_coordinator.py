@@ -299,3 +299,24 @@ def test_a_table_handed_over_at_the_leaders_position_is_ready_in_the_same_pass()
     wait_for(lambda: sync.status(TABLE.relid).state is TableState.SYNCWAIT, "SYNCWAIT")
     sync.process(Lsn(50))
     assert sync.status(TABLE.relid).state is TableState.READY
+
+
+def test_tables_loaded_together_are_ready_in_one_write_and_need_no_worker() -> None:
+    """The first start's load (tablesync.initial_load): INIT -> READY at the slot's
+    consistent point for several tables in one stored write, and no worker is started
+    for them."""
+    store = MemoryStore()
+    started: list[int] = []
+    sync = coordinator(store, lambda stop: started.append(1))
+    tables = [replace(TABLE, relid=n, name=f"t{n}") for n in (1, 2, 3)]
+    sync.load(tables, Lsn(0))
+    written = len(store.rows)
+    sync.store_many([1, 2], TableState.READY, Lsn(40))
+    assert [(r.relid, r.state, r.lsn) for r in store.rows[written:]] == [
+        (1, "r", Lsn(40)),
+        (2, "r", Lsn(40)),
+    ]
+    assert len({r.recorded_at for r in store.rows[written:]}) == 1  # one write
+    sync.process(Lsn(40))
+    wait_for(lambda: len(started) == 1, "a worker for t3 only")
+    assert {s.relid: s.state for s in sync.statuses}[3] is not TableState.READY
