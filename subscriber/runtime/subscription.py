@@ -49,8 +49,8 @@ from subscriber.replication.errors import ReplicationError, SubscriberError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver
-from subscriber.replication.wire import PG_EPOCH_OFFSET
 from subscriber.runtime.config import SubscriptionConfig
+from subscriber.runtime.sampler import StatusSampler
 from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
 from subscriber.runtime.slots import Heartbeat, SlotWatch, SubscriptionSlots
 from subscriber.runtime.subscription_status import SubscriptionStatus, lsn_text
@@ -156,8 +156,15 @@ class SubscriptionRunner:
         self.status = SubscriptionStatus(config.name, slot=config.slot)
         self.slot_watch = SlotWatch(config, self.catalog, metrics, self.status)
         self.publisher_heartbeat = Heartbeat(config, self._conninfo)
-        self._versions: dict[str, int] = {}  # each table's last Delta version, across attempts
-        self.table_files: dict[str, int] = {}  # each table's data files, as maintenance found
+        self.sampler = StatusSampler(
+            self.status,
+            metrics,
+            settings=self.settings,
+            coordinator=self.coordinator,
+            reporter=self.reporter,
+            watches=(self.slot_watch, self.publisher_heartbeat),
+        )
+        self.table_files = self.sampler.table_files  # maintenance fills it
         # Unix time the supervising thread last went round its loop (liveness).
         self.heartbeat = time.time()
         self.progress: Progress | None = None
@@ -228,6 +235,7 @@ class SubscriptionRunner:
         try:
             self._tables_to_sync(flushed)
             if exported is not None:
+                self._two_phase()  # pending while the tables are copied, as PostgreSQL's
                 InitialLoad(
                     self.context,
                     self.coordinator,
@@ -243,7 +251,7 @@ class SubscriptionRunner:
     def _loading(self) -> None:
         """The supervising thread, alive while the first start's load runs."""
         self.heartbeat = time.time()
-        self._describe_tables()
+        self.sampler.describe_tables()
 
     def _prepare_spool(self) -> None:
         """The spool directory, private to this user; copies a killed run staged, removed."""
@@ -417,7 +425,7 @@ class SubscriptionRunner:
         try:
             while not pipeline.done.wait(0.5):
                 self.heartbeat = time.time()
-                self._sample(pipeline.receiver, progress, pipeline.worker)
+                self.sampler.sample(pipeline.receiver, progress, pipeline.worker)
                 if stopping.is_set():
                     break
                 self.settings.refresh()
@@ -432,7 +440,7 @@ class SubscriptionRunner:
             self._worker = None
             self._metrics.workers.labels(self.name, "apply").set(0)
             self._metrics.streaming.labels(self.name).set(0)
-        self._sample(pipeline.receiver, progress, pipeline.worker)
+        self.sampler.sample(pipeline.receiver, progress, pipeline.worker)
         if failures:
             raise failures[0]
         two_phase_due = self.config.two_phase and not two_phase and self._all_ready()
@@ -452,47 +460,6 @@ class SubscriptionRunner:
 
     def _all_ready(self) -> bool:
         return all(s.state is TableState.READY for s in self.coordinator.statuses)
-
-    def _sample(self, receiver: Receiver, progress: Progress, worker: ApplyWorker) -> None:
-        """Copy positions into the status and the metrics (once every half second)."""
-        name, metrics, status = self.name, self._metrics, self.status
-        status.state = "streaming" if receiver.streaming.is_set() else status.state
-        status.enabled = self.settings.enabled
-        metrics.streaming.labels(name).set(1 if receiver.streaming.is_set() else 0)
-        status.received_lsn = progress.received
-        status.flushed_lsn = progress.flushed
-        metrics.received_lsn.labels(name).set(int(progress.received))
-        metrics.flushed_lsn.labels(name).set(int(progress.flushed))
-        wal_end = receiver.wal_end
-        if wal_end is not None:
-            status.latest_end_lsn = wal_end
-            status.replication_lag_bytes = max(0, int(wal_end) - int(progress.flushed))
-            metrics.latest_end_lsn.labels(name).set(int(wal_end))
-            metrics.replication_lag_bytes.labels(name).set(status.replication_lag_bytes)
-        if receiver.last_receipt is not None:
-            status.last_msg_receipt = receiver.last_receipt
-            metrics.last_msg_receipt.labels(name).set(receiver.last_receipt)
-        if progress.idle:
-            metrics.apply_lag.labels(name).set(0)
-            status.apply_lag_seconds = 0.0
-        elif worker.last_commit_time is not None:
-            committed = worker.last_commit_time / 1e6 + PG_EPOCH_OFFSET
-            status.apply_lag_seconds = round(max(0.0, time.time() - committed), 3)
-        self.slot_watch.sample()
-        self.publisher_heartbeat.beat()
-        status.sync_error_count = self.coordinator.sync_errors
-        status.conflicts = dict(self.reporter.counts)
-        self._versions.update(worker.versions)
-        self._describe_tables()
-
-    def _describe_tables(self) -> None:
-        """Each table's sync state and copy progress, its Delta version and data files."""
-        tables = self.coordinator.describe()
-        for table in tables:
-            name = str(table["table"])
-            table["delta_version"] = self._versions.get(name)
-            table["files"] = self.table_files.get(name)
-        self.status.tables = tables
 
     @property
     def ready(self) -> bool:
