@@ -233,7 +233,7 @@ class SubscriptionRunner:
             flushed, export_snapshot=self.config.copy_data and self.config.initial_copy.initial_load
         )
         try:
-            self._tables_to_sync(flushed)
+            published = self._tables_to_sync(flushed)
             if exported is not None:
                 self._two_phase()  # pending while the tables are copied, as PostgreSQL's
                 InitialLoad(
@@ -243,7 +243,7 @@ class SubscriptionRunner:
                     lsn=exported.lsn,
                     copy=self.config.initial_copy.settings(),
                     workers=self.config.max_sync_workers,
-                ).run(self._published_tables(), stopping, beat=self._loading)
+                ).run(published, stopping, beat=self._loading)
         finally:
             if exported is not None:
                 exported.close()
@@ -372,8 +372,8 @@ class SubscriptionRunner:
         with session.connect(self._conninfo) as conn:
             return published_tables(conn, list(self.config.publications))
 
-    def _tables_to_sync(self, position: Lsn) -> None:
-        """The publications' tables; the first time, the stored table states too."""
+    def _tables_to_sync(self, position: Lsn) -> list[PublishedTable]:
+        """The publications' tables (returned); the first time, the stored table states too."""
         published = self._published_tables()
         if self._loaded:
             self.coordinator.publish(published)
@@ -388,6 +388,7 @@ class SubscriptionRunner:
             }
             self.slots.drop_leftover_sync_slots(copying)
             forget_staged(self.spool, copying)
+        return published
 
     # -- one attempt ---------------------------------------------------------
 
