@@ -18,7 +18,7 @@ DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables
+.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-bigtable
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool"
@@ -37,10 +37,12 @@ help:
 	@echo "make bench-large   one 5M-row INSERT with streaming on (LARGE_ROWS=...), beside PostgreSQL's"
 	@echo "make bench-conflicts  batch apply time with conflict detection on vs off (1M-row UPDATE)"
 	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files,"
-	@echo "                   warehouse size per minute (SOAK_ARGS='--deletion-vectors --retention-hours 1')"
+	@echo "                   warehouse size per minute (SOAK_ARGS='--deletion-vectors always --retention-hours 1')"
 	@echo "make bench-ceiling the highest steady rate each subscriber keeps up with (RATES=...)"
 	@echo "make bench-tables  TABLES tables x TABLE_ROWS rows: initial sync, then TABLE_RATE updates/s"
 	@echo "                   spread over all of them for TABLE_SECONDS, beside PostgreSQL's subscriber"
+	@echo "make bench-bigtable a BIG_ROWS-row table (10M), RATE random updates/s for BIG_MINUTES (10):"
+	@echo "                   lag per 2 minutes, bytes each MERGE wrote, warehouse growth an hour"
 
 setup: venv jars postgres tools
 
@@ -148,6 +150,14 @@ TABLE_SECONDS ?= 120
 bench-tables: setup
 	$(BIN)/python -m benchmarks.tables_bench --tables $(TABLES) --rows $(TABLE_ROWS) \
 		--rate $(TABLE_RATE) --seconds $(TABLE_SECONDS)
+
+BIG_ROWS ?= 10000000
+BIG_MINUTES ?= 10
+BIG_NATIVE_MINUTES ?= 5
+bench-bigtable: setup
+	$(BIN)/python -m benchmarks.soak --rows $(BIG_ROWS) --minutes $(BIG_MINUTES) --rate $(RATE) \
+		--native-minutes $(BIG_NATIVE_MINUTES) --window 2 --maintenance-interval 60 \
+		--out bench-results/bigtable.json
 
 RATES ?= 1000,2000,4000,8000
 bench-ceiling: setup

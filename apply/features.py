@@ -12,11 +12,16 @@ its data needs it:
   (a space or one of ``,;{}()=``, a tab or a newline);
 - type widening, the first time a column's type widens on the publisher
   (int -> bigint, ...);
-- deletion vectors only when configured (a speed feature; the benchmark
-  in docs/tables.md says what it pays).
+- deletion vectors, when the table holds more than ``deletion_vectors_above``
+  (256 MiB) of Parquet: a MERGE of scattered keys then writes the changed
+  rows and a bitmap per touched file, instead of rewriting every file it
+  touches (``size_gain``; docs/performance.md, "Big tables", says what it
+  pays). Smaller tables are rewritten in milliseconds, and stay readable
+  by every reader.
 
 Each mode is ``auto`` (as above), ``always`` (from creation) or ``never``
-(a table that would need it stops with an error naming the column).
+(a table that would need column mapping or type widening stops with an
+error naming the column; a big table is rewritten by every MERGE).
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from apply.errors import ApplyError
 COLUMN_MAPPING: Final = "delta.columnMapping.mode"
 TYPE_WIDENING: Final = "delta.enableTypeWidening"
 DELETION_VECTORS: Final = "delta.enableDeletionVectors"
+
+# A table holding more Parquet than this gains deletion vectors (``auto``): the size above
+# which pgsub's MERGEs leave delta-rs for Spark too (apply.delta.local_merge).
+DELETION_VECTORS_ABOVE: Final = 256 * 2**20
 
 # Delta refuses these characters in a column name unless column mapping is on.
 _UNSTORABLE: Final = re.compile(r"[ ,;{}()\n\t=]")
@@ -49,7 +58,8 @@ class TableFeatures:
 
     column_mapping: FeatureMode = FeatureMode.AUTO
     type_widening: FeatureMode = FeatureMode.AUTO
-    deletion_vectors: bool = False
+    deletion_vectors: FeatureMode = FeatureMode.AUTO
+    deletion_vectors_above: int = DELETION_VECTORS_ABOVE  # bytes of Parquet (auto)
 
 
 PORTABLE: Final = TableFeatures()  # the default: no reader feature the data does not need
@@ -84,9 +94,29 @@ def creation_properties(
         properties[COLUMN_MAPPING] = "name"
     if features.type_widening is FeatureMode.ALWAYS:
         properties[TYPE_WIDENING] = "true"
-    if features.deletion_vectors:
+    if features.deletion_vectors is FeatureMode.ALWAYS:
         properties[DELETION_VECTORS] = "true"
     return properties, needed
+
+
+def size_gain(properties: Mapping[str, str], size: int, features: TableFeatures) -> Gain | None:
+    """Deletion vectors, when an existing table of ``size`` bytes of Parquet (its current
+    ``properties``) has grown past ``deletion_vectors_above`` and ``auto`` lets it gain them."""
+    if (
+        features.deletion_vectors is not FeatureMode.AUTO
+        or properties.get(DELETION_VECTORS) == "true"
+        or size <= features.deletion_vectors_above
+    ):
+        return None
+    return Gain(
+        "deletionVectors",
+        DELETION_VECTORS,
+        "true",
+        f"the table holds {size / 2**20:.0f} MiB of Parquet, above "
+        f"table_features.deletion_vectors_above ({features.deletion_vectors_above / 2**20:.0f}"
+        " MiB): a MERGE of scattered keys now writes the changed rows and a bitmap per file"
+        " it touches, instead of rewriting every such file",
+    )
 
 
 def gains(

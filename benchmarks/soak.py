@@ -13,7 +13,8 @@ for ``maintenance.retention`` (docs/operations.md). A run that fails keeps
 what it measured so far in ``--out`` (``"failed": true``).
 
     python -m benchmarks.soak --minutes 60 --rate 3000
-    python -m benchmarks.soak --minutes 60 --rate 3000 --deletion-vectors --retention-hours 1
+    python -m benchmarks.soak --minutes 60 --rate 3000 --deletion-vectors always --retention-hours 1
+    python -m benchmarks.soak --rows 10000000 --minutes 10 --window 2   # make bench-bigtable
 """
 
 from __future__ import annotations
@@ -58,13 +59,44 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def table_health(spark: Any, warehouse: Path, table: str) -> dict[str, int]:
+def table_health(spark: Any, warehouse: Path, table: str) -> dict[str, Any]:
     path = warehouse / "public" / table
-    files = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
     return {
-        "data_files": int(files),
+        "data_files": int(detail["numFiles"]),
+        "table_bytes": int(detail["sizeInBytes"]),
+        "deletion_vectors": (detail["properties"] or {}).get("delta.enableDeletionVectors")
+        == "true",
         "delta_log_bytes": folder_bytes(path / "_delta_log"),
         "pgsub_state_bytes": folder_bytes(warehouse / "_pgsub"),
+    }
+
+
+def merge_writes(spark: Any, warehouse: Path, table: str) -> dict[str, Any]:
+    """What each MERGE of the run wrote and replaced (bytes, files), from the table's
+    history: a write that follows the batch, not the table, shows here."""
+    path = warehouse / "public" / table
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    merges = [r["operationMetrics"] or {} for r in history if r["operation"] == "MERGE"]
+
+    def figures(name: str) -> dict[str, float]:
+        values = [float(m.get(name) or 0) for m in merges]
+        if not values:
+            return {}
+        return {"p50": percentile(values, 0.5), "max": max(values)}
+
+    compactions = [r for r in history if r["operation"] == "OPTIMIZE"]
+    return {
+        "merges": len(merges),
+        "rows_updated": figures("numTargetRowsUpdated"),
+        "bytes_added": figures("numTargetBytesAdded"),
+        "bytes_removed": figures("numTargetBytesRemoved"),
+        "files_removed": figures("numTargetFilesRemoved"),
+        "deletion_vectors_added": figures("numTargetDeletionVectorsAdded"),
+        "compactions": len(compactions),
+        "compaction_bytes_added": sum(
+            float((r["operationMetrics"] or {}).get("numAddedBytes") or 0) for r in compactions
+        ),
     }
 
 
@@ -118,8 +150,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--maintenance-interval", type=float, default=60)
     parser.add_argument(
         "--deletion-vectors",
-        action="store_true",
-        help="pgsub's table with deletion vectors (table_features.deletion_vectors)",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="table_features.deletion_vectors of pgsub's table (auto: past 256 MiB)",
     )
     parser.add_argument(
         "--retention-hours", type=float, default=168, help="maintenance.retention (at least 1)"
@@ -180,6 +213,7 @@ def main() -> None:
                     position=run.position,
                 )
             end = table_health(spark, run.warehouse, "soak_pgsub")
+            writes = merge_writes(spark, run.warehouse, "soak_pgsub")
         our_windows = windows(lags, args.window)
         ours = {
             "windows": our_windows,
@@ -187,6 +221,7 @@ def main() -> None:
             "kept_up": kept,
             "start": start,
             "end": end,
+            "writes": writes,
             "disk": watch.samples,
         }
     except BaseException:
@@ -228,12 +263,15 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
             f" | {theirs_text} |"
         )
     print(f"pgsub table at the start: {start}; at the end: {end}")
+    print(f"what each MERGE wrote (p50 / max): {ours['writes']}")
     disk = ours["disk"]
     if disk:
+        hours = max(disk[-1]["minute"] - disk[0]["minute"], 1e-9) / 60
+        growth = (disk[-1]["warehouse_gb"] - disk[0]["warehouse_gb"]) / hours
         print(
             f"warehouse {disk[0]['warehouse_gb']} -> {disk[-1]['warehouse_gb']} GB"
-            f" (peak {max(d['warehouse_gb'] for d in disk)} GB), disk free"
-            f" {disk[0]['free_gb']} -> {disk[-1]['free_gb']} GB"
+            f" (peak {max(d['warehouse_gb'] for d in disk)} GB; {growth:.1f} GB an hour),"
+            f" disk free {disk[0]['free_gb']} -> {disk[-1]['free_gb']} GB"
         )
 
 

@@ -28,7 +28,7 @@ from apply.delta.local_tables import create_table, delta_rs_creates
 from apply.delta.origins import ROW_TRACKING
 from apply.delta.session import SparkErrors, struct
 from apply.errors import TargetTableError
-from apply.features import Gain, TableFeatures, creation_properties, gains
+from apply.features import Gain, TableFeatures, creation_properties, gains, size_gain
 from apply.maintenance_policy import MaintenancePolicy, retention_properties
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
 
@@ -183,12 +183,32 @@ def _create_over_cut_short(
     delta_sql.set_properties(session, path, others)
 
 
+def gain_by_size(
+    session: SparkSession,
+    table: str,
+    path: str,
+    *,
+    size: int,
+    properties: Mapping[str, str],
+    features: TableFeatures,
+) -> bool:
+    """Turn deletion vectors on for a table grown to ``size`` bytes of Parquet, when
+    ``features`` say so (``apply.features.size_gain``); whether it did. The files already
+    written keep their rows; the next MERGE writes bitmaps instead of rewriting them."""
+    gain = size_gain(properties, size, features)
+    if gain is None:
+        return False
+    delta_sql.set_properties(session, path, {gain.property: gain.value})
+    _warn_gained(table, gain)
+    return True
+
+
 def _warn_gained(table: str, gain: Gain) -> None:
     log.warning(
         "target table gains a reader feature",
         table=table,
         feature=gain.feature,
         reason=gain.reason,
-        detail="readers without this feature (delta-rs 1.6, polars) cannot open the table; "
-        "docs/tables.md lists which readers can",
+        detail="readers that lack this feature cannot open the table (delta-rs 1.6's "
+        "to_pyarrow_table and polars lack all three); docs/tables.md lists which can",
     )

@@ -75,7 +75,8 @@ class LocalMerges:
     anew (a table created again after it was deleted).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = LOCAL_MERGE_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes  # a larger table's batches go to Spark
         self._open: dict[str, deltalake.DeltaTable] = {}
         self._lock = threading.Lock()
 
@@ -94,7 +95,7 @@ class LocalMerges:
             return None
         try:
             table = self._table(folder(path))
-            written = merge_into(table, schema, net, mark)
+            written = merge_into(table, schema, net, mark, max_bytes=self.max_bytes)
         except deltalake.exceptions.DeltaError as exc:
             self.forget(path)
             raise TargetTableError(
@@ -126,16 +127,22 @@ def merge_locally(
 
 
 def merge_into(
-    table: deltalake.DeltaTable, schema: TargetSchema, net: KeyedNet, mark: CommitMark
+    table: deltalake.DeltaTable,
+    schema: TargetSchema,
+    net: KeyedNet,
+    mark: CommitMark,
+    *,
+    max_bytes: int = LOCAL_MERGE_MAX_BYTES,
 ) -> WriteResult | None:
-    """``net`` merged into ``table`` (at its latest commit); None: Spark's path."""
+    """``net`` merged into ``table`` (at its latest commit, of at most ``max_bytes`` of
+    Parquet); None: Spark's path."""
     if not delta_rs_writes(table.protocol()):
         return None
     app_id, version = mark.txn
     done = table.transaction_version(app_id)
     if done is not None and done >= version:
         return WriteResult(schema.table, None)  # committed before: Delta's txn says so
-    if not _fits(table, schema):
+    if not _fits(table, schema, max_bytes):
         return None
     source = keyed_source(net, schema)
     try:
@@ -164,12 +171,12 @@ def merge_into(
     return WriteResult(schema.table, table.version(), *counts)
 
 
-def _fits(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
+def _fits(table: deltalake.DeltaTable, schema: TargetSchema, max_bytes: int) -> bool:
     """Whether the table is small enough and its columns have the types pgsub's Arrow
     values have (a table made by Spark, or evolved, may differ)."""
     actions = pa.table(table.get_add_actions(flatten=True))
     size = pc.sum(actions.column("size_bytes")).as_py() if actions.num_rows else 0
-    if int(size or 0) > LOCAL_MERGE_MAX_BYTES:
+    if int(size or 0) > max_bytes:
         return False
     have = pa.schema(table.schema().to_arrow())
     for wanted in arrow_schema(schema.columns):

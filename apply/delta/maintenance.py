@@ -4,10 +4,17 @@ Every batch is one commit and a few files in each table it touches; at one
 batch a second that is tens of thousands of small files a day. ``tend``
 looks at one table and does what is due:
 
-- OPTIMIZE (bin-packing small files) when the table holds more than
-  ``compact_files`` data files - and, with deletion vectors, purges them in
-  the same pass (``REORG TABLE ... APPLY (PURGE)``);
-- VACUUM once per ``vacuum_interval``, keeping ``retention`` of history;
+- deletion vectors on, once a target table has grown past
+  ``table_features.deletion_vectors_above`` (``auto``: apply.features);
+- OPTIMIZE when the table holds more than ``compact_files`` data files, of
+  its small files only (below ``COMPACT_BELOW``): the big files a copy
+  wrote are left as they are, unless deletion vectors have removed more
+  than ``PURGE_ABOVE`` of their rows - so a big table updated at random is
+  not rewritten whole every few minutes;
+- VACUUM once per ``vacuum_interval``, keeping ``retention`` of history:
+  ``LITE`` (the files the log says were removed; seconds), and a full
+  VACUUM, which lists the folder for files no commit names (what a killed
+  job left), when ``lite`` is off or LITE finds the log cut short;
 - Delta itself checkpoints the log every 10 commits and, at a checkpoint,
   deletes log entries older than ``delta.logRetentionDuration`` and
   idempotent-write ids older than ``delta.setTransactionRetentionDuration``;
@@ -28,16 +35,37 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from apply.delta import sql as delta_sql
+from apply.delta.definition import gain_by_size
 from apply.delta.session import SparkErrors
 from apply.delta.target import USER_METADATA
 from apply.errors import TargetTableError
+from apply.features import TableFeatures
 from apply.maintenance_policy import MaintenancePolicy, retention_properties
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+# OPTIMIZE rewrites the files below this size only (Delta's own default: 1 GiB, so every
+# file of a table below a GiB, each time) ...
+COMPACT_BELOW: Final = 32 * 2**20
+# ... into files of up to this size (Delta's default, a GiB, would make one ever-growing file
+# that the next compaction rewrites again);
+COMPACT_INTO: Final = 128 * 2**20
+# and a file whose rows deletion vectors have removed past this share (Delta's default, 5%,
+# rewrites a big table updated at random every few minutes).
+PURGE_ABOVE: Final = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Grown:
+    """A target table whose size may call for deletion vectors (``table_features``)."""
+
+    table: str
+    features: TableFeatures
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,27 +86,35 @@ def tend(
     *,
     vacuum: bool,
     mark: str | None,
-    deletion_vectors: bool = False,
+    lite: bool = False,
+    features: Grown | None = None,
 ) -> Tended:
-    """Compact ``path`` if it holds too many files, vacuum it if ``vacuum``; see the module."""
+    """Compact ``path`` if it holds too many files, vacuum it if ``vacuum``, turn deletion
+    vectors on if it grew past ``features``' size (a target table); see the module."""
     started = time.monotonic()
     table = delta_sql.table_ref(path)
     try:
-        before, properties = _detail(session, table)
+        before, size, properties = _detail(session, table)
         wanted = retention_properties(policy)
         if mark is not None:
             session.conf.set(USER_METADATA, mark)
         try:
             if any(properties.get(name) != value for name, value in wanted.items()):
                 delta_sql.set_properties(session, path, wanted)
+            if features is not None:
+                gain_by_size(
+                    session,
+                    features.table,
+                    path,
+                    size=size,
+                    properties=properties,
+                    features=features.features,
+                )
             compacted = before > policy.compact_files
             if compacted:
-                if deletion_vectors:
-                    session.sql(f"REORG TABLE {table} APPLY (PURGE)")
-                session.sql(f"OPTIMIZE {table}")
+                _compact_small_files(session, table)
             if vacuum:
-                hours = max(1, round(policy.retention / 3600))
-                session.sql(f"VACUUM {table} RETAIN {hours} HOURS")
+                _vacuum(session, table, max(1, round(policy.retention / 3600)), lite=lite)
         finally:
             session.conf.unset(USER_METADATA)
         after = _detail(session, table)[0] if compacted else before
@@ -94,9 +130,42 @@ def is_delta_table(session: SparkSession, path: str) -> bool:
         raise TargetTableError(f"cannot look at {path}: {exc}") from exc
 
 
-def _detail(session: SparkSession, table: str) -> tuple[int, dict[str, str]]:
-    """The table's data file count and properties."""
-    row = session.sql(f"DESCRIBE DETAIL {table}").select("numFiles", "properties").first()
+def _vacuum(session: SparkSession, table: str, hours: int, *, lite: bool) -> None:
+    if lite:
+        try:
+            session.sql(f"VACUUM {table} LITE RETAIN {hours} HOURS")
+            return
+        except SparkErrors as exc:
+            if "VACUUM_LITE" not in str(exc):
+                raise
+            # The log no longer names every file removed since the last VACUUM.
+    session.sql(f"VACUUM {table} RETAIN {hours} HOURS")
+
+
+def _compact_small_files(session: SparkSession, table: str) -> None:
+    """OPTIMIZE of the files below ``COMPACT_BELOW`` (and of those deletion vectors have
+    emptied past ``PURGE_ABOVE``), into files of up to ``COMPACT_INTO``."""
+    settings = {
+        "spark.databricks.delta.optimize.minFileSize": str(COMPACT_BELOW),
+        "spark.databricks.delta.optimize.maxFileSize": str(COMPACT_INTO),
+        "spark.databricks.delta.optimize.maxDeletedRowsRatio": str(PURGE_ABOVE),
+    }
+    for name, value in settings.items():
+        session.conf.set(name, value)
+    try:
+        session.sql(f"OPTIMIZE {table}")
+    finally:
+        for name in settings:
+            session.conf.unset(name)
+
+
+def _detail(session: SparkSession, table: str) -> tuple[int, int, dict[str, str]]:
+    """The table's data file count, bytes of data and properties."""
+    row = (
+        session.sql(f"DESCRIBE DETAIL {table}")
+        .select("numFiles", "sizeInBytes", "properties")
+        .first()
+    )
     if row is None:
-        return 0, {}
-    return int(row["numFiles"] or 0), dict(row["properties"] or {})
+        return 0, 0, {}
+    return int(row["numFiles"] or 0), int(row["sizeInBytes"] or 0), dict(row["properties"] or {})

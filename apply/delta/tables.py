@@ -31,18 +31,18 @@ from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
 from apply.delta.copy import copy_into, write_once
-from apply.delta.definition import TableDefinition
+from apply.delta.definition import TableDefinition, gain_by_size
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
-from apply.delta.local_merge import LocalMerges
+from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
 from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table, user_metadata
-from apply.delta.maintenance import Tended, tend
+from apply.delta.maintenance import Grown, Tended, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
 from apply.delta.session import SparkErrors, arrow_frame, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
 from apply.delta.target import TargetTable
 from apply.errors import ConflictError, TargetTableError
-from apply.features import PORTABLE, TableFeatures
+from apply.features import PORTABLE, FeatureMode, TableFeatures
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
 from apply.merge_plan import conflict_in
 from apply.records import (
@@ -108,7 +108,13 @@ class DeltaTables:
         # A warehouse on this machine's file system (delta-rs may write it directly).
         self._on_local_disk = is_local_folder(self.warehouse)
         self._local_spark: bool | None = None  # Spark runs in this process (asked once)
-        self._local_merges = LocalMerges()  # small keyed tables' batches, by delta-rs
+        # Small keyed tables' batches, by delta-rs; a table that may gain deletion vectors
+        # goes to Spark (which looks at its size) once it is large enough for them.
+        self._local_merges = LocalMerges(
+            min(LOCAL_MERGE_MAX_BYTES, features.deletion_vectors_above)
+            if features.deletion_vectors is FeatureMode.AUTO
+            else LOCAL_MERGE_MAX_BYTES
+        )
         self.subscription = subscription
         self.create_tables = create_tables
         self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)
@@ -122,6 +128,7 @@ class DeltaTables:
         self._local = threading.local()
         self._schemas: dict[str, TargetSchema] = {}
         self._origins: dict[str, OriginTracker] = {}
+        self._sized: set[str] = set()  # tables whose size this process has looked at
         self._lock = threading.Lock()
         self.history_peek = HISTORY_PEEK
         self._definition = TableDefinition(
@@ -246,6 +253,7 @@ class DeltaTables:
             self._local_merges.forget(path)
             with self._lock:
                 self._origins.pop(schema.table, None)
+                self._sized.discard(schema.table)
             if remember:
                 self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
@@ -323,6 +331,7 @@ class DeltaTables:
         target = self.target(schema.table)
         try:
             with self.exclusive(schema.table):
+                self._check_size(target)
                 return write_staged(target, schema, stage, mark, resolutions, nets=nets)
         except ConflictError:
             raise
@@ -346,9 +355,33 @@ class DeltaTables:
                 written = self._local_merges.merge(target.path, schema, net, mark)
                 if written is not None:
                     return written
+            self._check_size(target)
             origins = self._tracker(schema.table, target.path)
             return write_keyed(target, schema, net, mark, resolutions, origins=origins)
+        self._check_size(target)
         return write_multiset(target, schema, net, mark, resolutions)
+
+    def _check_size(self, target: TargetTable) -> None:
+        """Before a table's first Spark MERGE in this process: deletion vectors on if it
+        has grown past ``table_features.deletion_vectors_above`` (``auto``). Maintenance
+        looks again every round, for tables that grow while pgsub runs."""
+        if self.features.deletion_vectors is not FeatureMode.AUTO:
+            return
+        with self._lock:
+            if target.table in self._sized:
+                return
+            self._sized.add(target.table)
+        row = delta_sql.detail(target.session, target.path)
+        if row is not None:
+            size, properties = int(row["sizeInBytes"] or 0), dict(row["properties"] or {})
+            gain_by_size(
+                target.session,
+                target.table,
+                target.path,
+                size=size,
+                properties=properties,
+                features=self.features,
+            )
 
     def _merges_locally(self, target: TargetTable) -> bool:
         """Whether a keyed batch may be merged by delta-rs (``apply.delta.local_merge``): a
@@ -394,7 +427,9 @@ class DeltaTables:
         with self._lock:
             return sorted(self._schemas)
 
-    def tend(self, table: str, policy: MaintenancePolicy, *, vacuum: bool) -> Tended:
+    def tend(
+        self, table: str, policy: MaintenancePolicy, *, vacuum: bool, lite: bool = False
+    ) -> Tended:
         """Maintenance of ``table`` (``apply.delta.maintenance``), never beside its writes."""
         with self.exclusive(table):
             return tend(
@@ -402,8 +437,9 @@ class DeltaTables:
                 self.path(table),
                 policy,
                 vacuum=vacuum,
+                lite=lite,
                 mark=self._latest_mark(table),
-                deletion_vectors=self.features.deletion_vectors,
+                features=Grown(table, self.features),
             )
 
     @property

@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from apply.features import FeatureMode, TableFeatures
+from apply.features import DELETION_VECTORS_ABOVE, FeatureMode, TableFeatures
 from apply.maintenance_policy import MaintenancePolicy
 from apply.transactions import Bounds
 from conflicts.kinds import ConflictKind, Resolution
@@ -114,10 +114,25 @@ class TableFeaturesConfig(_Strict):
 
     column_mapping: FeatureMode = FeatureMode.AUTO  # auto: when a column name needs it
     type_widening: FeatureMode = FeatureMode.AUTO  # auto: when a column's type first widens
-    deletion_vectors: bool = False  # cheaper MERGEs of scattered keys; delta-rs cannot read
+    # auto: once a table holds more than deletion_vectors_above of Parquet (its MERGEs then
+    # write the changed rows, not every touched file); true/false as always/never.
+    deletion_vectors: FeatureMode = FeatureMode.AUTO
+    deletion_vectors_above: ByteSize = DELETION_VECTORS_ABOVE
+
+    @field_validator("deletion_vectors", mode="before")
+    @classmethod
+    def _deletion_vectors(cls, value: object) -> object:
+        if isinstance(value, bool):  # the key's earlier form
+            return FeatureMode.ALWAYS if value else FeatureMode.NEVER
+        return value
 
     def features(self) -> TableFeatures:
-        return TableFeatures(self.column_mapping, self.type_widening, self.deletion_vectors)
+        return TableFeatures(
+            self.column_mapping,
+            self.type_widening,
+            self.deletion_vectors,
+            int(self.deletion_vectors_above),
+        )
 
 
 class HeartbeatConfig(_Strict):

@@ -3,7 +3,8 @@
 Once per ``maintenance.interval`` it tends each target table a subscription
 has prepared (``DeltaTables.tend``: compaction past ``compact_files``,
 VACUUM once per ``vacuum_interval`` or ``retention``, whichever is
-shorter, history bounded to ``retention``), then the state tables, and
+shorter - LITE, and a full one once per ``retention`` -, history bounded
+to ``retention``), then the state tables, and
 prunes checkpoint rows past the retention. A table is tended under its
 write lock, never beside its own MERGE; the receivers keep streaming
 meanwhile. One failure is logged and counted
@@ -56,6 +57,7 @@ class Maintenance:
         self._metrics = metrics
         self._clock = clock
         self._vacuumed: dict[tuple[str, str], float] = {}
+        self._fully_vacuumed: dict[tuple[str, str], float] = {}
         self._started = clock()
 
     def run(self, stopping: threading.Event) -> None:
@@ -94,13 +96,18 @@ class Maintenance:
         now = self._clock()
         # A daemon's first vacuum of a table comes one interval after it started.
         vacuum = now - self._vacuumed.get(key, self._started) >= self._policy.vacuum_every
+        # A full VACUUM lists the whole folder (tens of seconds for a small table on a local
+        # Spark); LITE reads the log. Full once per retention, for the files no commit names.
+        full = now - self._fully_vacuumed.get(key, self._started) >= self._policy.retention
         try:
-            done = work(vacuum=vacuum)
+            done = work(vacuum=vacuum, lite=not full)
         except ApplyError as exc:
             self._failed(subscription, table, exc)
             return None
         if vacuum:
             self._vacuumed[key] = now
+            if full:
+                self._fully_vacuumed[key] = now
         metrics = self._metrics
         metrics.table_files.labels(subscription, table).set(done.files_after)
         metrics.maintenance_duration.labels(subscription).observe(done.seconds)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from apply import typemap
@@ -207,13 +208,22 @@ def read_delta_rs(path: str, columns: Sequence[Column]) -> list[Row]:
 
     A reader that is not Spark: it refuses a table with a reader feature it
     lacks (column mapping, type widening, deletion vectors in 1.6), which
-    is what the tables pgsub writes by default must never have.
+    is what the tables pgsub writes by default must never have - except
+    deletion vectors, which a table gains past ``deletion_vectors_above``:
+    such a table is read through ``deltalake.QueryBuilder`` (delta-rs's
+    DataFusion), the delta-rs reader that applies them (docs/tables.md).
     """
     import deltalake
 
     if not (Path(path) / "_delta_log").is_dir():
         return []
-    table = deltalake.DeltaTable(path).to_pyarrow_table(columns=[c.name for c in columns])
+    opened = deltalake.DeltaTable(path)
+    if "deletionVectors" in (opened.protocol().reader_features or ()):
+        names = ", ".join('"' + c.name.replace('"', '""') + '"' for c in columns)
+        found = deltalake.QueryBuilder().register("t", opened).execute(f"SELECT {names} FROM t")
+        table = pa.table(found.read_all())
+    else:
+        table = opened.to_pyarrow_table(columns=[c.name for c in columns])
     return [tuple(row[c.name] for c in columns) for row in table.to_pylist()]
 
 

@@ -12,11 +12,12 @@ from apply.features import (
     creation_properties,
     gains,
     needs_column_mapping,
+    size_gain,
 )
 
 AUTO = TableFeatures()
 NEVER = TableFeatures(FeatureMode.NEVER, FeatureMode.NEVER)
-ALWAYS = TableFeatures(FeatureMode.ALWAYS, FeatureMode.ALWAYS, deletion_vectors=True)
+ALWAYS = TableFeatures(FeatureMode.ALWAYS, FeatureMode.ALWAYS, FeatureMode.ALWAYS)
 
 
 @pytest.mark.parametrize("name", ["a b", "a,b", "x;", "{", "}", "(", ")", "a=b", "a\tb", "a\nb"])
@@ -68,6 +69,47 @@ def test_an_added_column_needs_mapping_only_where_the_table_has_none() -> None:
     assert [g.feature for g in gains({}, ["x y"], [], AUTO, "t")] == ["columnMapping"]
     assert gains({COLUMN_MAPPING: "name"}, ["x y"], [], AUTO, "t") == []
     assert gains({COLUMN_MAPPING: "none"}, ["plain"], [], AUTO, "t") == []
+
+
+MIB = 2**20
+
+
+def test_a_table_gains_deletion_vectors_only_once_it_grows_past_the_size() -> None:
+    small = TableFeatures(deletion_vectors_above=100 * MIB)
+    assert size_gain({}, 100 * MIB, small) is None
+    gain = size_gain({}, 100 * MIB + 1, small)
+    assert gain is not None
+    assert (gain.feature, gain.property, gain.value) == (
+        "deletionVectors",
+        DELETION_VECTORS,
+        "true",
+    )
+    assert "100 MiB" in gain.reason
+    assert size_gain({DELETION_VECTORS: "true"}, 10**12, small) is None
+
+
+@pytest.mark.parametrize("mode", [FeatureMode.ALWAYS, FeatureMode.NEVER])
+def test_only_auto_turns_deletion_vectors_on_by_size(mode: FeatureMode) -> None:
+    assert size_gain({}, 10**12, TableFeatures(deletion_vectors=mode)) is None
+
+
+def test_a_new_table_has_no_deletion_vectors_unless_always() -> None:
+    assert DELETION_VECTORS not in creation_properties(["id"], AUTO, "public.t")[0]
+    never = TableFeatures(deletion_vectors=FeatureMode.NEVER)
+    assert DELETION_VECTORS not in creation_properties(["id"], never, "public.t")[0]
+
+
+def test_the_earlier_true_and_false_of_deletion_vectors_mean_always_and_never() -> None:
+    from subscriber.runtime.config import TableFeaturesConfig
+
+    assert (
+        TableFeaturesConfig(deletion_vectors=True).features().deletion_vectors is FeatureMode.ALWAYS
+    )
+    assert (
+        TableFeaturesConfig(deletion_vectors=False).features().deletion_vectors is FeatureMode.NEVER
+    )
+    sized = TableFeaturesConfig(deletion_vectors_above="1GB").features()
+    assert (sized.deletion_vectors, sized.deletion_vectors_above) == (FeatureMode.AUTO, 2**30)
 
 
 def test_delta_rs_creates_a_table_only_when_it_enables_no_table_feature() -> None:
