@@ -3,7 +3,12 @@
 Pure. ``Batcher`` collects transactions until its bounds - ``max_changes``
 row changes or ``max_bytes`` of row data - or ``max_delay`` seconds since
 the first one; a transaction is never split, so one larger than the bounds
-makes a batch of its own. ``Batch.tables``
+makes a batch of its own. While the target lags - a full batch took longer
+than ``max_delay`` to apply - the change bound doubles, up to ``GROWTH``
+times ``max_changes``, and it returns to ``max_changes`` with the first
+batch that is not full: a MERGE's fixed cost (a big table's scan, a
+commit) is then paid less often exactly when pgsub falls behind, and the
+byte bound, the memory a batch holds, stays. ``Batch.tables``
 splits a batch into per-table work, dropping for each table what it has
 already applied (its applied LSN, read back from Delta after a crash) and
 what the leader does not apply for that table (a table still being
@@ -14,7 +19,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Final
 
 from apply.transactions import (
     Bounds,
@@ -141,6 +147,9 @@ class Batch:
 
 DEFAULT_BOUNDS = Bounds(100_000)
 
+# A batch holds at most this many times ``max_changes`` while the target lags.
+GROWTH: Final = 4
+
 
 class Batcher:
     """Collects transactions until a batch is due."""
@@ -153,9 +162,11 @@ class Batcher:
     ) -> None:
         if max_delay < 0:
             raise ValueError("max_delay must not be negative")
+        self.base = bounds  # as configured; ``bounds`` grows from it while the target lags
         self.bounds = bounds
         self.max_delay = max_delay
         self._clock = clock
+        self._taken_full = False
         self._transactions: list[RemoteTransaction] = []
         self._changes = 0
         self._size = 0
@@ -192,7 +203,18 @@ class Batcher:
             return self.max_delay
         return self._started + self.max_delay - self._clock()
 
+    def applied(self, seconds: float) -> None:
+        """The batch last taken was applied in ``seconds``: the next may be twice as large if
+        it was full and took longer than ``max_delay``; one that was not full brings the
+        bounds back to the configured ones."""
+        if not self._taken_full:
+            self.bounds = self.base
+        elif seconds > self.max_delay:
+            grown = min(2 * self.bounds.changes, GROWTH * self.base.changes)
+            self.bounds = replace(self.bounds, changes=grown)
+
     def take(self) -> Batch:
+        self._taken_full = self.full()
         batch = Batch(self._transactions)
         self._transactions = []
         self._changes = 0

@@ -2,11 +2,11 @@
 
 A Delta reader must understand every *reader* feature a table lists, or it
 refuses the whole table. Spark reads them all; delta-rs 1.6 (Python's
-``deltalake``, polars) reads ``timestampNtz`` but neither column mapping,
-type widening nor deletion vectors (docs/tables.md keeps the table of
-readers). So a target table starts with none of those three unless the
-subscription asks for them (``table_features``), and gains one only when
-its data needs it:
+``deltalake``, polars) reads ``timestampNtz`` but neither column mapping
+nor type widening, and deletion vectors only through its ``QueryBuilder``
+(docs/tables.md keeps the table of readers). So a target table starts with
+none of those three unless the subscription asks for them
+(``table_features``), and gains one only when its data needs it:
 
 - column mapping, when a column name is one Delta cannot store without it
   (a space or one of ``,;{}()=``, a tab or a newline);

@@ -194,7 +194,7 @@ class ApplyWorker:
         if self._apply_whole(tx):
             tx.discard()
             return
-        for piece in tx.pieces(self._batcher.bounds):
+        for piece in tx.pieces(self._batcher.base):
             if stopping.is_set():
                 return  # not confirmed: the publisher sends it again
             if not piece.partial:
@@ -210,7 +210,7 @@ class ApplyWorker:
             # Counted as each piece passes (holding the pieces would hold the transaction).
             counts: Counter[str] = Counter()
             result = self._applier.apply_whole(
-                tx, self._batcher.bounds, lambda piece: counts.update(_operations(piece))
+                tx, self._batcher.base, lambda piece: counts.update(_operations(piece))
             )
             if result is None:
                 return False
@@ -334,7 +334,7 @@ class ApplyWorker:
         """Pieces committed before the error that led to the skip stay: a Delta commit is final."""
         tables = {
             relation.qualified_name
-            for piece in tx.pieces(self._batcher.bounds)
+            for piece in tx.pieces(self._batcher.base)
             for change in piece.changes
             for relation in (
                 (change.relation,)
@@ -407,6 +407,7 @@ class ApplyWorker:
             if self._leader is not None:
                 self._count_changes(batch)
             self._finish(batch, result, started, changes=batch.change_count)
+        self._batcher.applied(time.monotonic() - started)
 
     @contextmanager
     def _in_flight(self, batch: Batch) -> Iterator[float]:

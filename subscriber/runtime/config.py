@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from apply.batch import GROWTH
 from apply.features import DELETION_VECTORS_ABOVE, FeatureMode, TableFeatures
 from apply.maintenance_policy import MaintenancePolicy
 from apply.transactions import Bounds
@@ -93,8 +94,9 @@ class BatchConfig(_Strict):
         return Bounds(self.max_changes, self.max_bytes)
 
     def queue_bounds(self) -> Bounds:
-        """What the queue from the receiver to the apply worker holds at most."""
-        return Bounds(max(2 * self.max_changes, 10_000), 2 * self.max_bytes)
+        """What the queue from the receiver to the apply worker holds at most: as much as a
+        batch grown while the target lags (``apply.batch.GROWTH``) takes from it."""
+        return Bounds(max(GROWTH * self.max_changes, 10_000), 2 * self.max_bytes)
 
 
 class ConflictsConfig(_Strict):

@@ -53,3 +53,32 @@ def test_a_batch_is_due_by_the_age_of_its_oldest_transaction_not_when_it_was_add
     batcher.take()
     batcher.add(tx(ins(T, 2, "b")), arrived=9.5)
     assert not batcher.due()
+
+
+def test_batches_grow_while_the_target_lags_and_shrink_once_it_keeps_up() -> None:
+    """A full batch slower than ``max_delay`` doubles the change bound, up to ``GROWTH`` times
+    ``max_changes``; the byte bound stays; the first batch that is not full resets it."""
+    from apply.batch import GROWTH
+
+    batcher = Batcher(Bounds(2, size=10_000), max_delay=1.0, clock=lambda: 0.0)
+    sizes = []
+    for end in range(1, 5):
+        batcher.add(tx(*(ins(T, i, "x") for i in range(batcher.bounds.changes)), end=100 * end))
+        assert batcher.due()
+        batcher.take()
+        batcher.applied(5.0)  # slower than max_delay: lagging
+        sizes.append(batcher.bounds.changes)
+    assert sizes == [4, 8, 8, 8] and GROWTH == 4
+    assert batcher.bounds.size == 10_000
+    batcher.add(tx(ins(T, 1, "x"), end=1000))  # 1 in 8: not full
+    batcher.take()
+    batcher.applied(5.0)
+    assert batcher.bounds == Bounds(2, size=10_000)
+
+
+def test_a_full_batch_applied_within_max_delay_does_not_grow() -> None:
+    batcher = Batcher(Bounds(2), max_delay=1.0, clock=lambda: 0.0)
+    batcher.add(tx(ins(T, 1, "x"), ins(T, 2, "y")))
+    batcher.take()
+    batcher.applied(0.5)
+    assert batcher.bounds == Bounds(2)
