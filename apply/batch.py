@@ -6,7 +6,7 @@ the first one; a transaction is never split, so one larger than the bounds
 makes a batch of its own. While the target lags - a full batch took longer
 than ``max_delay`` to apply - the change bound doubles, up to ``GROWTH``
 times ``max_changes``, and it returns to ``max_changes`` with the first
-batch that is not full: a MERGE's fixed cost (a big table's scan, a
+batch smaller than the configured bounds: a MERGE's fixed cost (a big table's scan, a
 commit) is then paid less often exactly when pgsub falls behind, and the
 byte bound, the memory a batch holds, stays. ``Batch.tables``
 splits a batch into per-table work, dropping for each table what it has
@@ -204,9 +204,10 @@ class Batcher:
         return self._started + self.max_delay - self._clock()
 
     def applied(self, seconds: float) -> None:
-        """The batch last taken was applied in ``seconds``: the next may be twice as large if
-        it was full and took longer than ``max_delay``; one that was not full brings the
-        bounds back to the configured ones."""
+        """The batch last taken was applied in ``seconds``. One that held at least the
+        configured bounds and took longer than ``max_delay`` says the target lags: the next
+        may be twice as large. One below the configured bounds (the backlog is gone) brings
+        the bounds back to them."""
         if not self._taken_full:
             self.bounds = self.base
         elif seconds > self.max_delay:
@@ -214,7 +215,7 @@ class Batcher:
             self.bounds = replace(self.bounds, changes=grown)
 
     def take(self) -> Batch:
-        self._taken_full = self.full()
+        self._taken_full = self.base.reached(self._changes, self._size)
         batch = Batch(self._transactions)
         self._transactions = []
         self._changes = 0
