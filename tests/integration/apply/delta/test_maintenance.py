@@ -31,10 +31,11 @@ def test_compaction_and_vacuum_keep_rows_progress_and_time_travel(
         "checkpoint_interval": 0,
     }
     with Replication(publisher, spark, warehouse, **settings) as rep:
-        with publisher.connect() as conn:
-            for n in range(1, 7):  # one commit, and one more file, each
-                conn.execute("INSERT INTO t VALUES (%s, 'v')", [n])
-        rep.caught_up()
+        for n in range(1, 7):  # one commit, and one more file, each
+            publisher.execute(f"INSERT INTO t VALUES ({n}, 'v')")
+            # Applied before the next: a lagging target would grow the batch
+            # (apply.batch.GROWTH) and put several inserts in one commit.
+            rep.caught_up()
         path = rep.path("public.t")
         before = data_files(spark, path)
         assert before >= 6
