@@ -2,7 +2,8 @@
 
 N local Delta tables of R rows; each "batch" updates U rows of every table,
 merged one table after another by ``LocalMerges`` (apply/delta/local_merge.py),
-as the applier's threads would. It prints each batch's seconds and, for the
+as the applier's threads would (a table up to ``--rewrite-max-bytes`` rewritten whole,
+``apply/rewrite.py``). It prints each batch's seconds and, for the
 last one, cProfile's heaviest calls: the figures behind docs/performance.md,
 "A small table's batch through delta-rs".
 
@@ -24,6 +25,7 @@ import pyarrow as pa
 from apply.batch import Batch
 from apply.collapse import KeyedNet, collapse
 from apply.columnar import arrow_schema
+from apply.delta import local_merge
 from apply.delta.local_merge import LocalMerges
 from apply.records import CommitMark
 from apply.schema import TargetSchema, target_schema
@@ -66,7 +68,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--updates", type=int, default=35, help="rows updated per table")
     parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument(
+        "--rewrite-max-bytes",
+        type=int,
+        default=local_merge.REWRITE_MAX_BYTES,
+        help="tables up to this size are rewritten whole (-1: every table merged)",
+    )
     args = parser.parse_args()
+    local_merge.REWRITE_MAX_BYTES = args.rewrite_max_bytes
     relations = [_relation(n) for n in range(args.tables)]
     schemas: dict[str, TargetSchema] = {
         r.qualified_name: target_schema(r, lambda oid: None, True) for r in relations

@@ -1,5 +1,6 @@
 """A keyed batch on a local warehouse is merged by delta-rs (apply/delta/local_merge.py):
-the same rows, marks and exactly-once as Spark's MERGE; a conflict goes to Spark's path."""
+the same rows, marks and exactly-once as Spark's MERGE; a conflict goes to Spark's path.
+Each test runs twice: a small table rewritten whole (apply/rewrite.py), and merged."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from apply.applier import BatchApplier
 from apply.collapse import KeyedNet
+from apply.delta import local_merge
 from apply.delta.local_merge import merge_locally
 from apply.delta.tables import DeltaTables
 from apply.records import CommitMark
@@ -34,6 +36,25 @@ def delta_rs_rows(table: Path, key: tuple[str, ...]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: tuple(row[k] for k in key))
 
 
+@pytest.fixture(params=["rewrite", "merge"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How delta-rs writes a small table's batch: "rewrite" (the default for a small table)
+    or "merge" (every table, as above ``REWRITE_MAX_BYTES``)."""
+    if request.param == "merge":
+        monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+    return str(request.param)
+
+
+def _operations(table: Path) -> list[str]:
+    """Each commit's operation, oldest first ("MERGE", "WRITE", ...)."""
+    return [
+        str(json.loads(line)["commitInfo"].get("operation"))
+        for commit in sorted((table / "_delta_log").glob("*.json"))
+        for line in commit.read_text().splitlines()
+        if "commitInfo" in json.loads(line)
+    ]
+
+
 def _writers(table: Path) -> list[str]:
     """The engine of each commit of the table, oldest first ("delta-rs" or "Spark")."""
     engines = []
@@ -47,7 +68,7 @@ def _writers(table: Path) -> list[str]:
 
 
 def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
-    spark: Any, warehouse: Path
+    spark: Any, warehouse: Path, way: str
 ) -> None:
     tables = DeltaTables(spark, str(warehouse), "sub1")
     applier = BatchApplier("sub1", tables, lambda oid: None)
@@ -70,6 +91,7 @@ def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
         ]
         assert delta_rs_rows(folder, key=("id",)) == want
         assert _writers(folder)[1:] == ["delta-rs", "delta-rs"]  # after Spark's CREATE
+        assert _operations(folder)[1:] == ["WRITE" if way == "rewrite" else "MERGE"] * 2
         assert tables.applied_lsn("public.t") == Lsn(400)
 
         # An update of a missing row (update_missing, skipped): judged and reported by Spark.
@@ -95,7 +117,7 @@ def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
         applier.close()
 
 
-def test_a_batch_the_table_has_is_not_merged_twice(spark: Any, warehouse: Path) -> None:
+def test_a_batch_the_table_has_is_not_merged_twice(spark: Any, warehouse: Path, way: str) -> None:
     tables = DeltaTables(spark, str(warehouse), "sub1")
     schema = target_schema(T, lambda oid: None, True)
     tables.prepare(schema)

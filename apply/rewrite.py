@@ -1,0 +1,85 @@
+"""A small table's rows after a keyed batch, computed in Arrow (pure: no Delta, no Spark).
+
+What a conflict-free keyed MERGE (``apply.merge_plan``) does to a table,
+done to the table's rows in memory: the rows whose key the batch does not
+touch, then the batch's rows that exist at its end, each column the
+publisher did not send (unchanged TOAST, ``__pgsub_keep_<n>``) taken from
+the row it replaces. A table of a few thousand rows is rewritten whole in a
+third of a MERGE's time (docs/performance.md, "Many tables"); its one file
+is what the MERGE would rewrite anyway.
+
+``rewritten`` returns None when some chain of the batch does not find what
+its first change expects (an update or delete of a missing key, an insert
+of a present one): a conflict, which Spark's MERGE judges and reports.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from apply.source import FIRST, PRESENT, KeyedSource, keep_flag
+from conflicts.kinds import First
+
+_AT: Final = "__pgsub_at"
+_FOUND: Final = "__pgsub_found"
+_EXPECTS_PRESENT: Final = pa.array([f.value for f in First if f.expects_present], type=pa.string())
+
+
+def found_as_expected(current: pa.Table, source: pa.Table, keys: list[str]) -> bool:
+    """Whether every chain of ``source`` finds its key in ``current`` exactly when its first
+    change expects a row (``current`` needs only the key columns)."""
+    looked = (
+        source.select(keys)
+        .append_column(_AT, pa.array(range(source.num_rows), pa.int64()))
+        .join(
+            current.select(keys).append_column(
+                _FOUND, pa.array([True] * current.num_rows, pa.bool_())
+            ),
+            keys,
+            join_type="left outer",
+        )
+        .sort_by(_AT)
+    )
+    found = pc.fill_null(looked[_FOUND], False)
+    expects = pc.is_in(source[FIRST], _EXPECTS_PRESENT)
+    return not pc.any(pc.not_equal(found, expects)).as_py()
+
+
+def rewritten(current: pa.Table, source: KeyedSource, keys: list[str]) -> pa.Table | None:
+    """``current`` (every row of the table) after the batch ``source``, in ``current``'s
+    schema; None: a conflict. ``keys`` are the key columns; the source moves no key."""
+    rows = source.table
+    if not found_as_expected(current, rows, keys):
+        return None
+    untouched = current.join(rows.select(keys), keys, join_type="left anti")
+    staying = rows.filter(rows[PRESENT])
+    staying = _kept_values(staying, current, source.keep_columns, keys)
+    names = current.schema.names
+    new = staying.select(names).cast(current.schema)
+    return pa.concat_tables([untouched.select(names), new])
+
+
+def _kept_values(
+    rows: pa.Table, current: pa.Table, keep_columns: tuple[int, ...], keys: list[str]
+) -> pa.Table:
+    """``rows`` with each unsent value (its keep flag set) replaced by the current row's."""
+    if not keep_columns or rows.num_rows == 0:
+        return rows
+    names = current.schema.names
+    kept = [names[i] for i in keep_columns]
+    olds = {name: f"__pgsub_old_{i}" for i, name in zip(keep_columns, kept, strict=True)}
+    looked = (
+        rows.select(keys)
+        .append_column(_AT, pa.array(range(rows.num_rows), pa.int64()))
+        .join(current.select([*keys, *kept]).rename_columns([*keys, *olds.values()]), keys)
+        .sort_by(_AT)
+    )
+    if looked.num_rows != rows.num_rows:  # a kept value with no row: never without a conflict
+        raise ValueError("an update keeps a value of a row the table does not have")
+    for i, name in zip(keep_columns, kept, strict=True):
+        value = pc.if_else(rows[keep_flag(i)], looked[olds[name]], rows[name])
+        rows = rows.set_column(rows.schema.get_field_index(name), name, value)
+    return rows
