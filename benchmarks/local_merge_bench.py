@@ -17,6 +17,7 @@ import cProfile
 import pstats
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import deltalake
@@ -69,6 +70,9 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=35, help="rows updated per table")
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument(
+        "--threads", type=int, default=1, help="tables merged at once (the applier uses 4)"
+    )
+    parser.add_argument(
         "--rewrite-max-bytes",
         type=int,
         default=local_merge.REWRITE_MAX_BYTES,
@@ -92,15 +96,24 @@ def main() -> None:
             nets = _nets(relations, args.updates, round_)
             last = round_ == args.batches
             started = time.perf_counter()
-            if last:
+            if last and args.threads == 1:
                 profile.enable()
-            for name, net in nets.items():
-                mark = CommitMark("bench", Lsn(1_000_000 * round_ + 8 * args.tables), 0)
-                written = merges.merge(str(Path(root, name)), schemas[name], net, mark)
+            mark = CommitMark("bench", Lsn(1_000_000 * round_ + 8 * args.tables), 0)
+
+            def merge(name: str, mark: CommitMark = mark, nets: dict[str, KeyedNet] = nets) -> None:
+                written = merges.merge(str(Path(root, name)), schemas[name], nets[name], mark)
                 assert written is not None and written.updated == args.updates
+
+            if args.threads == 1:
+                for name in nets:
+                    merge(name)
+            else:
+                with ThreadPoolExecutor(args.threads) as pool:
+                    list(pool.map(merge, nets))
             profile.disable()
             print(f"batch {round_}: {time.perf_counter() - started:.2f} s, {args.tables} tables")
-        pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+        if args.threads == 1:
+            pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class LocalMerges:
 
     def __init__(self, max_bytes: int = LOCAL_MERGE_MAX_BYTES) -> None:
         self.max_bytes = max_bytes  # a larger table's batches go to Spark
-        self._open: dict[str, deltalake.DeltaTable] = {}
+        self._open: dict[str, _OpenTable] = {}
         self._lock = threading.Lock()
 
     def forget(self, path: str) -> None:
@@ -102,29 +102,66 @@ class LocalMerges:
         if net.truncated or any(row.toast_key is not None for row in net.rows.values()):
             return None
         try:
-            table = self._table(folder(path))
-            written = merge_into(table, schema, net, mark, max_bytes=self.max_bytes)
+            open_table = self._table(folder(path))
+            app_id, version = mark.txn
+            done = open_table.done(app_id)
+            written = merge_into(
+                open_table.table, schema, net, mark, done=done, max_bytes=self.max_bytes
+            )
         except deltalake.exceptions.DeltaError as exc:
             self.forget(path)
             raise TargetTableError(
                 f"writing {schema.table} to {path} at LSN {mark.lsn} through delta-rs failed: {exc}"
             ) from exc
+        if written is not None and written.version is not None:
+            open_table.wrote(app_id, version)
         return written  # None: Spark writes it; the open table reads that commit next time
 
-    def _table(self, local: str) -> deltalake.DeltaTable:
+    def _table(self, local: str) -> _OpenTable:
         """The table at ``local``, brought up to its latest commit."""
         import deltalake
 
         with self._lock:
-            table = self._open.get(local)
-        if table is not None:
-            table.update_incremental()
-            if Path(local, "_delta_log", f"{table.version():020d}.json").exists():
-                return table
-        table = deltalake.DeltaTable(local)  # new, or deleted since: read the log anew
+            open_table = self._open.get(local)
+        if open_table is not None and open_table.latest():
+            return open_table
+        open_table = _OpenTable(local, deltalake.DeltaTable(local))  # new, or deleted since
         with self._lock:
-            self._open[local] = table
-        return table
+            self._open[local] = open_table
+        return open_table
+
+
+class _OpenTable:
+    """A table's log kept open, and the commit marks this process wrote to it since it last
+    read another writer's commit (so that Delta's txn need not be read from the log)."""
+
+    def __init__(self, local: str, table: deltalake.DeltaTable) -> None:
+        self.table = table
+        self._log = Path(local, "_delta_log")
+        self._marks: dict[str, int] = {}  # app id -> its batch version, as of _marks_at
+        self._marks_at = -1
+
+    def latest(self) -> bool:
+        """Brought up to the table's latest commit; False: the log is not the one read (the
+        table was made anew). A commit file that is not there says no one else wrote."""
+        version = self.table.version()
+        if Path(self._log, f"{version + 1:020d}.json").exists():
+            self.table.update_incremental()
+            version = self.table.version()
+        return Path(self._log, f"{version:020d}.json").exists()
+
+    def done(self, app_id: str) -> int | None:
+        """The last batch version of ``app_id`` the table has (Delta's txn), or None."""
+        if self._marks_at == self.table.version() and app_id in self._marks:
+            return self._marks[app_id]
+        return self.table.transaction_version(app_id)
+
+    def wrote(self, app_id: str, version: int) -> None:
+        """This process just committed ``app_id``'s batch ``version`` to the table."""
+        if self._marks_at != self.table.version() - 1:
+            self._marks.clear()  # known only as of the commit before ours
+        self._marks[app_id] = version
+        self._marks_at = self.table.version()
 
 
 def merge_locally(
@@ -140,17 +177,16 @@ def merge_into(
     net: KeyedNet,
     mark: CommitMark,
     *,
+    done: int | None,
     max_bytes: int = LOCAL_MERGE_MAX_BYTES,
     rewrite_max_bytes: int | None = None,
 ) -> WriteResult | None:
     """``net`` merged into ``table`` (at its latest commit, of at most ``max_bytes`` of
     Parquet; rewritten whole up to ``rewrite_max_bytes``, ``REWRITE_MAX_BYTES`` when None);
-    None: Spark's path."""
+    None: Spark's path. ``done``: the last batch version of ``mark``'s app the table has."""
     if not delta_rs_writes(table.protocol()):
         return None
-    app_id, version = mark.txn
-    done = table.transaction_version(app_id)
-    if done is not None and done >= version:
+    if done is not None and done >= mark.txn[1]:
         return WriteResult(schema.table, None)  # committed before: Delta's txn says so
     size = _fitting_size(table, schema, max_bytes)
     if size is None:
