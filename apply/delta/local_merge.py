@@ -22,8 +22,9 @@ at most ``LOCAL_MERGE_MAX_BYTES`` takes this path instead:
 A table of at most ``REWRITE_MAX_BYTES`` takes a shorter way for steps 2
 and 3: its rows are read whole, the batch is applied to them in Arrow
 (``apply.rewrite``, which finds conflicts the same way) and the table is
-overwritten in one commit with the same mark: 15 ms a table of 2,000 rows
-against the MERGE's 35 (``benchmarks.local_merge_bench``).
+overwritten in one commit with the same mark, which pgsub writes itself
+where the table's protocol allows (``apply.delta.overwrite``): 8 ms a table
+of 2,000 rows against the MERGE's 35 (``benchmarks.local_merge_bench``).
 
 None from ``LocalMerges.merge`` means "take Spark's path", and nothing was
 written. Left to Spark: a TRUNCATE in the batch, an update that moved a
@@ -34,7 +35,6 @@ delta-rs would write differently, multiset tables, large tables.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -44,6 +44,8 @@ import structlog
 from apply.collapse import KeyedNet
 from apply.columnar import arrow_schema
 from apply.delta.local_tables import delta_rs_writes, folder
+from apply.delta.open_table import OpenTable
+from apply.delta.overwrite import CommitRacedError, checkpoint_due, hand_writable, overwrite
 from apply.errors import TargetTableError
 from apply.merge_plan import (
     ClauseKind,
@@ -85,7 +87,7 @@ class LocalMerges:
 
     def __init__(self, max_bytes: int = LOCAL_MERGE_MAX_BYTES) -> None:
         self.max_bytes = max_bytes  # a larger table's batches go to Spark
-        self._open: dict[str, _OpenTable] = {}
+        self._open: dict[str, OpenTable] = {}
         self._lock = threading.Lock()
 
     def forget(self, path: str) -> None:
@@ -103,21 +105,19 @@ class LocalMerges:
             return None
         try:
             open_table = self._table(folder(path))
-            app_id, version = mark.txn
-            done = open_table.done(app_id)
-            written = merge_into(
-                open_table.table, schema, net, mark, done=done, max_bytes=self.max_bytes
-            )
+            done = open_table.done(mark.txn[0])
+            written = merge_into(open_table, schema, net, mark, done=done, max_bytes=self.max_bytes)
+        except CommitRacedError:
+            self.forget(path)
+            raise
         except deltalake.exceptions.DeltaError as exc:
             self.forget(path)
             raise TargetTableError(
                 f"writing {schema.table} to {path} at LSN {mark.lsn} through delta-rs failed: {exc}"
             ) from exc
-        if written is not None and written.version is not None:
-            open_table.wrote(app_id, version)
         return written  # None: Spark writes it; the open table reads that commit next time
 
-    def _table(self, local: str) -> _OpenTable:
+    def _table(self, local: str) -> OpenTable:
         """The table at ``local``, brought up to its latest commit."""
         import deltalake
 
@@ -125,43 +125,10 @@ class LocalMerges:
             open_table = self._open.get(local)
         if open_table is not None and open_table.latest():
             return open_table
-        open_table = _OpenTable(local, deltalake.DeltaTable(local))  # new, or deleted since
+        open_table = OpenTable(local, deltalake.DeltaTable(local))  # new, or deleted since
         with self._lock:
             self._open[local] = open_table
         return open_table
-
-
-class _OpenTable:
-    """A table's log kept open, and the commit marks this process wrote to it since it last
-    read another writer's commit (so that Delta's txn need not be read from the log)."""
-
-    def __init__(self, local: str, table: deltalake.DeltaTable) -> None:
-        self.table = table
-        self._log = Path(local, "_delta_log")
-        self._marks: dict[str, int] = {}  # app id -> its batch version, as of _marks_at
-        self._marks_at = -1
-
-    def latest(self) -> bool:
-        """Brought up to the table's latest commit; False: the log is not the one read (the
-        table was made anew). A commit file that is not there says no one else wrote."""
-        version = self.table.version()
-        if Path(self._log, f"{version + 1:020d}.json").exists():
-            self.table.update_incremental()
-            version = self.table.version()
-        return Path(self._log, f"{version:020d}.json").exists()
-
-    def done(self, app_id: str) -> int | None:
-        """The last batch version of ``app_id`` the table has (Delta's txn), or None."""
-        if self._marks_at == self.table.version() and app_id in self._marks:
-            return self._marks[app_id]
-        return self.table.transaction_version(app_id)
-
-    def wrote(self, app_id: str, version: int) -> None:
-        """This process just committed ``app_id``'s batch ``version`` to the table."""
-        if self._marks_at != self.table.version() - 1:
-            self._marks.clear()  # known only as of the commit before ours
-        self._marks[app_id] = version
-        self._marks_at = self.table.version()
 
 
 def merge_locally(
@@ -172,7 +139,7 @@ def merge_locally(
 
 
 def merge_into(
-    table: deltalake.DeltaTable,
+    open_table: OpenTable,
     schema: TargetSchema,
     net: KeyedNet,
     mark: CommitMark,
@@ -184,17 +151,19 @@ def merge_into(
     """``net`` merged into ``table`` (at its latest commit, of at most ``max_bytes`` of
     Parquet; rewritten whole up to ``rewrite_max_bytes``, ``REWRITE_MAX_BYTES`` when None);
     None: Spark's path. ``done``: the last batch version of ``mark``'s app the table has."""
-    if not delta_rs_writes(table.protocol()):
+    if not delta_rs_writes(open_table.table.protocol()):
         return None
-    if done is not None and done >= mark.txn[1]:
+    app_id, version = mark.txn
+    if done is not None and done >= version:
         return WriteResult(schema.table, None)  # committed before: Delta's txn says so
-    size = _fitting_size(table, schema, max_bytes)
+    size = _fitting_size(open_table, schema, max_bytes)
     if size is None:
         return None
     source = keyed_source(net, schema)
     try:
         if size <= (REWRITE_MAX_BYTES if rewrite_max_bytes is None else rewrite_max_bytes):
-            return _rewrite(table, schema, source, mark)
+            return _rewrite(open_table, schema, source, mark)
+        table = open_table.synced()
         if _conflicts(table, schema, source.table):
             return None
     except pa.ArrowException:  # a key type pyarrow cannot join on
@@ -217,17 +186,17 @@ def merge_into(
             counts=counts,
             expected=expected_counts(source.table),
         )
+    open_table.wrote(app_id, version)
     return WriteResult(schema.table, table.version(), *counts)
 
 
-def _fitting_size(table: deltalake.DeltaTable, schema: TargetSchema, max_bytes: int) -> int | None:
+def _fitting_size(open_table: OpenTable, schema: TargetSchema, max_bytes: int) -> int | None:
     """The table's bytes of Parquet, if at most ``max_bytes`` and its columns have the types
     pgsub's Arrow values have (a table made by Spark, or evolved, may differ); else None."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    size = int(pc.sum(actions.column("size_bytes")).as_py() or 0) if actions.num_rows else 0
+    size = sum(file.size for file in open_table.files())
     if size > max_bytes:
         return None
-    have = pa.schema(table.schema().to_arrow())
+    have = pa.schema(open_table.table.schema().to_arrow())
     for wanted in arrow_schema(schema.columns):
         if wanted.name not in have.names or have.field(wanted.name).type != wanted.type:
             return None
@@ -235,22 +204,34 @@ def _fitting_size(table: deltalake.DeltaTable, schema: TargetSchema, max_bytes: 
 
 
 def _rewrite(
-    table: deltalake.DeltaTable, schema: TargetSchema, source: KeyedSource, mark: CommitMark
+    open_table: OpenTable, schema: TargetSchema, source: KeyedSource, mark: CommitMark
 ) -> WriteResult | None:
     """A small table rewritten whole with the batch applied in Arrow (``apply.rewrite``), in
     one commit carrying ``mark``; None: a conflict (Spark's path), nothing written."""
     import deltalake
     import pyarrow.dataset as ds
 
-    have = pa.schema(table.schema().to_arrow())
-    files = table.file_uris()
+    have = pa.schema(open_table.table.schema().to_arrow())
+    live = open_table.files()
     current = (
-        ds.dataset(files, schema=have, format="parquet").to_table() if files else have.empty_table()
+        ds.dataset([f.local for f in live], schema=have, format="parquet").to_table()
+        if live
+        else have.empty_table()
     )
     rows = rewritten(current, source, list(schema.key))
     if rows is None:
         return None
     app_id, version = mark.txn
+    counts = expected_counts(source.table)
+    if hand_writable(open_table.table, rows):
+        own = overwrite(open_table.local, open_table.version, live, rows, mark)
+        open_table.wrote(app_id, version, own)
+        if checkpoint_due(open_table.version, open_table.table.metadata().configuration):
+            table = open_table.synced()
+            table.create_checkpoint()
+            table.cleanup_metadata()
+        return WriteResult(schema.table, open_table.version, *counts)
+    table = open_table.synced()
     deltalake.write_deltalake(
         table,
         rows,
@@ -260,7 +241,8 @@ def _rewrite(
             app_transactions=[deltalake.Transaction(app_id=app_id, version=version)],
         ),
     )
-    return WriteResult(schema.table, table.version(), *expected_counts(source.table))
+    open_table.wrote(app_id, version)
+    return WriteResult(schema.table, table.version(), *counts)
 
 
 def _conflicts(table: deltalake.DeltaTable, schema: TargetSchema, source: pa.Table) -> bool:

@@ -17,6 +17,8 @@ from apply.applier import BatchApplier
 from apply.collapse import KeyedNet
 from apply.delta import local_merge
 from apply.delta.local_merge import merge_locally
+from apply.delta.open_table import OpenTable
+from apply.delta.overwrite import CommitRacedError, overwrite
 from apply.delta.tables import DeltaTables
 from apply.records import CommitMark
 from apply.schema import target_schema
@@ -56,14 +58,18 @@ def _operations(table: Path) -> list[str]:
 
 
 def _writers(table: Path) -> list[str]:
-    """The engine of each commit of the table, oldest first ("delta-rs" or "Spark")."""
+    """The engine of each commit of the table, oldest first ("delta-rs", "Spark", or "pgsub"
+    for the commits of its own overwrites)."""
     engines = []
     for commit in sorted((table / "_delta_log").glob("*.json")):
         for line in commit.read_text().splitlines():
             info = json.loads(line).get("commitInfo")
             if info is not None:
                 client = str(info.get("clientVersion") or info.get("engineInfo") or "")
-                engines.append("delta-rs" if client.startswith("delta-rs") else "Spark")
+                if client == "pgsub":
+                    engines.append("pgsub")
+                else:
+                    engines.append("delta-rs" if client.startswith("delta-rs") else "Spark")
     return engines
 
 
@@ -73,6 +79,7 @@ def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
     tables = DeltaTables(spark, str(warehouse), "sub1")
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "t"
+    local = "pgsub" if way == "rewrite" else "delta-rs"
     try:
         applier.apply(batch(tx(*(ins(T, i, f"v{i}", "big") for i in range(1, 6)), end=100)))
         applier.apply(
@@ -90,7 +97,7 @@ def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
             {"id": 9, "v": "nine", "big": "b9"},
         ]
         assert delta_rs_rows(folder, key=("id",)) == want
-        assert _writers(folder)[1:] == ["delta-rs", "delta-rs"]  # after Spark's CREATE
+        assert _writers(folder)[1:] == [local, local]  # after Spark's CREATE
         assert _operations(folder)[1:] == ["WRITE" if way == "rewrite" else "MERGE"] * 2
         assert tables.applied_lsn("public.t") == Lsn(400)
 
@@ -112,7 +119,7 @@ def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
             {"id": 7, "v": "after", "big": "s"},
             {"id": 8, "v": "eight", "big": "e"},
         ]
-        assert _writers(folder)[-1] == "delta-rs"
+        assert _writers(folder)[-1] == local
     finally:
         applier.close()
 
@@ -141,3 +148,58 @@ def test_a_batch_the_table_has_is_not_merged_twice(spark: Any, warehouse: Path, 
     later = CommitMark("sub1", Lsn(200), 0)
     assert merge_locally(path, schema, net(ins(T, 1, "b", "y")), later) is None
     assert len(_writers(Path(path))) == 2
+
+
+def test_own_commits_are_read_by_spark_and_delta_rs_and_checkpointed(
+    spark: Any, warehouse: Path
+) -> None:
+    """pgsub's own overwrite commits (apply/delta/overwrite.py) are a table Spark and
+    delta-rs read, with their marks, and a checkpoint at the table's interval."""
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "t"
+    try:
+        applier.apply(batch(tx(*(ins(T, i, "v", "big") for i in range(1, 6)), end=100)))
+        spark.sql(f"ALTER TABLE delta.`{folder}` SET TBLPROPERTIES (delta.checkpointInterval = 3)")
+        for n in range(1, 6):
+            applier.apply(
+                batch(tx(upd(T, n, f"u{n}", ...), ins(T, 10 + n, "new", "b"), end=200 + n))
+            )
+        applier.apply(batch(tx(dele(T, 1, None, None), end=300)))
+        # The CREATE, the first batch, the ALTER, then the six batches.
+        assert _writers(folder) == ["delta-rs", "pgsub", "Spark"] + ["pgsub"] * 6
+        want = [{"id": i, "v": f"u{i}", "big": "big"} for i in range(2, 6)] + [
+            {"id": 10 + n, "v": "new", "big": "b"} for n in range(1, 6)
+        ]
+        by_spark = spark.read.format("delta").load(str(folder)).orderBy("id").collect()
+        assert [row.asDict() for row in by_spark] == want
+        assert (
+            deltalake.DeltaTable(str(folder)).to_pyarrow_table().sort_by("id").to_pylist() == want
+        )
+        checkpoints = sorted(p.name for p in (folder / "_delta_log").glob("*.checkpoint.parquet"))
+        assert checkpoints == [
+            "00000000000000000003.checkpoint.parquet",
+            "00000000000000000006.checkpoint.parquet",
+        ]
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{folder}`").orderBy("version").collect()
+        assert '"lsn":"0/12C"' in history[-1].userMetadata  # LSN 300's mark
+        tables_again = DeltaTables(spark, str(warehouse), "sub1")
+        assert tables_again.applied_lsn("public.t") == Lsn(300)  # read from the log anew
+    finally:
+        applier.close()
+
+
+def test_a_commit_another_writer_made_first_is_not_overwritten(warehouse: Path) -> None:
+    """Two writers of one version: the second commit is refused, its file removed."""
+    folder = warehouse / "t"
+    rows = pa.table({"id": pa.array([1], pa.int32())})
+    deltalake.write_deltalake(str(folder), rows)
+    table = deltalake.DeltaTable(str(folder))
+    live = OpenTable(str(folder), table).files()
+    deltalake.write_deltalake(str(folder), rows, mode="append")  # version 1, by another
+    before = sorted(p.name for p in folder.glob("*.parquet"))
+    with pytest.raises(CommitRacedError):
+        overwrite(str(folder), 0, live, rows, CommitMark("sub1", Lsn(100), 0))
+    assert sorted(p.name for p in folder.glob("*.parquet")) == before
+    assert deltalake.DeltaTable(str(folder)).to_pyarrow_table().num_rows == 2
+    assert not list((folder / "_delta_log").glob(".*"))  # no temporary file left

@@ -1,0 +1,101 @@
+"""A local table's log kept open between batches, and what pgsub's own commits changed.
+
+Opening a table replays its log (15 ms for a few dozen commits); an open
+delta-rs table reads only the commits after its version, but reading even
+one costs about 5 ms. Most of a small table's commits are pgsub's own
+overwrites (``apply.delta.overwrite``), which change nothing but the
+version, the one live file and the batch's mark. So ``OpenTable`` keeps
+those three itself, and brings delta-rs's snapshot forward only when
+something else needs it (``synced``: a MERGE, a checkpoint) or another
+writer committed (``latest``: the next version's file is there). The
+protocol, schema and properties of the snapshot stay true meanwhile: an
+overwrite does not change them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    import deltalake
+
+
+@dataclass(frozen=True, slots=True)
+class LiveFile:
+    log_path: str  # as the log names it (what a ``remove`` must name)
+    local: str  # the file on disk
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Own:
+    """The table after pgsub's last overwrite, while the snapshot has not read it."""
+
+    version: int
+    file: LiveFile
+
+
+class OpenTable:
+    """One table's delta-rs snapshot plus the state of pgsub's commits after it."""
+
+    def __init__(self, local: str, table: deltalake.DeltaTable) -> None:
+        self.local = local
+        self.table = table  # protocol, schema, properties: current; files: see ``files``
+        self._log = Path(local, "_delta_log")
+        self._own: _Own | None = None
+        self._marks: dict[str, int] = {}  # app id -> its batch version, as of _marks_at
+        self._marks_at = -1
+
+    @property
+    def version(self) -> int:
+        return self._own.version if self._own is not None else self.table.version()
+
+    def latest(self) -> bool:
+        """Brought up to the table's latest commit; False: the log is not the one read (the
+        table was made anew). A commit file that is not there says no one else wrote."""
+        if Path(self._log, f"{self.version + 1:020d}.json").exists():
+            self.synced()
+        return Path(self._log, f"{self.version:020d}.json").exists()
+
+    def synced(self) -> deltalake.DeltaTable:
+        """delta-rs's snapshot, brought up to the log's latest commit."""
+        self.table.update_incremental()
+        self._own = None
+        return self.table
+
+    def files(self) -> list[LiveFile]:
+        """The table's live files."""
+        if self._own is not None:
+            return [self._own.file]
+        actions = pa.table(self.table.get_add_actions(flatten=True))
+        if not actions.num_rows:
+            return []
+        paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
+        locals_ = [uri.removeprefix("file://") for uri in self.table.file_uris()]
+        by_name = {Path(p).name: p for p in locals_}
+        return [
+            LiveFile(path, by_name.get(Path(path).name, str(Path(self.local, path))), int(size))
+            for path, size in zip(paths, sizes, strict=True)
+        ]
+
+    def done(self, app_id: str) -> int | None:
+        """The last batch version of ``app_id`` the table has (Delta's txn), or None."""
+        if self._marks_at == self.version and app_id in self._marks:
+            return self._marks[app_id]
+        return self.synced().transaction_version(app_id)
+
+    def wrote(self, app_id: str, batch_version: int, own: LiveFile | None = None) -> None:
+        """This process just committed ``app_id``'s batch ``batch_version``: by delta-rs
+        (the snapshot moved), or by its own overwrite whose one file is ``own``."""
+        before = self.version
+        if own is not None:
+            self._own = _Own(before + 1, own)
+        if self._marks_at != self.version - 1:
+            self._marks.clear()  # known only as of the commit before ours
+        self._marks[app_id] = batch_version
+        self._marks_at = self.version

@@ -1,0 +1,159 @@
+"""A small table overwritten by one commit that pgsub writes itself (Delta's protocol).
+
+delta-rs takes 8-9 ms to overwrite a 2,000-row table (its writer plan, its
+commit), pyarrow 0.7 ms to write the same rows as Parquet: at 200 tables a
+batch, that is most of the batch (docs/performance.md, "Many tables"). The
+commit of an overwrite is the simplest the protocol has, so pgsub writes it:
+
+1. the rows as one Parquet file in the table's folder (pyarrow);
+2. ``_delta_log/<version + 1>.json``, made by a hard link from a temporary
+   file, so that it appears whole and only if no other writer made that
+   version first (Delta's "mutual exclusion" for a local file system, as
+   delta-rs does): a ``remove`` of every live file, the ``add`` of the new
+   one (its row count as statistics; no min/max: a reader that finds none
+   reads the file, the safe side), the batch's ``txn`` and a ``commitInfo``
+   with its ``userMetadata``;
+3. every ``delta.checkpointInterval`` commits (100 unless set), a
+   checkpoint and the removal of expired log files, by delta-rs
+   (``checkpoint_due``; the caller makes them).
+
+Only for a table whose protocol asks nothing more of a writer
+(``hand_writable``): no column invariants, not append-only, no table
+feature. Another writer's commit in between is a ``CommitRacedError`` and
+nothing is committed (the Parquet file is removed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from apply.delta.open_table import LiveFile
+from apply.errors import TargetTableError
+
+if TYPE_CHECKING:
+    import deltalake
+
+    from apply.records import CommitMark
+
+ENGINE: Final = "pgsub"
+_CHECKPOINT_INTERVAL: Final = 100  # delta.checkpointInterval's default
+
+
+class CommitRacedError(TargetTableError):
+    """Another writer made the version this commit was for; nothing was committed."""
+
+
+def hand_writable(table: deltalake.DeltaTable, rows: pa.Table) -> bool:
+    """Whether pgsub may write ``rows`` over ``table`` by its own commit: the table's
+    protocol asks nothing of a writer beyond writing its files (reader 1, writer at most 2,
+    no ``delta.invariants`` on a column, not append-only) and no column that may not be
+    null holds a null."""
+    protocol = table.protocol()
+    if protocol.min_reader_version > 1 or protocol.min_writer_version > 2:
+        return False
+    metadata = table.metadata()
+    if metadata.partition_columns:
+        return False
+    if metadata.configuration.get("delta.appendOnly", "false").lower() == "true":
+        return False
+    for field in json.loads(table.schema().to_json())["fields"]:
+        if "delta.invariants" in (field.get("metadata") or {}):
+            return False
+        if not field.get("nullable", True) and rows.column(field["name"]).null_count:
+            return False
+    return True
+
+
+def overwrite(
+    local: str, version: int, live: list[LiveFile], rows: pa.Table, mark: CommitMark
+) -> LiveFile:
+    """``rows`` as the whole table at the local folder ``local``, whose latest version is
+    ``version`` and live files ``live``, in one commit carrying ``mark``: the new file."""
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    data = Path(local, name)
+    pq.write_table(rows, data, compression="snappy")
+    now = int(time.time() * 1000)
+    size = data.stat().st_size
+    app_id, batch_version = mark.txn
+    actions: list[dict[str, object]] = [
+        {
+            "commitInfo": {
+                "timestamp": now,
+                "operation": "WRITE",
+                "operationParameters": {"mode": "Overwrite"},
+                "operationMetrics": {
+                    "numFiles": "1",
+                    "numOutputRows": str(rows.num_rows),
+                    "numOutputBytes": str(size),
+                },
+                "engineInfo": ENGINE,
+                "clientVersion": ENGINE,
+                "userMetadata": mark.user_metadata(),
+            }
+        },
+        {"txn": {"appId": app_id, "version": batch_version, "lastUpdated": now}},
+    ]
+    actions += [
+        {
+            "remove": {
+                "path": file.log_path,
+                "deletionTimestamp": now,
+                "dataChange": True,
+                "extendedFileMetadata": True,
+                "partitionValues": {},
+                "size": file.size,
+            }
+        }
+        for file in live
+    ]
+    stats = json.dumps({"numRecords": rows.num_rows})
+    actions.append(
+        {
+            "add": {
+                "path": name,
+                "partitionValues": {},
+                "size": size,
+                "modificationTime": now,
+                "dataChange": True,
+                "stats": stats,
+            }
+        }
+    )
+    try:
+        _commit(Path(local, "_delta_log"), version + 1, actions)
+    except CommitRacedError:
+        data.unlink(missing_ok=True)
+        raise
+    return LiveFile(name, str(data), size)
+
+
+def checkpoint_due(version: int, properties: Mapping[str, str]) -> bool:
+    """Whether the table's ``version`` is one its checkpoint interval asks a checkpoint at."""
+    interval = int(properties.get("delta.checkpointInterval") or _CHECKPOINT_INTERVAL)
+    return version % max(interval, 1) == 0
+
+
+def _commit(log: Path, version: int, actions: list[dict[str, object]]) -> None:
+    """``actions`` as the log's ``version``, atomically and only if it is not there yet."""
+    final = log / f"{version:020d}.json"
+    temporary = log / f".{final.name}.{uuid.uuid4()}.tmp"
+    temporary.write_text("".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions))
+    try:
+        os.link(temporary, final)
+    except FileExistsError:
+        raise CommitRacedError(
+            f"another writer committed version {version} of {log.parent} first"
+        ) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
