@@ -31,6 +31,10 @@ _EXPECTS_PRESENT: Final = pa.array([f.value for f in First if f.expects_present]
 def found_as_expected(current: pa.Table, source: pa.Table, keys: list[str]) -> bool:
     """Whether every chain of ``source`` finds its key in ``current`` exactly when its first
     change expects a row (``current`` needs only the key columns)."""
+    expects = pc.is_in(source[FIRST], _EXPECTS_PRESENT)
+    if len(keys) == 1:  # a set lookup: a join's plan costs more than a small table's batch
+        found = pc.is_in(source[keys[0]], value_set=current[keys[0]].combine_chunks())
+        return not pc.any(pc.not_equal(found, expects)).as_py()
     looked = (
         source.select(keys)
         .append_column(_AT, pa.array(range(source.num_rows), pa.int64()))
@@ -44,7 +48,6 @@ def found_as_expected(current: pa.Table, source: pa.Table, keys: list[str]) -> b
         .sort_by(_AT)
     )
     found = pc.fill_null(looked[_FOUND], False)
-    expects = pc.is_in(source[FIRST], _EXPECTS_PRESENT)
     return not pc.any(pc.not_equal(found, expects)).as_py()
 
 
@@ -54,7 +57,11 @@ def rewritten(current: pa.Table, source: KeyedSource, keys: list[str]) -> pa.Tab
     rows = source.table
     if not found_as_expected(current, rows, keys):
         return None
-    untouched = current.join(rows.select(keys), keys, join_type="left anti")
+    if len(keys) == 1:
+        touched = pc.is_in(current[keys[0]], value_set=rows[keys[0]].combine_chunks())
+        untouched = current.filter(pc.invert(touched))
+    else:
+        untouched = current.join(rows.select(keys), keys, join_type="left anti")
     staying = rows.filter(rows[PRESENT])
     staying = _kept_values(staying, current, source.keep_columns, keys)
     names = current.schema.names

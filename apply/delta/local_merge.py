@@ -209,15 +209,10 @@ def _rewrite(
     """A small table rewritten whole with the batch applied in Arrow (``apply.rewrite``), in
     one commit carrying ``mark``; None: a conflict (Spark's path), nothing written."""
     import deltalake
-    import pyarrow.dataset as ds
 
     have = pa.schema(open_table.table.schema().to_arrow())
     live = open_table.files()
-    current = (
-        ds.dataset([f.local for f in live], schema=have, format="parquet").to_table()
-        if live
-        else have.empty_table()
-    )
+    current = _read(have, [f.local for f in live])
     rows = rewritten(current, source, list(schema.key))
     if rows is None:
         return None
@@ -243,6 +238,23 @@ def _rewrite(
     )
     open_table.wrote(app_id, version)
     return WriteResult(schema.table, table.version(), *counts)
+
+
+def _read(schema: pa.Schema, files: list[str]) -> pa.Table:
+    """The rows of a small table's ``files``, in its ``schema``."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    parts = []
+    for file in files:
+        part = pq.ParquetFile(file).read()  # a quarter of a dataset scan's time
+        if sorted(part.schema.names) != sorted(schema.names):
+            return ds.dataset(files, schema=schema, format="parquet").to_table()
+        part = part.select(schema.names)
+        if part.schema.types != schema.types:  # another writer's types (Spark's INT96)
+            return ds.dataset(files, schema=schema, format="parquet").to_table()
+        parts.append(part)
+    return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
 
 
 def _conflicts(table: deltalake.DeltaTable, schema: TargetSchema, source: pa.Table) -> bool:
