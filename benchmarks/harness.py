@@ -290,3 +290,8 @@ def write_results(args: argparse.Namespace, ours: Any, native: Any) -> None:
             indent=2,
         )
     )
+
+
+def folder_bytes(path: Path) -> int:
+    """The bytes of every file under ``path``."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())

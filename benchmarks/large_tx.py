@@ -85,12 +85,12 @@ def run_native(publisher: PgCluster, rows: int) -> Figures:
                 f"CREATE SUBSCRIPTION native CONNECTION '{publisher.dsn('bench')}'"
                 " PUBLICATION pub_native WITH (streaming = on, copy_data = false)"
             )
-            pid = None
+            pid: int | None = None
             while pid is None:
                 row = conn.execute(
                     "SELECT pid FROM pg_stat_subscription WHERE relid IS NULL AND pid IS NOT NULL"
                 ).fetchone()
-                pid = row[0] if row else None
+                pid = int(str(row[0])) if row else None
                 time.sleep(0.1)
             peak = [0.0]
             done = threading.Event()

@@ -79,7 +79,7 @@ def main() -> None:
         help="tables up to this size are rewritten whole (-1: every table merged)",
     )
     args = parser.parse_args()
-    local_merge.REWRITE_MAX_BYTES = args.rewrite_max_bytes
+    setattr(local_merge, "REWRITE_MAX_BYTES", args.rewrite_max_bytes)  # noqa: B010 - a Final, for this run
     relations = [_relation(n) for n in range(args.tables)]
     schemas: dict[str, TargetSchema] = {
         r.qualified_name: target_schema(r, lambda oid: None, True) for r in relations

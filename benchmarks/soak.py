@@ -32,6 +32,7 @@ from benchmarks.harness import (
     NativeRun,
     PgsubRun,
     bench_publisher,
+    folder_bytes,
     percentile,
     steady_load,
     stop_on_sigterm,
@@ -53,10 +54,6 @@ def windows(lags: list[float], minutes: float) -> list[dict[str, float]]:
         for part in (lags[i : i + size] for i in range(0, len(lags), size))
         if part
     ]
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def table_health(spark: Any, warehouse: Path, table: str) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def native(publisher: PgCluster, rows: int) -> float:
 
 
 # The events whose times make the timeline of a sync.
-MILESTONES = ("table state changed", "target table created", "table copy started")
+MILESTONES: tuple[str, ...] = ("table state changed", "target table created", "table copy started")
 MILESTONES += ("table copy finished", "table synchronized")
 
 

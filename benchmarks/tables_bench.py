@@ -33,6 +33,7 @@ from apply.delta.session import SparkSettings, build_session
 from benchmarks.harness import (
     TABLE,
     PgsubRun,
+    folder_bytes,
     jvm_peak_rss_mb,
     lsn_of,
     percentile,
@@ -67,6 +68,8 @@ class Figures:
     tps_achieved: float = 0.0
     peak_rss_python_mb: float | None = None
     peak_rss_jvm_mb: float | None = None
+    # What the warehouse grew by during the load, per hour (nothing is vacuumed in the run).
+    warehouse_gb_per_hour: float | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -188,7 +191,10 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
         run.wait_ready()
         figures.sync_seconds = time.monotonic() - started
         if args.seconds:
+            before = folder_bytes(run.warehouse)
             _apply_load(figures, publisher, "ours", args, run.position)
+            grown = folder_bytes(run.warehouse) - before
+            figures.warehouse_gb_per_hour = grown / 1e9 * 3600 / args.seconds
         figures.peak_rss_python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
     return figures
@@ -243,6 +249,9 @@ def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
     print(f"| (b) kept up | {ours.kept_up} | {native.kept_up} | |")
     memory = f"{ours.peak_rss_python_mb or 0:.0f} / {ours.peak_rss_jvm_mb or 0:.0f}"
     print(f"| peak RSS python / JVM (MB) | {memory} | - | |")
+    growth = ours.warehouse_gb_per_hour
+    growth_text = "-" if growth is None else f"{growth:,.2f}"
+    print(f"| (b) warehouse growth, GB/hour, before VACUUM | {growth_text} | - | |")
     write_results(args, ours, native)
 
 
