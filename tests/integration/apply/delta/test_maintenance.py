@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from apply.delta import local_merge
 from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.maintenance import Maintenance
 from tests.support.pgdatabase import PgDatabase
@@ -21,8 +22,11 @@ def data_files(spark: Any, path: str) -> int:
 
 
 def test_compaction_and_vacuum_keep_rows_progress_and_time_travel(
-    publisher: PgDatabase, spark: Any, warehouse: Path
+    publisher: PgDatabase, spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Each insert merged, adding a file of its own, as in a table past REWRITE_MAX_BYTES
+    # (a table that small is otherwise rewritten whole by each batch: one file).
+    monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )
