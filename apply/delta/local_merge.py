@@ -146,10 +146,9 @@ def merge_into(
     *,
     done: int | None,
     max_bytes: int = LOCAL_MERGE_MAX_BYTES,
-    rewrite_max_bytes: int | None = None,
 ) -> WriteResult | None:
     """``net`` merged into ``table`` (at its latest commit, of at most ``max_bytes`` of
-    Parquet; rewritten whole up to ``rewrite_max_bytes``, ``REWRITE_MAX_BYTES`` when None);
+    Parquet; rewritten whole up to ``REWRITE_MAX_BYTES``, read at the call);
     None: Spark's path. ``done``: the last batch version of ``mark``'s app the table has."""
     if not delta_rs_writes(open_table.table.protocol()):
         return None
@@ -161,7 +160,7 @@ def merge_into(
         return None
     source = keyed_source(net, schema)
     try:
-        if size <= (REWRITE_MAX_BYTES if rewrite_max_bytes is None else rewrite_max_bytes):
+        if size <= REWRITE_MAX_BYTES:
             return _rewrite(open_table, schema, source, mark)
         table = open_table.synced()
         if _conflicts(table, schema, source.table):
