@@ -63,19 +63,25 @@ def rewritten(current: pa.Table, source: KeyedSource, keys: list[str]) -> pa.Tab
     else:
         untouched = current.join(rows.select(keys), keys, join_type="left anti")
     staying = rows.filter(rows[PRESENT])
-    staying = _kept_values(staying, current, source.keep_columns, keys)
+    staying = kept_values(staying, current, source.keep_columns, keys)
     names = current.schema.names
     new = staying.select(names).cast(current.schema)
     return pa.concat_tables([untouched.select(names), new])
 
 
-def _kept_values(
-    rows: pa.Table, current: pa.Table, keep_columns: tuple[int, ...], keys: list[str]
+def kept_values(
+    rows: pa.Table,
+    current: pa.Table,
+    keep_columns: tuple[int, ...],
+    keys: list[str],
+    layout: list[str] | None = None,
 ) -> pa.Table:
-    """``rows`` with each unsent value (its keep flag set) replaced by the current row's."""
+    """``rows`` with each unsent value (its keep flag set) replaced by the current row's;
+    ``keep_columns`` index ``layout``, the table's column names (``current``'s unless given:
+    ``current`` may hold only the keys and the kept columns)."""
     if not keep_columns or rows.num_rows == 0:
         return rows
-    names = current.schema.names
+    names = layout if layout is not None else current.schema.names
     kept = [names[i] for i in keep_columns]
     olds = {name: f"__pgsub_old_{i}" for i, name in zip(keep_columns, kept, strict=True)}
     looked = (

@@ -43,9 +43,11 @@ import structlog
 
 from apply.collapse import KeyedNet
 from apply.columnar import arrow_schema
+from apply.delta.live_files import LiveFiles
 from apply.delta.local_tables import delta_rs_writes, folder
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import CommitRacedError, checkpoint_due, hand_writable, overwrite
+from apply.delta.vector_write import KeyIndex, VectorTable, vector_writable, write_by_vectors
 from apply.errors import TargetTableError
 from apply.merge_plan import (
     ClauseKind,
@@ -88,11 +90,13 @@ class LocalMerges:
     def __init__(self, max_bytes: int = LOCAL_MERGE_MAX_BYTES) -> None:
         self.max_bytes = max_bytes  # a larger table's batches go to Spark
         self._open: dict[str, OpenTable] = {}
+        self._vectors: dict[str, VectorTable] = {}  # tables written with deletion vectors
         self._lock = threading.Lock()
 
     def forget(self, path: str) -> None:
         with self._lock:
             self._open.pop(folder(path), None)
+            self._vectors.pop(folder(path), None)
 
     def merge(
         self, path: str, schema: TargetSchema, net: KeyedNet, mark: CommitMark
@@ -106,6 +110,8 @@ class LocalMerges:
         try:
             open_table = self._table(folder(path))
             done = open_table.done(mark.txn[0])
+            if vector_writable(open_table.table, schema):
+                return self._write_by_vectors(open_table, schema, net, mark, done)
             written = merge_into(open_table, schema, net, mark, done=done, max_bytes=self.max_bytes)
         except CommitRacedError:
             self.forget(path)
@@ -116,6 +122,34 @@ class LocalMerges:
                 f"writing {schema.table} to {path} at LSN {mark.lsn} through delta-rs failed: {exc}"
             ) from exc
         return written  # None: Spark writes it; the open table reads that commit next time
+
+    def _write_by_vectors(
+        self,
+        open_table: OpenTable,
+        schema: TargetSchema,
+        net: KeyedNet,
+        mark: CommitMark,
+        done: int | None,
+    ) -> WriteResult | None:
+        """A batch into a table with deletion vectors on (``apply.delta.vector_write``)."""
+        if done is not None and done >= mark.txn[1]:
+            return WriteResult(schema.table, None)  # committed before: Delta's txn says so
+        types = _types(open_table, schema)
+        if types is None:
+            return None
+        with self._lock:
+            state = self._vectors.get(open_table.local)
+        if state is None:
+            key = schema.key[0]
+            state = VectorTable(
+                LiveFiles(open_table.local), KeyIndex(open_table.local, key, types.field(key).type)
+            )
+            with self._lock:
+                self._vectors[open_table.local] = state
+        try:
+            return write_by_vectors(open_table, state, schema, keyed_source(net, schema), mark)
+        except pa.ArrowException:  # a key type pyarrow cannot look up
+            return None
 
     def _table(self, local: str) -> OpenTable:
         """The table at ``local``, brought up to its latest commit."""
@@ -128,6 +162,7 @@ class LocalMerges:
         open_table = OpenTable(local, deltalake.DeltaTable(local))  # new, or deleted since
         with self._lock:
             self._open[local] = open_table
+            self._vectors.pop(local, None)
         return open_table
 
 
@@ -191,15 +226,21 @@ def merge_into(
 
 def _fitting_size(open_table: OpenTable, schema: TargetSchema, max_bytes: int) -> int | None:
     """The table's bytes of Parquet, if at most ``max_bytes`` and its columns have the types
-    pgsub's Arrow values have (a table made by Spark, or evolved, may differ); else None."""
+    pgsub's Arrow values have (``_types``); else None."""
     size = sum(file.size for file in open_table.files())
-    if size > max_bytes:
+    if size > max_bytes or _types(open_table, schema) is None:
         return None
+    return size
+
+
+def _types(open_table: OpenTable, schema: TargetSchema) -> pa.Schema | None:
+    """The table's Arrow schema, if its columns have the types pgsub's Arrow values have (a
+    table made by Spark, or evolved, may differ); else None."""
     have = pa.schema(open_table.table.schema().to_arrow())
     for wanted in arrow_schema(schema.columns):
         if wanted.name not in have.names or have.field(wanted.name).type != wanted.type:
             return None
-    return size
+    return have
 
 
 def _rewrite(

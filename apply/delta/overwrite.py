@@ -84,25 +84,13 @@ def overwrite(
     pq.write_table(rows, data, compression="snappy")
     now = int(time.time() * 1000)
     size = data.stat().st_size
-    app_id, batch_version = mark.txn
-    actions: list[dict[str, object]] = [
-        {
-            "commitInfo": {
-                "timestamp": now,
-                "operation": "WRITE",
-                "operationParameters": {"mode": "Overwrite"},
-                "operationMetrics": {
-                    "numFiles": "1",
-                    "numOutputRows": str(rows.num_rows),
-                    "numOutputBytes": str(size),
-                },
-                "engineInfo": ENGINE,
-                "clientVersion": ENGINE,
-                "userMetadata": mark.user_metadata(),
-            }
-        },
-        {"txn": {"appId": app_id, "version": batch_version, "lastUpdated": now}},
-    ]
+    actions = opening_actions(
+        "WRITE",
+        {"mode": "Overwrite"},
+        {"numFiles": "1", "numOutputRows": str(rows.num_rows), "numOutputBytes": str(size)},
+        mark,
+        now,
+    )
     actions += [
         {
             "remove": {
@@ -130,11 +118,36 @@ def overwrite(
         }
     )
     try:
-        _commit(Path(local, "_delta_log"), version + 1, actions)
+        commit(Path(local, "_delta_log"), version + 1, actions)
     except CommitRacedError:
         data.unlink(missing_ok=True)
         raise
     return LiveFile(name, str(data), size)
+
+
+def opening_actions(
+    operation: str,
+    parameters: dict[str, str],
+    metrics: dict[str, str],
+    mark: CommitMark,
+    now: int,
+) -> list[dict[str, object]]:
+    """A pgsub commit's first actions: its ``commitInfo`` (the ``operation`` as Spark's
+    history shows it, with the batch's ``userMetadata``) and the batch's ``txn``."""
+    app_id, batch_version = mark.txn
+    info = {
+        "timestamp": now,
+        "operation": operation,
+        "operationParameters": parameters,
+        "operationMetrics": metrics,
+        "engineInfo": ENGINE,
+        "clientVersion": ENGINE,
+        "userMetadata": mark.user_metadata(),
+    }
+    return [
+        {"commitInfo": info},
+        {"txn": {"appId": app_id, "version": batch_version, "lastUpdated": now}},
+    ]
 
 
 def checkpoint_due(version: int, properties: Mapping[str, str]) -> bool:
@@ -143,7 +156,7 @@ def checkpoint_due(version: int, properties: Mapping[str, str]) -> bool:
     return version % max(interval, 1) == 0
 
 
-def _commit(log: Path, version: int, actions: list[dict[str, object]]) -> None:
+def commit(log: Path, version: int, actions: list[dict[str, object]]) -> None:
     """``actions`` as the log's ``version``, atomically and only if it is not there yet."""
     final = log / f"{version:020d}.json"
     temporary = log / f".{final.name}.{uuid.uuid4()}.tmp"

@@ -4,7 +4,6 @@ Each test runs twice: a small table rewritten whole (apply/rewrite.py), and merg
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from apply.delta.tables import DeltaTables
 from apply.records import CommitMark
 from apply.schema import target_schema
 from subscriber.replication.lsn import ZERO, Lsn
+from tests.support.delta_log import operations, writers
 from tests.unit.apply.builders import batch, dele, ins, relation, trunc, tx, upd
 
 pytestmark = pytest.mark.integration
@@ -45,32 +45,6 @@ def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "merge":
         monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
     return str(request.param)
-
-
-def _operations(table: Path) -> list[str]:
-    """Each commit's operation, oldest first ("MERGE", "WRITE", ...)."""
-    return [
-        str(json.loads(line)["commitInfo"].get("operation"))
-        for commit in sorted((table / "_delta_log").glob("*.json"))
-        for line in commit.read_text().splitlines()
-        if "commitInfo" in json.loads(line)
-    ]
-
-
-def _writers(table: Path) -> list[str]:
-    """The engine of each commit of the table, oldest first ("delta-rs", "Spark", or "pgsub"
-    for the commits of its own overwrites)."""
-    engines = []
-    for commit in sorted((table / "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
-            info = json.loads(line).get("commitInfo")
-            if info is not None:
-                client = str(info.get("clientVersion") or info.get("engineInfo") or "")
-                if client == "pgsub":
-                    engines.append("pgsub")
-                else:
-                    engines.append("delta-rs" if client.startswith("delta-rs") else "Spark")
-    return engines
 
 
 def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
@@ -97,21 +71,21 @@ def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
             {"id": 9, "v": "nine", "big": "b9"},
         ]
         assert delta_rs_rows(folder, key=("id",)) == want
-        assert _writers(folder)[1:] == [local, local]  # after Spark's CREATE
-        assert _operations(folder)[1:] == ["WRITE" if way == "rewrite" else "MERGE"] * 2
+        assert writers(folder)[1:] == [local, local]  # after Spark's CREATE
+        assert operations(folder)[1:] == ["WRITE" if way == "rewrite" else "MERGE"] * 2
         assert tables.applied_lsn("public.t") == Lsn(400)
 
         # An update of a missing row (update_missing, skipped): judged and reported by Spark.
         result = applier.apply(batch(tx(upd(T, 2, "gone", "g"), upd(T, 4, "four", ...), end=500)))
         (written,) = result.tables
         assert [f.kind for f in written.write.conflicts] == ["update_missing"]
-        assert _writers(folder)[-1] == "Spark"
+        assert writers(folder)[-1] == "Spark"
         assert {r["id"]: r["v"] for r in delta_rs_rows(folder, key=("id",))}[4] == "four"
 
         # A TRUNCATE takes Spark's path too.
         applier.apply(batch(tx(trunc(T), ins(T, 7, "seven", "s"), end=600)))
         assert delta_rs_rows(folder, key=("id",)) == [{"id": 7, "v": "seven", "big": "s"}]
-        assert _writers(folder)[-1] == "Spark"
+        assert writers(folder)[-1] == "Spark"
 
         # The open table reads Spark's commits before its next MERGE.
         applier.apply(batch(tx(upd(T, 7, "after", ...), ins(T, 8, "eight", "e"), end=700)))
@@ -119,7 +93,7 @@ def test_a_keyed_batch_is_merged_by_delta_rs_and_a_conflict_by_spark(
             {"id": 7, "v": "after", "big": "s"},
             {"id": 8, "v": "eight", "big": "e"},
         ]
-        assert _writers(folder)[-1] == local
+        assert writers(folder)[-1] == local
     finally:
         applier.close()
 
@@ -147,7 +121,7 @@ def test_a_batch_the_table_has_is_not_merged_twice(spark: Any, warehouse: Path, 
     # An insert of a key the table has is a conflict: left to Spark, nothing written.
     later = CommitMark("sub1", Lsn(200), 0)
     assert merge_locally(path, schema, net(ins(T, 1, "b", "y")), later) is None
-    assert len(_writers(Path(path))) == 2
+    assert len(writers(Path(path))) == 2
 
 
 def test_own_commits_are_read_by_spark_and_delta_rs_and_checkpointed(
@@ -167,7 +141,7 @@ def test_own_commits_are_read_by_spark_and_delta_rs_and_checkpointed(
             )
         applier.apply(batch(tx(dele(T, 1, None, None), end=300)))
         # The CREATE, the first batch, the ALTER, then the six batches.
-        assert _writers(folder) == ["delta-rs", "pgsub", "Spark"] + ["pgsub"] * 6
+        assert writers(folder) == ["delta-rs", "pgsub", "Spark"] + ["pgsub"] * 6
         want = [{"id": i, "v": f"u{i}", "big": "big"} for i in range(2, 6)] + [
             {"id": 10 + n, "v": "new", "big": "b"} for n in range(1, 6)
         ]

@@ -1,0 +1,356 @@
+"""A big table's batch written by pgsub with deletion vectors: no MERGE, no scan.
+
+A Spark MERGE into a 10M-row table read the whole table for every batch:
+random keys touch every file, so no file's statistics let it skip one
+(30-90 s a batch on this machine; docs/performance.md, "Big tables"). On a
+local warehouse, a table with deletion vectors on takes this path instead:
+
+1. ``KeyIndex`` keeps each live file's key column in memory, and which of
+   its rows are alive (its deletion vector); it reads a file only when the
+   file is new to it, and a vector only when another writer changed it.
+   Files never change, so what it keeps is true as long as the log says
+   the file is live;
+2. the batch's keys are looked up in it: one Arrow set lookup over the
+   columns. A chain whose first change does not find what it expects is a
+   conflict, and the batch then takes Spark's path, which judges and
+   reports it;
+3. the rows the batch replaces or deletes are added to their files'
+   deletion vectors (one new vector file for the batch), the rows it leaves
+   are written as one new Parquet file, each unsent TOAST value taken from
+   the row it replaces; one commit, which pgsub writes
+   (``apply.delta.overwrite.commit``), carries the batch's marks.
+
+What a batch reads and writes follows the batch: its new rows, a vector per
+touched file, one log entry. The price is memory: a table's key column
+(8 bytes a row for a bigint key, 80 MB for 10M rows) and a byte a row.
+
+Only for tables whose protocol asks nothing more of a writer than deletion
+vectors (``vector_writable``) and whose key is one column; None from
+``write_by_vectors`` means "take another path", nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from apply.delta import deletion_vectors
+from apply.delta.deletion_vectors import Descriptor
+from apply.delta.live_files import LiveFiles, VectorFile
+from apply.delta.overwrite import CommitRacedError, checkpoint_due, commit, opening_actions
+from apply.merge_plan import expected_counts
+from apply.rewrite import found_as_expected, kept_values
+from apply.source import PRESENT, KeyedSource
+
+if TYPE_CHECKING:
+    import deltalake
+
+    from apply.delta.open_table import OpenTable
+    from apply.records import CommitMark, WriteResult
+    from apply.schema import TargetSchema
+
+Alive = npt.NDArray[np.bool_]
+
+# What a table's protocol may ask of its writers for pgsub to write it: deletion vectors,
+# and the legacy features Spark lists beside them when it upgrades a table's protocol.
+VECTOR_WRITES: Final = frozenset({"deletionVectors", "appendOnly", "invariants", "timestampNtz"})
+VECTOR_READS: Final = frozenset({"deletionVectors", "timestampNtz"})
+
+
+def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
+    """Whether pgsub may write ``table``'s batches with deletion vectors itself: they are on,
+    its protocol asks nothing more, no invariant or append-only rule, no partitions, a
+    one-column key."""
+    protocol = table.protocol()
+    if protocol.min_writer_version < 7 or protocol.min_reader_version < 3:
+        return False
+    if not set(protocol.writer_features or ()) <= VECTOR_WRITES:
+        return False
+    if not set(protocol.reader_features or ()) <= VECTOR_READS:
+        return False
+    metadata = table.metadata()
+    properties = metadata.configuration
+    if properties.get("delta.enableDeletionVectors", "false").lower() != "true":
+        return False
+    if properties.get("delta.appendOnly", "false").lower() == "true":
+        return False
+    if metadata.partition_columns or len(schema.key) != 1:
+        return False
+    fields = json.loads(table.schema().to_json())["fields"]
+    return not any("delta.invariants" in (f.get("metadata") or {}) for f in fields)
+
+
+@dataclass(slots=True)
+class _Keys:
+    """One live file's keys, and which of its rows are alive as of ``vector``."""
+
+    keys: pa.Array
+    alive: Alive
+    vector: str | None  # the vector's unique id the mask reflects
+
+
+@dataclass(frozen=True, slots=True)
+class _Match:
+    file: VectorFile
+    positions: npt.NDArray[np.int64]  # the alive rows holding a key of the batch
+
+
+class KeyIndex:
+    """The key column of each live file of a table, and which of its rows are alive."""
+
+    def __init__(self, table: str, key: str, key_type: pa.DataType) -> None:
+        self.table = table
+        self.key = key
+        self.key_type = key_type
+        self._files: dict[str, _Keys] = {}
+
+    def refresh(self, files: list[VectorFile]) -> None:
+        """Brought to the live ``files``: new files read, changed vectors read anew."""
+        live = {file.path: file for file in files}
+        for gone in set(self._files) - set(live):
+            del self._files[gone]
+        for path, file in live.items():
+            known = self._files.get(path)
+            unique = None if file.vector is None else file.vector.unique_id
+            if known is None:
+                keys = pq.ParquetFile(file.local(self.table)).read(columns=[self.key])
+                column = keys.column(0).combine_chunks().cast(self.key_type)
+                known = _Keys(column, np.ones(len(column), dtype=np.bool_), None)
+                self._files[path] = known
+            if known.vector != unique:
+                known.alive = np.ones(len(known.keys), dtype=np.bool_)
+                if file.vector is not None:
+                    known.alive[deletion_vectors.read(self.table, file.vector).astype(np.int64)] = (
+                        False
+                    )
+                known.vector = unique
+
+    def find(self, files: list[VectorFile], wanted: pa.Array) -> tuple[list[_Match], pa.Array]:
+        """The alive rows whose key is in ``wanted``, by file, and their keys."""
+        matches, found = [], []
+        keyed = [(file, self._files[file.path]) for file in files]
+        if not keyed:
+            return [], pa.array([], type=self.key_type)
+        columns = pa.chunked_array([known.keys for _, known in keyed], self.key_type)
+        hits = pc.is_in(columns, value_set=wanted).combine_chunks().to_numpy(zero_copy_only=False)
+        start = 0
+        for file, known in keyed:
+            mask = hits[start : start + len(known.keys)] & known.alive
+            start += len(known.keys)
+            positions = np.flatnonzero(mask)
+            if positions.size:
+                matches.append(_Match(file, positions))
+                found.append(known.keys.take(pa.array(positions)))
+        keys = pa.concat_arrays(found) if found else pa.array([], type=self.key_type)
+        return matches, keys
+
+    def deleted(self, path: str, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """Every row of the file at ``path`` deleted once ``positions`` are."""
+        alive = self._files[path].alive.copy()
+        alive[positions] = False
+        return np.flatnonzero(~alive).astype(np.uint64)
+
+    def rows(self, path: str) -> int:
+        """The rows the file at ``path`` holds, deleted ones too."""
+        return len(self._files[path].keys)
+
+    def committed(self, path: str, positions: npt.NDArray[np.int64], vector: str) -> None:
+        known = self._files[path]
+        known.alive[positions] = False
+        known.vector = vector
+
+    def added(self, path: str, keys: pa.Array) -> None:
+        self._files[path] = _Keys(keys.cast(self.key_type), np.ones(len(keys), np.bool_), None)
+
+
+@dataclass
+class VectorTable:
+    """What the path keeps of one table between batches."""
+
+    files: LiveFiles
+    index: KeyIndex
+
+
+def write_by_vectors(
+    open_table: OpenTable,
+    state: VectorTable,
+    schema: TargetSchema,
+    source: KeyedSource,
+    mark: CommitMark,
+) -> WriteResult | None:
+    """The batch ``source`` written into the open table with deletion vectors, in one
+    commit carrying ``mark``; None: a conflict or a duplicate key (Spark's path)."""
+    from apply.records import WriteResult
+
+    key = schema.key[0]
+    state.files.read(open_table.version)
+    live = state.files.files
+    state.index.refresh(live)
+    rows = source.table
+    wanted = rows[key].combine_chunks().cast(state.index.key_type)
+    matches, found = state.index.find(live, wanted)
+    if len(found) != len(pc.unique(found)):
+        return None  # a key the table holds twice: not a table pgsub keyed
+    if not found_as_expected(pa.table({key: found}), rows, [key]):
+        return None
+    have = pa.schema(open_table.table.schema().to_arrow())
+    staying = rows.filter(rows[PRESENT])
+    if source.keep_columns and staying.num_rows:
+        old = _old_rows(open_table.local, matches, have, key, source.keep_columns)
+        staying = kept_values(staying, old, source.keep_columns, [key], have.names)
+    new_rows = staying.select(have.names).cast(have)
+    for field in have:
+        if not field.nullable and new_rows.column(field.name).null_count:
+            return None  # Spark reports the NOT NULL violation
+    app_id, batch_version = mark.txn
+    version = open_table.version + 1
+    written = _write(open_table.local, state.index, matches, new_rows, mark)
+    try:
+        commit(Path(open_table.local, "_delta_log"), version, written.actions)
+    except CommitRacedError:
+        for file in written.files:
+            file.unlink(missing_ok=True)
+        raise
+    state.files.applied(version, written.actions)
+    for match, unique in written.vectors:
+        state.index.committed(match.file.path, match.positions, unique)
+    if written.new_file is not None:
+        state.index.added(written.new_file, new_rows[key].combine_chunks())
+    table = open_table.synced()
+    open_table.wrote(app_id, batch_version)
+    if checkpoint_due(version, table.metadata().configuration):
+        table.create_checkpoint()
+        table.cleanup_metadata()
+    return WriteResult(schema.table, version, *expected_counts(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    actions: list[dict[str, object]]
+    files: list[Path]  # what to remove if the commit is refused
+    vectors: list[tuple[_Match, str]]  # each file left with rows, and its new vector's id
+    new_file: str | None
+
+
+def _write(
+    local: str, index: KeyIndex, matches: list[_Match], rows: pa.Table, mark: CommitMark
+) -> _Written:
+    """The batch's files (its rows, its vectors) and the actions of its commit."""
+    now = int(time.time() * 1000)
+    files: list[Path] = []
+    actions = opening_actions(
+        "MERGE",
+        {"predicate": "pgsub: keys looked up in memory"},
+        {
+            "numOutputRows": str(rows.num_rows),
+            "numTargetRowsCopied": "0",
+            "numDeletionVectorsUpdated": str(len(matches)),
+        },
+        mark,
+        now,
+    )
+    kept: list[tuple[_Match, npt.NDArray[np.uint64]]] = []
+    for match in matches:
+        deleted = index.deleted(match.file.path, match.positions)
+        actions.append(_remove(match.file, now))
+        if len(deleted) < index.rows(match.file.path):
+            kept.append((match, deleted))  # else every row is gone: the file goes
+    vectors: list[tuple[_Match, str]] = []
+    if kept:
+        bitmaps = [deletion_vectors.encode(deleted) for _, deleted in kept]
+        encoded, offsets = deletion_vectors.write_file(local, bitmaps)
+        for (match, deleted), bitmap, offset in zip(kept, bitmaps, offsets, strict=True):
+            vector = Descriptor("u", encoded, offset, len(bitmap), len(deleted))
+            actions.append(_add_again(match.file, vector, index.rows(match.file.path)))
+            vectors.append((match, vector.unique_id))
+        files.append(Descriptor("u", encoded, 1, 0, 0).file(local))
+    new_file = None
+    if rows.num_rows:
+        new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        data = Path(local, new_file)
+        pq.write_table(rows, data, compression="snappy")
+        files.append(data)
+        actions.append(
+            {
+                "add": {
+                    "path": new_file,
+                    "partitionValues": {},
+                    "size": data.stat().st_size,
+                    "modificationTime": now,
+                    "dataChange": True,
+                    "stats": json.dumps({"numRecords": rows.num_rows}),
+                }
+            }
+        )
+    return _Written(actions, files, vectors, new_file)
+
+
+def _remove(file: VectorFile, now: int) -> dict[str, object]:
+    """The ``remove`` of ``file`` as it is live (its path and its current vector)."""
+    remove: dict[str, object] = {
+        "path": file.path,
+        "deletionTimestamp": now,
+        "dataChange": True,
+        "extendedFileMetadata": True,
+        "partitionValues": {},
+        "size": file.size,
+    }
+    if file.vector is not None:
+        remove["deletionVector"] = file.vector.action()
+    return {"remove": remove}
+
+
+def _add_again(file: VectorFile, vector: Descriptor, rows: int) -> dict[str, object]:
+    """The ``add`` of ``file`` again with ``vector``: its statistics kept, as bounds that
+    may be wider than its alive rows' (``tightBounds``: false)."""
+    stats = json.loads(file.stats) if file.stats else {}
+    stats["numRecords"] = rows
+    stats["tightBounds"] = False
+    return {
+        "add": {
+            "path": file.path,
+            "partitionValues": {},
+            "size": file.size,
+            "modificationTime": file.modification_time,
+            "dataChange": True,
+            "stats": json.dumps(stats, separators=(",", ":")),
+            "deletionVector": vector.action(),
+        }
+    }
+
+
+def _old_rows(
+    local: str, matches: list[_Match], schema: pa.Schema, key: str, keep_columns: tuple[int, ...]
+) -> pa.Table:
+    """The key and the kept columns of the rows the batch replaces, read from their files
+    (only the row groups that hold them)."""
+    names = [key, *(schema.names[i] for i in keep_columns if schema.names[i] != key)]
+    wanted = pa.schema([schema.field(n) for n in names])
+    parts = [wanted.empty_table()]
+    for match in matches:
+        parquet = pq.ParquetFile(match.file.local(local))
+        sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+        starts = np.cumsum([0, *sizes])
+        groups = np.unique(np.searchsorted(starts, match.positions, side="right") - 1)
+        read = parquet.read_row_groups(groups.tolist(), columns=names)
+        offsets = np.cumsum([0, *(sizes[g] for g in groups)])
+        local_rows = np.concatenate(
+            [
+                match.positions[(match.positions >= starts[g]) & (match.positions < starts[g + 1])]
+                - starts[g]
+                + offsets[i]
+                for i, g in enumerate(groups)
+            ]
+        )
+        parts.append(read.take(pa.array(local_rows)).select(names).cast(wanted))
+    return pa.concat_tables(parts)

@@ -1,0 +1,159 @@
+"""A table with deletion vectors on takes pgsub's own write (apply/delta/vector_write.py):
+the rows the batch replaces are deleted by vectors, its rows written as one file, in a
+commit Spark and delta-rs read as the publisher's rows; conflicts still go to Spark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pytest
+
+from apply.applier import BatchApplier
+from apply.collapse import KeyedNet, collapse
+from apply.delta.local_merge import merge_locally
+from apply.delta.tables import DeltaTables
+from apply.features import FeatureMode, TableFeatures
+from apply.records import CommitMark
+from apply.schema import target_schema
+from subscriber.replication.lsn import ZERO, Lsn
+from tests.support.delta_log import operations, writers
+from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
+
+pytestmark = pytest.mark.integration
+
+T = relation("id", "v", "big")
+VECTORS = TableFeatures(deletion_vectors=FeatureMode.ALWAYS)
+
+Model = dict[int, tuple[str, str]]
+
+
+def read_by_spark(spark: Any, folder: Path) -> Model:
+    rows = spark.read.format("delta").load(str(folder)).collect()
+    return {row.id: (row.v, row.big) for row in rows}
+
+
+def read_by_delta_rs(folder: Path) -> Model:
+    """The rows as delta-rs's DataFusion reads them (it applies deletion vectors)."""
+    opened = deltalake.DeltaTable(str(folder))
+    found = deltalake.QueryBuilder().register("t", opened).execute("SELECT id, v, big FROM t")
+    return {r["id"]: (r["v"], r["big"]) for r in pa.table(found.read_all()).to_pylist()}
+
+
+def vectors_in_log(folder: Path) -> list[dict[str, Any]]:
+    """The deletion vectors of the ``add`` actions of pgsub's commits, oldest first."""
+    found = []
+    for commit in sorted((folder / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines()]
+        info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+        if info.get("engineInfo") == "pgsub":
+            found += [
+                a["add"]["deletionVector"] for a in actions if "deletionVector" in a.get("add", {})
+            ]
+    return found
+
+
+def test_a_table_with_deletion_vectors_is_written_by_pgsub_and_read_by_spark_and_delta_rs(
+    spark: Any, warehouse: Path
+) -> None:
+    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "t"
+    model: Model = {i: (f"v{i}", f"big{i % 7}") for i in range(1, 301)}
+    try:
+        applier.apply(batch(tx(*(ins(T, i, *model[i]) for i in range(1, 301)), end=100)))
+        assert writers(folder) == ["Spark", "pgsub"]  # Spark's CREATE: deletion vectors on
+
+        # Updates with an unchanged TOAST value, deletes, a re-insert, all scattered.
+        changes = []
+        for i in range(3, 301, 11):
+            changes.append(upd(T, i, f"u{i}", ...))
+            model[i] = (f"u{i}", model[i][1])
+        for i in range(5, 301, 13):
+            changes.append(dele(T, i, None, None))
+            model.pop(i, None)
+        changes += [dele(T, 7, None, None), ins(T, 7, "back", "again"), ins(T, 500, "n", "b")]
+        model[7], model[500] = ("back", "again"), ("n", "b")
+        applier.apply(batch(tx(*changes[:40], end=200), tx(*changes[40:], end=300)))
+        assert read_by_delta_rs(folder) == model
+        assert read_by_spark(spark, folder) == model
+        assert writers(folder)[-1] == "pgsub" and operations(folder)[-1] == "MERGE"
+        first_vectors = vectors_in_log(folder)
+        assert first_vectors and first_vectors[-1]["cardinality"] > 0
+
+        # A second batch adds to the vector of the file it touches again.
+        applier.apply(batch(tx(upd(T, 1, "one", ...), dele(T, 2, None, None), end=400)))
+        model[1] = ("one", model[1][1])
+        model.pop(2)
+        assert read_by_delta_rs(folder) == model
+        assert vectors_in_log(folder)[-1]["cardinality"] > first_vectors[-1]["cardinality"]
+
+        # A conflict (an update of a missing key) is judged by Spark's MERGE, which reads
+        # pgsub's vectors; pgsub's next batch reads the vectors Spark wrote.
+        result = applier.apply(batch(tx(upd(T, 2, "gone", "g"), upd(T, 4, "four", ...), end=500)))
+        assert [f.kind for f in result.tables[0].write.conflicts] == ["update_missing"]
+        model[4] = ("four", model[4][1])
+        assert writers(folder)[-1] == "Spark"
+        applier.apply(batch(tx(upd(T, 4, "again", ...), dele(T, 6, None, None), end=600)))
+        model[4] = ("again", model[4][1])
+        model.pop(6)
+        assert writers(folder)[-1] == "pgsub"
+        assert read_by_spark(spark, folder) == model
+        assert read_by_delta_rs(folder) == model
+
+        # Spark's DELETE of a range writes a vector with run containers; pgsub reads it.
+        spark.sql(f"DELETE FROM delta.`{folder}` WHERE id BETWEEN 100 AND 250")
+        for i in range(100, 251):
+            model.pop(i, None)
+        applier.apply(batch(tx(upd(T, 9, "nine", ...), end=650)))
+        model[9] = ("nine", model[9][1])
+        assert writers(folder)[-1] == "pgsub"
+        assert read_by_delta_rs(folder) == model
+
+        # A checkpoint, then a new process: the live files and vectors are read from it.
+        deltalake.DeltaTable(str(folder)).create_checkpoint()
+        applier.close()
+        tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+        applier = BatchApplier("sub1", tables, lambda oid: None)
+        applier.apply(batch(tx(upd(T, 8, "after", ...), end=700)))
+        model[8] = ("after", model[8][1])
+        assert writers(folder)[-1] == "pgsub"
+        assert read_by_delta_rs(folder) == model
+        assert read_by_spark(spark, folder) == model
+        assert tables.applied_lsn("public.t") == Lsn(700)
+
+        # Every row deleted: each file goes, with no vector left.
+        applier.apply(batch(tx(*(dele(T, i, None, None) for i in list(model)), end=800)))
+        assert read_by_delta_rs(folder) == {} == read_by_spark(spark, folder)
+        assert deltalake.DeltaTable(str(folder)).file_uris() == []
+    finally:
+        applier.close()
+
+
+def test_a_batch_the_table_has_is_not_written_twice(spark: Any, warehouse: Path) -> None:
+    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    schema = target_schema(T, lambda oid: None, True)
+    tables.prepare(schema)
+    path = tables.path("public.t")
+
+    def net(*changes: Any) -> KeyedNet:
+        keyed = collapse(batch(tx(*changes)).tables(lambda name: ZERO)["public.t"])
+        assert isinstance(keyed, KeyedNet)
+        return keyed
+
+    mark = CommitMark("sub1", Lsn(100), 0)
+    first = merge_locally(path, schema, net(ins(T, 1, "a", "x"), ins(T, 2, "b", "y")), mark)
+    assert first is not None and first.version is not None and first.inserted == 2
+    updated = CommitMark("sub1", Lsn(200), 0)
+    second = merge_locally(path, schema, net(upd(T, 1, "c", ...)), updated)
+    assert second is not None and second.updated == 1
+    again = merge_locally(path, schema, net(upd(T, 1, "c", ...)), updated)
+    assert again is not None and again.version is None  # Delta's txn: committed before
+    assert read_by_delta_rs(Path(path)) == {1: ("c", "x"), 2: ("b", "y")}
+    # An insert of a key the table has is a conflict: left to Spark, nothing written.
+    later = CommitMark("sub1", Lsn(300), 0)
+    assert merge_locally(path, schema, net(ins(T, 1, "d", "z")), later) is None
+    assert writers(Path(path)) == ["Spark", "pgsub", "pgsub"]

@@ -1,0 +1,87 @@
+"""Delta's deletion vector formats (apply/delta/deletion_vectors.py): Z85, the
+RoaringBitmapArray (with the run containers Spark writes) and the vector file."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apply.delta import deletion_vectors as dv
+
+
+def test_z85_encodes_as_zeromq_specifies() -> None:
+    data = bytes([0x86, 0x4F, 0xD2, 0x6F, 0xB5, 0x59, 0xF7, 0x5B])
+    assert dv.z85_encode(data) == "HelloWorld"  # the example of ZeroMQ's RFC 32
+    assert dv.z85_decode("HelloWorld") == data
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(0, 70_000),  # array containers
+            st.integers(2**32 - 5, 2**32 + 5),  # two 32-bit bitmaps
+        ),
+        max_size=300,
+    ),
+    st.lists(st.integers(0, 5), max_size=3),
+)
+def test_positions_survive_their_encoding(scattered: list[int], dense: list[int]) -> None:
+    """Any positions, some containers dense enough to be bitsets (> 4,096 values)."""
+    positions = set(scattered)
+    for block in dense:
+        positions |= set(range(block * 65_536, block * 65_536 + 5_000, 1))
+    want = np.array(sorted(positions), dtype=np.uint64)
+    assert np.array_equal(dv.decode(dv.encode(want)), want)
+
+
+def _portable_with_runs() -> bytes:
+    """A bitmap as Java's RoaringBitmap writes it after ``runOptimize``: container 0 holds
+    the runs 10-19 and 100; container 1 the array 65,537 and 65,540 (four containers or
+    fewer: no offset header)."""
+    cookie = 12347 | (1 << 16)  # runs, two containers
+    body = struct.pack("<I", cookie) + bytes([0b01])  # container 0 is a run container
+    body += struct.pack("<HHHH", 0, 10, 1, 1)  # keys and cardinalities - 1
+    body += struct.pack("<HHHHH", 2, 10, 9, 100, 0)  # two runs: (start, length - 1)
+    body += struct.pack("<HH", 1, 4)  # the array container's low 16 bits
+    return struct.pack("<Iq", dv.MAGIC, 1) + struct.pack("<I", 0) + body
+
+
+def test_run_containers_are_read() -> None:
+    want = [*range(10, 20), 100, 65_537, 65_540]
+    assert dv.decode(_portable_with_runs()).tolist() == want
+
+
+def test_a_vector_file_is_written_and_read_back(tmp_path: Path) -> None:
+    first, second = np.array([3, 1, 2], np.uint64), np.arange(0, 10_000, 2, dtype=np.uint64)
+    bitmaps = [dv.encode(first), dv.encode(second)]
+    encoded, offsets = dv.write_file(str(tmp_path), bitmaps)
+    assert offsets[0] == 1  # after the format byte, as Spark's readers expect
+    for bitmap, offset, want in zip(bitmaps, offsets, [first, second], strict=True):
+        descriptor = dv.Descriptor("u", encoded, offset, len(bitmap), len(want))
+        assert descriptor.file(str(tmp_path)).exists()
+        assert dv.read(str(tmp_path), descriptor).tolist() == sorted(want.tolist())
+    padded = bitmaps[0] + b"\0" * (-len(bitmaps[0]) % 4)  # Delta pads an inline bitmap
+    inline = dv.Descriptor("i", dv.z85_encode(padded), None, len(bitmaps[0]), 3)
+    assert dv.read(str(tmp_path), inline).tolist() == [1, 2, 3]
+
+
+def test_a_damaged_vector_is_an_error(tmp_path: Path) -> None:
+    bitmap = dv.encode(np.array([5], np.uint64))
+    encoded, (offset,) = dv.write_file(str(tmp_path), [bitmap])
+    descriptor = dv.Descriptor("u", encoded, offset, len(bitmap), 1)
+    file = descriptor.file(str(tmp_path))
+    data = bytearray(file.read_bytes())
+    data[-5] ^= 0xFF  # a byte of the bitmap: its CRC no longer matches
+    file.write_bytes(bytes(data))
+    assert zlib.crc32(bytes(data[5:-4])) != struct.unpack(">I", data[-4:])[0]
+    with pytest.raises(dv.DeletionVectorError, match="damaged"):
+        dv.read(str(tmp_path), descriptor)
+    with pytest.raises(dv.DeletionVectorError, match="magic"):
+        dv.decode(b"\0" * 16)
