@@ -63,8 +63,9 @@ def rewritten(current: pa.Table, source: KeyedSource, keys: list[str]) -> pa.Tab
     else:
         untouched = current.join(rows.select(keys), keys, join_type="left anti")
     staying = rows.filter(rows[PRESENT])
-    staying = kept_values(staying, current, source.keep_columns, keys)
     names = current.schema.names
+    carried = tuple(name for name in names if name not in rows.schema.names)
+    staying = kept_values(staying, current, source.keep_columns, keys, carried)
     new = staying.select(names).cast(current.schema)
     return pa.concat_tables([untouched.select(names), new])
 
@@ -74,25 +75,32 @@ def kept_values(
     current: pa.Table,
     keep_columns: tuple[int, ...],
     keys: list[str],
-    layout: list[str] | None = None,
+    carried: tuple[str, ...] = (),
 ) -> pa.Table:
-    """``rows`` with each unsent value (its keep flag set) replaced by the current row's;
-    ``keep_columns`` index ``layout``, the table's column names (``current``'s unless given:
-    ``current`` may hold only the keys and the kept columns)."""
-    if not keep_columns or rows.num_rows == 0:
+    """``rows`` with each unsent value (its keep flag set) replaced by the current row's, and
+    with the ``carried`` columns (the table's, no longer published) taken from the current
+    row, NULL where there is none: what a MERGE's UPDATE and INSERT leave in them.
+    ``keep_columns`` index ``rows``' value columns; ``current`` may hold only the keys, the
+    kept and the carried columns."""
+    if (not keep_columns and not carried) or rows.num_rows == 0:
         return rows
-    names = layout if layout is not None else current.schema.names
-    kept = [names[i] for i in keep_columns]
-    olds = {name: f"__pgsub_old_{i}" for i, name in zip(keep_columns, kept, strict=True)}
+    kept = [rows.schema.names[i] for i in keep_columns]
+    olds = {name: f"__pgsub_old_{i}" for i, name in enumerate([*kept, *carried])}
     looked = (
         rows.select(keys)
         .append_column(_AT, pa.array(range(rows.num_rows), pa.int64()))
-        .join(current.select([*keys, *kept]).rename_columns([*keys, *olds.values()]), keys)
+        .join(
+            current.select([*keys, *olds]).rename_columns([*keys, *olds.values()]),
+            keys,
+            join_type="left outer",
+        )
         .sort_by(_AT)
     )
-    if looked.num_rows != rows.num_rows:  # a kept value with no row: never without a conflict
-        raise ValueError("an update keeps a value of a row the table does not have")
+    if looked.num_rows != rows.num_rows:  # a key the table holds twice
+        raise ValueError("a row of the batch matches more than one row of the table")
     for i, name in zip(keep_columns, kept, strict=True):
         value = pc.if_else(rows[keep_flag(i)], looked[olds[name]], rows[name])
         rows = rows.set_column(rows.schema.get_field_index(name), name, value)
+    for name in carried:
+        rows = rows.append_column(current.schema.field(name), looked[olds[name]])
     return rows

@@ -353,6 +353,10 @@ class DeltaTables:
         if isinstance(net, KeyedNet):
             if self._merges_locally(target):
                 written = self._local_merges.merge(target.path, schema, net, mark)
+                # A table too big for delta-rs that gains deletion vectors now is written by
+                # pgsub's own path (apply.delta.vector_write) from this batch on.
+                if written is None and self._check_size(target):
+                    written = self._local_merges.merge(target.path, schema, net, mark)
                 if written is not None:
                     return written
             self._check_size(target)
@@ -361,20 +365,21 @@ class DeltaTables:
         self._check_size(target)
         return write_multiset(target, schema, net, mark, resolutions)
 
-    def _check_size(self, target: TargetTable) -> None:
+    def _check_size(self, target: TargetTable) -> bool:
         """Before a table's first Spark MERGE in this process: deletion vectors on if it
-        has grown past ``table_features.deletion_vectors_above`` (``auto``). Maintenance
-        looks again every round, for tables that grow while pgsub runs."""
+        has grown past ``table_features.deletion_vectors_above`` (``auto``); whether they
+        were turned on. Maintenance looks again every round, for tables that grow while
+        pgsub runs."""
         if self.features.deletion_vectors is not FeatureMode.AUTO:
-            return
+            return False
         with self._lock:
             if target.table in self._sized:
-                return
+                return False
             self._sized.add(target.table)
         row = delta_sql.detail(target.session, target.path)
         if row is not None:
             size, properties = int(row["sizeInBytes"] or 0), dict(row["properties"] or {})
-            gain_by_size(
+            return gain_by_size(
                 target.session,
                 target.table,
                 target.path,
@@ -382,6 +387,7 @@ class DeltaTables:
                 properties=properties,
                 features=self.features,
             )
+        return False
 
     def _merges_locally(self, target: TargetTable) -> bool:
         """Whether a keyed batch may be merged by delta-rs (``apply.delta.local_merge``): a

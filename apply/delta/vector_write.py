@@ -18,7 +18,11 @@ local warehouse, a table with deletion vectors on takes this path instead:
    deletion vectors (one new vector file for the batch), the rows it leaves
    are written as one new Parquet file, each unsent TOAST value taken from
    the row it replaces; one commit, which pgsub writes
-   (``apply.delta.overwrite.commit``), carries the batch's marks.
+   (``apply.delta.overwrite.commit``), carries the batch's marks;
+4. once ``FOLD_AT`` small files are live (the earlier batches' files), the
+   batch folds their alive rows into its own file and removes them, so the
+   file count stays bounded without a compaction holding the table (a
+   Spark OPTIMIZE of them took 26-38 s, and every batch waited).
 
 What a batch reads and writes follows the batch: its new rows, a vector per
 touched file, one log entry. The price is memory: a table's key column
@@ -65,6 +69,12 @@ Alive = npt.NDArray[np.bool_]
 # and the legacy features Spark lists beside them when it upgrades a table's protocol.
 VECTOR_WRITES: Final = frozenset({"deletionVectors", "appendOnly", "invariants", "timestampNtz"})
 VECTOR_READS: Final = frozenset({"deletionVectors", "timestampNtz"})
+# Each batch adds a small file; once FOLD_AT files below FOLD_BELOW bytes (together at most
+# FOLD_MAX_BYTES) are live, the batch folds their alive rows into its own file and removes
+# them: the table's file count stays bounded without a compaction that holds the table.
+FOLD_AT: Final = 16
+FOLD_BELOW: Final = 16 * 2**20
+FOLD_MAX_BYTES: Final = 64 * 2**20
 
 
 def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
@@ -156,9 +166,14 @@ class KeyIndex:
 
     def deleted(self, path: str, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
         """Every row of the file at ``path`` deleted once ``positions`` are."""
+        return np.flatnonzero(~self.alive_after(path, positions)).astype(np.uint64)
+
+    def alive_after(self, path: str, positions: npt.NDArray[np.int64] | None) -> Alive:
+        """Which rows of the file at ``path`` are alive once ``positions`` are deleted."""
         alive = self._files[path].alive.copy()
-        alive[positions] = False
-        return np.flatnonzero(~alive).astype(np.uint64)
+        if positions is not None:
+            alive[positions] = False
+        return alive
 
     def rows(self, path: str) -> int:
         """The rows the file at ``path`` holds, deleted ones too."""
@@ -205,16 +220,27 @@ def write_by_vectors(
         return None
     have = pa.schema(open_table.table.schema().to_arrow())
     staying = rows.filter(rows[PRESENT])
-    if source.keep_columns and staying.num_rows:
-        old = _old_rows(open_table.local, matches, have, key, source.keep_columns)
-        staying = kept_values(staying, old, source.keep_columns, [key], have.names)
+    carried = tuple(name for name in have.names if name not in rows.schema.names)
+    if (source.keep_columns or carried) and staying.num_rows:
+        kept = [rows.schema.names[i] for i in source.keep_columns]
+        old = _old_rows(open_table.local, matches, have, [key, *kept, *carried])
+        staying = kept_values(staying, old, source.keep_columns, [key], carried)
     new_rows = staying.select(have.names).cast(have)
     for field in have:
         if not field.nullable and new_rows.column(field.name).null_count:
             return None  # Spark reports the NOT NULL violation
+    folded = _small_files(live)
+    if folded:
+        touched = {match.file.path: match.positions for match in matches}
+        alive = [state.index.alive_after(f.path, touched.get(f.path)) for f in folded]
+        copies = [_rows(open_table.local, f, a, have) for f, a in zip(folded, alive, strict=True)]
+        new_rows = pa.concat_tables([new_rows, *copies])
     app_id, batch_version = mark.txn
     version = open_table.version + 1
-    written = _write(open_table.local, state.index, matches, new_rows, mark)
+    counts = expected_counts(rows)
+    written = _write(
+        open_table.local, state.index, matches, new_rows, mark, counts=counts, folded=folded
+    )
     try:
         commit(Path(open_table.local, "_delta_log"), version, written.actions)
     except CommitRacedError:
@@ -231,7 +257,7 @@ def write_by_vectors(
     if checkpoint_due(version, table.metadata().configuration):
         table.create_checkpoint()
         table.cleanup_metadata()
-    return WriteResult(schema.table, version, *expected_counts(rows))
+    return WriteResult(schema.table, version, *counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,26 +269,28 @@ class _Written:
 
 
 def _write(
-    local: str, index: KeyIndex, matches: list[_Match], rows: pa.Table, mark: CommitMark
+    local: str,
+    index: KeyIndex,
+    matches: list[_Match],
+    rows: pa.Table,
+    mark: CommitMark,
+    *,
+    counts: tuple[int, int, int],
+    folded: list[VectorFile],
 ) -> _Written:
-    """The batch's files (its rows, its vectors) and the actions of its commit."""
+    """The batch's files (its rows, its vectors) and the actions of its commit, whose
+    metrics are named as a Spark MERGE's (``counts``: rows inserted, updated, deleted).
+    ``folded`` files are removed: ``rows`` holds what is alive of them."""
     now = int(time.time() * 1000)
     files: list[Path] = []
-    actions = opening_actions(
-        "MERGE",
-        {"predicate": "pgsub: keys looked up in memory"},
-        {
-            "numOutputRows": str(rows.num_rows),
-            "numTargetRowsCopied": "0",
-            "numDeletionVectorsUpdated": str(len(matches)),
-        },
-        mark,
-        now,
-    )
+    gone = {file.path for file in folded}
+    changes: list[dict[str, object]] = [_remove(match.file, now) for match in matches]
+    changes += [_remove(file, now) for file in folded if file.path not in _paths(matches)]
     kept: list[tuple[_Match, npt.NDArray[np.uint64]]] = []
     for match in matches:
+        if match.file.path in gone:
+            continue
         deleted = index.deleted(match.file.path, match.positions)
-        actions.append(_remove(match.file, now))
         if len(deleted) < index.rows(match.file.path):
             kept.append((match, deleted))  # else every row is gone: the file goes
     vectors: list[tuple[_Match, str]] = []
@@ -271,28 +299,66 @@ def _write(
         encoded, offsets = deletion_vectors.write_file(local, bitmaps)
         for (match, deleted), bitmap, offset in zip(kept, bitmaps, offsets, strict=True):
             vector = Descriptor("u", encoded, offset, len(bitmap), len(deleted))
-            actions.append(_add_again(match.file, vector, index.rows(match.file.path)))
+            changes.append(_add_again(match.file, vector, index.rows(match.file.path)))
             vectors.append((match, vector.unique_id))
         files.append(Descriptor("u", encoded, 1, 0, 0).file(local))
-    new_file = None
+    new_file, size = None, 0
     if rows.num_rows:
         new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         data = Path(local, new_file)
         pq.write_table(rows, data, compression="snappy")
         files.append(data)
-        actions.append(
-            {
-                "add": {
-                    "path": new_file,
-                    "partitionValues": {},
-                    "size": data.stat().st_size,
-                    "modificationTime": now,
-                    "dataChange": True,
-                    "stats": json.dumps({"numRecords": rows.num_rows}),
-                }
-            }
-        )
+        size = data.stat().st_size
+        stats = json.dumps({"numRecords": rows.num_rows})
+        add = {"path": new_file, "partitionValues": {}, "size": size, "modificationTime": now}
+        changes.append({"add": {**add, "dataChange": True, "stats": stats}})
+    inserted, updated, deleted_rows = counts
+    was_vector = sum(1 for match in matches if match.file.vector is not None)
+    metrics = {
+        "numSourceRows": str(inserted + updated + deleted_rows),
+        "numTargetRowsInserted": str(inserted),
+        "numTargetRowsUpdated": str(updated),
+        "numTargetRowsDeleted": str(deleted_rows),
+        "numTargetRowsCopied": str(rows.num_rows - inserted - updated),
+        "numOutputRows": str(rows.num_rows),
+        "numTargetFilesAdded": str(1 if new_file else 0),
+        "numTargetFilesRemoved": str(len(_paths(matches) | gone) - len(kept)),
+        "numTargetBytesAdded": str(size),
+        "numTargetBytesRemoved": str(
+            sum({f.path: f.size for f in [*(m.file for m in matches), *folded]}.values())
+            - sum(m.file.size for m, _ in kept)
+        ),
+        "numTargetDeletionVectorsAdded": str(len(kept)),
+        "numTargetDeletionVectorsRemoved": str(was_vector),
+        "numTargetDeletionVectorsUpdated": str(min(was_vector, len(kept))),
+    }
+    predicate = {"predicate": "pgsub: the batch's keys, looked up in memory"}
+    actions = opening_actions("MERGE", predicate, metrics, mark, now) + changes
     return _Written(actions, files, vectors, new_file)
+
+
+def _paths(matches: list[_Match]) -> set[str]:
+    return {match.file.path for match in matches}
+
+
+def _small_files(live: list[VectorFile]) -> list[VectorFile]:
+    """The smallest files to fold into this batch's file, if ``FOLD_AT`` of them are live
+    (below ``FOLD_BELOW`` bytes each, at most ``FOLD_MAX_BYTES`` together); else none."""
+    small, total = [], 0
+    for file in sorted((f for f in live if f.size < FOLD_BELOW), key=lambda f: f.size):
+        if total + file.size > FOLD_MAX_BYTES:
+            break
+        small.append(file)
+        total += file.size
+    return small if len(small) >= FOLD_AT else []
+
+
+def _rows(local: str, file: VectorFile, alive: Alive, schema: pa.Schema) -> pa.Table:
+    """The ``alive`` rows of ``file``, in the table's ``schema``."""
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset([file.local(local)], schema=schema, format="parquet").to_table()
+    return rows.filter(pa.array(alive))
 
 
 def _remove(file: VectorFile, now: int) -> dict[str, object]:
@@ -329,12 +395,10 @@ def _add_again(file: VectorFile, vector: Descriptor, rows: int) -> dict[str, obj
     }
 
 
-def _old_rows(
-    local: str, matches: list[_Match], schema: pa.Schema, key: str, keep_columns: tuple[int, ...]
-) -> pa.Table:
-    """The key and the kept columns of the rows the batch replaces, read from their files
-    (only the row groups that hold them)."""
-    names = [key, *(schema.names[i] for i in keep_columns if schema.names[i] != key)]
+def _old_rows(local: str, matches: list[_Match], schema: pa.Schema, columns: list[str]) -> pa.Table:
+    """The ``columns`` of the rows the batch replaces, read from their files (only the row
+    groups that hold them)."""
+    names = list(dict.fromkeys(columns))
     wanted = pa.schema([schema.field(n) for n in names])
     parts = [wanted.empty_table()]
     for match in matches:

@@ -86,3 +86,27 @@ def test_a_conflict_is_left_to_spark(kind: str) -> None:
     }[kind]
     net = _net(batch(tx(ins(KEYED, 5, "e", "E"), change)))
     assert rewritten(before, keyed_source(net, SCHEMA), ["id"]) is None
+
+
+def test_a_column_no_longer_published_keeps_its_values_and_new_rows_get_null() -> None:
+    """The table holds a column the publisher dropped ("gone", between the published ones):
+    an update leaves its value, an insert leaves NULL, as Spark's MERGE does; unsent
+    values are still taken from the published column they belong to."""
+    before = _arrow({b"1": (b"a", b"X"), b"2": (b"b", b"Y")})
+    before = pa.table(
+        {
+            "id": before["id"],
+            "v": before["v"],
+            "gone": pa.array(["g1", "g2"], pa.string()),
+            "big": before["big"],
+        }
+    )
+    net = _net(batch(tx(upd(KEYED, 1, "c", ...), ins(KEYED, 3, "n", "N"))))
+    after = rewritten(before, keyed_source(net, SCHEMA), ["id"])
+    assert after is not None
+    assert after.schema == before.schema
+    assert after.sort_by("id").to_pylist() == [
+        {"id": 1, "v": "c", "gone": "g1", "big": "X"},
+        {"id": 2, "v": "b", "gone": "g2", "big": "Y"},
+        {"id": 3, "v": "n", "gone": None, "big": "N"},
+    ]

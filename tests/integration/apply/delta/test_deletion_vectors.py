@@ -78,7 +78,7 @@ def test_a_table_past_the_size_gains_deletion_vectors_and_keeps_its_big_files(
         assert properties(spark, path)["delta.enableDeletionVectors"] == "true"
         assert [(e["table"], e["feature"]) for e in gained] == [("public.t", "deletionVectors")]
         assert set(copied) <= set(files)  # the copy's file stays, rows deleted by bitmaps
-        assert len(files) >= 4  # and each MERGE added a small file of the changed rows
+        assert len(files) >= 3  # and batches added small files of the changed rows
 
         # Maintenance compacts the small files only: the copy's file is left as it is.
         applied = runner.tables.applied_lsn("public.t")

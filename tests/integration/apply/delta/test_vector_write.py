@@ -14,6 +14,7 @@ import pytest
 
 from apply.applier import BatchApplier
 from apply.collapse import KeyedNet, collapse
+from apply.delta import local_merge, vector_write
 from apply.delta.local_merge import merge_locally
 from apply.delta.tables import DeltaTables
 from apply.features import FeatureMode, TableFeatures
@@ -157,3 +158,63 @@ def test_a_batch_the_table_has_is_not_written_twice(spark: Any, warehouse: Path)
     later = CommitMark("sub1", Lsn(300), 0)
     assert merge_locally(path, schema, net(ins(T, 1, "d", "z")), later) is None
     assert writers(Path(path)) == ["Spark", "pgsub", "pgsub"]
+
+
+@pytest.mark.parametrize("way", ["rewrite", "merge", "vectors"])
+def test_a_column_no_longer_published_keeps_its_values(
+    spark: Any, warehouse: Path, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the publisher drops a column (kept in Delta, between published ones), an update
+    leaves the row's value in it and an insert NULL, as Spark's MERGE does, whichever way
+    the local path writes the batch; an unsent TOAST value still lands in its column."""
+    if way == "merge":
+        monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+    features = VECTORS if way == "vectors" else TableFeatures()
+    tables = DeltaTables(spark, str(warehouse), "sub1", features=features)
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "t"
+    wide = relation("id", "v", "gone", "big")
+    try:
+        applier.apply(
+            batch(tx(ins(wide, 1, "a", "g1", "A"), ins(wide, 2, "b", "g2", "B"), end=100))
+        )
+        applier.apply(batch(tx(upd(T, 1, "c", ...), ins(T, 3, "n", "N"), end=200)))
+        assert writers(folder)[-1] == ("delta-rs" if way == "merge" else "pgsub")
+        rows = spark.read.format("delta").load(str(folder)).orderBy("id").collect()
+        assert [row.asDict() for row in rows] == [
+            {"id": 1, "v": "c", "gone": "g1", "big": "A"},
+            {"id": 2, "v": "b", "gone": "g2", "big": "B"},
+            {"id": 3, "v": "n", "gone": None, "big": "N"},
+        ]
+    finally:
+        applier.close()
+
+
+def test_small_files_are_folded_into_a_later_batch(
+    spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch adds a file; once FOLD_AT small ones are live, a batch rewrites their
+    alive rows into its own file and removes them: the file count stays bounded."""
+    monkeypatch.setattr(vector_write, "FOLD_AT", 3)
+    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "t"
+    model: Model = {i: (f"v{i}", "b") for i in range(1, 101)}
+    try:
+        applier.apply(batch(tx(*(ins(T, i, *model[i]) for i in range(1, 101)), end=100)))
+        counts = []
+        for step in range(1, 9):
+            changes = [upd(T, i, f"s{step}", ...) for i in range(step, 90, 9)]
+            changes += [dele(T, 100 - step, None, None), ins(T, 1000 + step, "n", "N")]
+            for i in range(step, 90, 9):
+                model[i] = (f"s{step}", model[i][1])
+            model.pop(100 - step, None)
+            model[1000 + step] = ("n", "N")
+            applier.apply(batch(tx(*changes, end=100 + 100 * step)))
+            counts.append(len(deltalake.DeltaTable(str(folder)).file_uris()))
+            assert read_by_delta_rs(folder) == model
+        assert max(counts) <= 3 and counts != sorted(counts)  # folded, more than once
+        assert read_by_spark(spark, folder) == model
+        assert set(writers(folder)[1:]) == {"pgsub"}
+    finally:
+        applier.close()
