@@ -102,11 +102,45 @@ def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
 
 @dataclass(slots=True)
 class _Keys:
-    """One live file's keys, and which of its rows are alive as of ``vector``."""
+    """One live file's keys, and which of its rows are alive as of ``vector``. Integer keys
+    are kept sorted, with each one's row (a batch's keys found by binary search, without
+    reading every key); other keys as the file holds them (found by a set lookup)."""
 
-    keys: pa.Array
+    rows: int
     alive: Alive
     vector: str | None  # the vector's unique id the mask reflects
+    keys: pa.Array | None = None  # a key that is not an integer
+    ordered: npt.NDArray[np.generic] | None = None  # integer keys, sorted
+    order: npt.NDArray[np.int32] | None = None  # the row of each of ``ordered``
+
+    @classmethod
+    def of(cls, column: pa.Array) -> _Keys:
+        alive = np.ones(len(column), dtype=np.bool_)
+        if pa.types.is_integer(column.type) and column.null_count == 0:
+            values = column.to_numpy()
+            order = np.argsort(values, kind="stable").astype(np.int32)
+            return cls(len(column), alive, None, ordered=values[order], order=order)
+        return cls(len(column), alive, None, keys=column)
+
+    def find(self, wanted: pa.Array, numbers: npt.NDArray[np.generic] | None) -> _Found:
+        """The rows holding a key of ``wanted`` (``numbers``: the same, integer keys)."""
+        if self.ordered is not None and self.order is not None and numbers is not None:
+            low = np.searchsorted(self.ordered, numbers, side="left")
+            counts = np.searchsorted(self.ordered, numbers, side="right") - low
+            starts = np.repeat(low, counts)
+            steps = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            at = starts + steps
+            return _Found(self.order[at].astype(np.int64), pa.array(self.ordered[at]))
+        assert self.keys is not None
+        hits = pc.is_in(self.keys, value_set=wanted).to_numpy(zero_copy_only=False)
+        positions = np.flatnonzero(hits)
+        return _Found(positions, self.keys.take(pa.array(positions)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    positions: npt.NDArray[np.int64]
+    keys: pa.Array
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,35 +168,31 @@ class KeyIndex:
             unique = None if file.vector is None else file.vector.unique_id
             if known is None:
                 keys = pq.ParquetFile(file.local(self.table)).read(columns=[self.key])
-                column = keys.column(0).combine_chunks().cast(self.key_type)
-                known = _Keys(column, np.ones(len(column), dtype=np.bool_), None)
+                known = _Keys.of(keys.column(0).combine_chunks().cast(self.key_type))
                 self._files[path] = known
             if known.vector != unique:
-                known.alive = np.ones(len(known.keys), dtype=np.bool_)
+                known.alive = np.ones(known.rows, dtype=np.bool_)
                 if file.vector is not None:
-                    known.alive[deletion_vectors.read(self.table, file.vector).astype(np.int64)] = (
-                        False
-                    )
+                    deleted = deletion_vectors.read(self.table, file.vector)
+                    known.alive[deleted.astype(np.int64)] = False
                 known.vector = unique
 
     def find(self, files: list[VectorFile], wanted: pa.Array) -> tuple[list[_Match], pa.Array]:
         """The alive rows whose key is in ``wanted``, by file, and their keys."""
+        numbers = wanted.to_numpy() if pa.types.is_integer(wanted.type) else None
         matches, found = [], []
-        keyed = [(file, self._files[file.path]) for file in files]
-        if not keyed:
-            return [], pa.array([], type=self.key_type)
-        columns = pa.chunked_array([known.keys for _, known in keyed], self.key_type)
-        hits = pc.is_in(columns, value_set=wanted).combine_chunks().to_numpy(zero_copy_only=False)
-        start = 0
-        for file, known in keyed:
-            mask = hits[start : start + len(known.keys)] & known.alive
-            start += len(known.keys)
-            positions = np.flatnonzero(mask)
+        for file in files:
+            known = self._files[file.path]
+            hits = known.find(wanted, numbers)
+            alive = known.alive[hits.positions]
+            positions = hits.positions[alive]
             if positions.size:
-                matches.append(_Match(file, positions))
-                found.append(known.keys.take(pa.array(positions)))
-        keys = pa.concat_arrays(found) if found else pa.array([], type=self.key_type)
-        return matches, keys
+                order = np.argsort(positions)
+                matches.append(_Match(file, positions[order]))
+                found.append(hits.keys.filter(pa.array(alive)).take(pa.array(order)))
+        if not found:
+            return [], pa.array([], type=self.key_type)
+        return matches, pa.concat_arrays([k.cast(self.key_type) for k in found])
 
     def deleted(self, path: str, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
         """Every row of the file at ``path`` deleted once ``positions`` are."""
@@ -177,7 +207,7 @@ class KeyIndex:
 
     def rows(self, path: str) -> int:
         """The rows the file at ``path`` holds, deleted ones too."""
-        return len(self._files[path].keys)
+        return self._files[path].rows
 
     def committed(self, path: str, positions: npt.NDArray[np.int64], vector: str) -> None:
         known = self._files[path]
@@ -185,7 +215,7 @@ class KeyIndex:
         known.vector = vector
 
     def added(self, path: str, keys: pa.Array) -> None:
-        self._files[path] = _Keys(keys.cast(self.key_type), np.ones(len(keys), np.bool_), None)
+        self._files[path] = _Keys.of(keys.cast(self.key_type))
 
 
 @dataclass

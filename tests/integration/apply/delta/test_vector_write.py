@@ -218,3 +218,22 @@ def test_small_files_are_folded_into_a_later_batch(
         assert set(writers(folder)[1:]) == {"pgsub"}
     finally:
         applier.close()
+
+
+def test_a_text_key_is_found_by_a_set_lookup(spark: Any, warehouse: Path) -> None:
+    """Integer keys are looked up by binary search; any other key by an Arrow set lookup."""
+    coded = relation("code", "v", key=("code",), name="c")
+    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "c"
+    try:
+        applier.apply(batch(tx(*(ins(coded, f"k{i}", f"v{i}") for i in range(50)), end=100)))
+        changes = [upd(coded, "k3", "three"), dele(coded, "k4", None), ins(coded, "k99", "new")]
+        applier.apply(batch(tx(*changes, end=200)))
+        want = {f"k{i}": f"v{i}" for i in range(50) if i != 4} | {"k3": "three", "k99": "new"}
+        assert writers(folder)[-1] == "pgsub"
+        opened = deltalake.DeltaTable(str(folder))
+        found = deltalake.QueryBuilder().register("t", opened).execute("SELECT code, v FROM t")
+        assert {r["code"]: r["v"] for r in pa.table(found.read_all()).to_pylist()} == want
+    finally:
+        applier.close()
