@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Final
 
 from apply.delta import sql as delta_sql
 from apply.delta.definition import gain_by_size
+from apply.delta.local_tables import folder, is_local_folder
 from apply.delta.session import SparkErrors
 from apply.delta.target import USER_METADATA
 from apply.errors import TargetTableError
@@ -94,7 +95,7 @@ def tend(
     started = time.monotonic()
     table = delta_sql.table_ref(path)
     try:
-        before, size, properties = _detail(session, table)
+        before, size, properties = _detail(session, table, path)
         wanted = retention_properties(policy)
         if mark is not None:
             session.conf.set(USER_METADATA, mark)
@@ -117,7 +118,7 @@ def tend(
                 _vacuum(session, table, max(1, round(policy.retention / 3600)), lite=lite)
         finally:
             session.conf.unset(USER_METADATA)
-        after = _detail(session, table)[0] if compacted else before
+        after = _detail(session, table, path)[0] if compacted else before
     except SparkErrors as exc:
         raise TargetTableError(f"maintenance of {path} failed: {exc}") from exc
     return Tended(before, after, compacted, vacuum, time.monotonic() - started)
@@ -159,8 +160,23 @@ def _compact_small_files(session: SparkSession, table: str) -> None:
             session.conf.unset(name)
 
 
-def _detail(session: SparkSession, table: str) -> tuple[int, int, dict[str, str]]:
-    """The table's data file count, bytes of data and properties."""
+def _detail(session: SparkSession, table: str, path: str) -> tuple[int, int, dict[str, str]]:
+    """The table's data file count, bytes of data and properties: read by delta-rs for a
+    local table (milliseconds), by Spark's ``DESCRIBE DETAIL`` otherwise. A warm Spark
+    session took 7-15 s to bring its snapshot over the 30-40 commits pgsub made to a big
+    table since the last round, while the table's batches waited for it
+    (docs/performance.md, "Big tables")."""
+    if is_local_folder(path):
+        import deltalake
+
+        try:
+            opened = deltalake.DeltaTable(folder(path))
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            raise TargetTableError(f"reading the log of {path} failed: {exc}") from exc
+        import pyarrow as pa
+
+        sizes = pa.table(opened.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+        return len(sizes), sum(sizes), dict(opened.metadata().configuration)
     row = (
         session.sql(f"DESCRIBE DETAIL {table}")
         .select("numFiles", "sizeInBytes", "properties")

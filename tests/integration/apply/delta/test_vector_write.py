@@ -237,3 +237,23 @@ def test_a_text_key_is_found_by_a_set_lookup(spark: Any, warehouse: Path) -> Non
         assert {r["code"]: r["v"] for r in pa.table(found.read_all()).to_pylist()} == want
     finally:
         applier.close()
+
+
+def test_maintenance_reads_a_local_tables_detail_as_spark_does(spark: Any, warehouse: Path) -> None:
+    """Maintenance's file count, size and properties of a local table come from delta-rs
+    (a Spark DESCRIBE DETAIL held the table for seconds); they are Spark's figures."""
+    from apply.delta.maintenance import _detail
+
+    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "t"
+    try:
+        applier.apply(batch(tx(*(ins(T, i, "v", "b") for i in range(1, 50)), end=100)))
+        applier.apply(batch(tx(upd(T, 3, "u", ...), dele(T, 4, None, None), end=200)))
+        spark.sql(f"DELETE FROM delta.`{folder}` WHERE id = 5")  # a vector by Spark too
+        row = spark.sql(f"DESCRIBE DETAIL delta.`{folder}`").first()
+        spark_figures = (int(row["numFiles"]), int(row["sizeInBytes"]), dict(row["properties"]))
+        assert _detail(spark, f"delta.`{folder}`", str(folder)) == spark_figures
+        assert spark_figures[2]["delta.enableDeletionVectors"] == "true"
+    finally:
+        applier.close()
