@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -115,6 +116,10 @@ class DaemonProcess:
                 status = reply.status
         except urllib.error.HTTPError as exc:
             body, status = exc.read(), exc.code
+        except http.client.HTTPException as exc:
+            # A daemon killed (a failpoint) while it answered: to a poller, as if it were
+            # not listening (an OSError), not a failure of the test.
+            raise ConnectionError(f"the reply to {route} was cut off: {exc!r}") from exc
         return status, (json.loads(body) if route != "/metrics" else body.decode())
 
     def ready(self) -> bool:
