@@ -47,7 +47,13 @@ from apply.delta.live_files import LiveFiles
 from apply.delta.local_tables import delta_rs_writes, folder
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import CommitRacedError, checkpoint_due, hand_writable, overwrite
-from apply.delta.vector_write import KeyIndex, VectorTable, vector_writable, write_by_vectors
+from apply.delta.vector_write import (
+    KeyIndex,
+    VectorTable,
+    lookup_keys,
+    vector_writable,
+    write_by_vectors,
+)
 from apply.errors import TargetTableError
 from apply.merge_plan import (
     ClauseKind,
@@ -137,13 +143,13 @@ class LocalMerges:
         types = _types(open_table, schema)
         if types is None:
             return None
+        keys = lookup_keys(types, schema.key)
+        if keys is None:
+            return None
         with self._lock:
             state = self._vectors.get(open_table.local)
-        if state is None:
-            key = schema.key[0]
-            state = VectorTable(
-                LiveFiles(open_table.local), KeyIndex(open_table.local, key, types.field(key).type)
-            )
+        if state is None or state.index.keys != keys:  # first batch, or a new replica identity
+            state = VectorTable(LiveFiles(open_table.local), KeyIndex(open_table.local, keys))
             with self._lock:
                 self._vectors[open_table.local] = state
         try:

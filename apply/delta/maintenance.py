@@ -95,7 +95,7 @@ def tend(
     started = time.monotonic()
     table = delta_sql.table_ref(path)
     try:
-        before, size, properties = _detail(session, table, path)
+        before, size, properties = detail(session, path)
         wanted = retention_properties(policy)
         if mark is not None:
             session.conf.set(USER_METADATA, mark)
@@ -118,7 +118,7 @@ def tend(
                 _vacuum(session, table, max(1, round(policy.retention / 3600)), lite=lite)
         finally:
             session.conf.unset(USER_METADATA)
-        after = _detail(session, table, path)[0] if compacted else before
+        after = detail(session, path)[0] if compacted else before
     except SparkErrors as exc:
         raise TargetTableError(f"maintenance of {path} failed: {exc}") from exc
     return Tended(before, after, compacted, vacuum, time.monotonic() - started)
@@ -160,7 +160,7 @@ def _compact_small_files(session: SparkSession, table: str) -> None:
             session.conf.unset(name)
 
 
-def _detail(session: SparkSession, table: str, path: str) -> tuple[int, int, dict[str, str]]:
+def detail(session: SparkSession, path: str) -> tuple[int, int, dict[str, str]]:
     """The table's data file count, bytes of data and properties: read by delta-rs for a
     local table (milliseconds), by Spark's ``DESCRIBE DETAIL`` otherwise. A warm Spark
     session took 7-15 s to bring its snapshot over the 30-40 commits pgsub made to a big
@@ -178,7 +178,7 @@ def _detail(session: SparkSession, table: str, path: str) -> tuple[int, int, dic
         sizes = pa.table(opened.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
         return len(sizes), sum(sizes), dict(opened.metadata().configuration)
     row = (
-        session.sql(f"DESCRIBE DETAIL {table}")
+        session.sql(f"DESCRIBE DETAIL {delta_sql.table_ref(path)}")
         .select("numFiles", "sizeInBytes", "properties")
         .first()
     )

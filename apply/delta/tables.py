@@ -35,7 +35,7 @@ from apply.delta.definition import TableDefinition, gain_by_size
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
 from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
 from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table, user_metadata
-from apply.delta.maintenance import Grown, Tended, tend
+from apply.delta.maintenance import Grown, Tended, detail, tend
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import ROW_TRACKING, OriginTracker
 from apply.delta.session import SparkErrors, arrow_frame, runs_here, thread_session
@@ -376,18 +376,15 @@ class DeltaTables:
             if target.table in self._sized:
                 return False
             self._sized.add(target.table)
-        row = delta_sql.detail(target.session, target.path)
-        if row is not None:
-            size, properties = int(row["sizeInBytes"] or 0), dict(row["properties"] or {})
-            return gain_by_size(
-                target.session,
-                target.table,
-                target.path,
-                size=size,
-                properties=properties,
-                features=self.features,
-            )
-        return False
+        _, size, properties = detail(target.session, target.path)
+        return gain_by_size(
+            target.session,
+            target.table,
+            target.path,
+            size=size,
+            properties=properties,
+            features=self.features,
+        )
 
     def _merges_locally(self, target: TargetTable) -> bool:
         """Whether a keyed batch may be merged by delta-rs (``apply.delta.local_merge``): a
@@ -466,7 +463,11 @@ class DeltaTables:
                 and runs_here(target.session)
                 and delta_rs_can_write(target.path)
             ):
-                return write_once(target, schema, source.blocks(), mark), None
+                copied = write_once(target, schema, source.blocks(), mark), None
+                # A big table gains deletion vectors now, before READY, not in its first
+                # batch while its changes wait (a Spark ALTER TABLE: seconds).
+                self._check_size(target)
+                return copied
             return copy_into(target, schema, source, mark, staging)
 
     def staged_copy(self, schema: TargetSchema) -> StagedCopy:

@@ -9,11 +9,12 @@ local warehouse, a table with deletion vectors on takes this path instead:
    its rows are alive (its deletion vector); it reads a file only when the
    file is new to it, and a vector only when another writer changed it.
    Files never change, so what it keeps is true as long as the log says
-   the file is live;
-2. the batch's keys are looked up in it: one Arrow set lookup over the
-   columns. A chain whose first change does not find what it expects is a
-   conflict, and the batch then takes Spark's path, which judges and
-   reports it;
+   the file is live. A key of several columns is kept as one string, the
+   columns' text forms joined by NUL (``KeyIndex.key_of``);
+2. the batch's keys are looked up in it: a binary search of an integer
+   key, an Arrow set lookup of any other. A chain whose first change does
+   not find what it expects is a conflict, and the batch then takes
+   Spark's path, which judges and reports it;
 3. the rows the batch replaces or deletes are added to their files'
    deletion vectors (one new vector file for the batch), the rows it leaves
    are written as one new Parquet file, each unsent TOAST value taken from
@@ -26,10 +27,12 @@ local warehouse, a table with deletion vectors on takes this path instead:
 
 What a batch reads and writes follows the batch: its new rows, a vector per
 touched file, one log entry. The price is memory: a table's key column
-(8 bytes a row for a bigint key, 80 MB for 10M rows) and a byte a row.
+(8 bytes a row for a bigint key, 80 MB for 10M rows; a composite key's
+text and 4 bytes) and a byte a row.
 
 Only for tables whose protocol asks nothing more of a writer than deletion
-vectors (``vector_writable``) and whose key is one column; None from
+vectors (``vector_writable``) and whose key columns have a text form that
+is equal exactly when they are (``lookup_keys``); None from
 ``write_by_vectors`` means "take another path", nothing written.
 """
 
@@ -54,7 +57,7 @@ from apply.delta.live_files import LiveFiles, VectorFile
 from apply.delta.overwrite import CommitRacedError, checkpoint_due, commit, opening_actions
 from apply.merge_plan import expected_counts
 from apply.rewrite import found_as_expected, kept_values
-from apply.source import PRESENT, KeyedSource
+from apply.source import FIRST, PRESENT, KeyedSource
 
 if TYPE_CHECKING:
     import deltalake
@@ -75,12 +78,39 @@ VECTOR_READS: Final = frozenset({"deletionVectors", "timestampNtz"})
 FOLD_AT: Final = 16
 FOLD_BELOW: Final = 16 * 2**20
 FOLD_MAX_BYTES: Final = 64 * 2**20
+# A composite key's columns as text, joined by NUL: no PostgreSQL text value holds one, so
+# two joined keys are equal exactly when their columns are.
+_JOIN: Final = "\x00"
+_KEY: Final = "__pgsub_key"
+
+
+def lookup_keys(types: pa.Schema, keys: tuple[str, ...]) -> pa.Schema | None:
+    """The key columns of a table whose columns have ``types``, if ``KeyIndex`` can look them
+    up: any one column; several whose text forms are equal exactly when their values are
+    (integers, text, dates, timestamps, decimals, booleans: not floats, whose -0 and 0 are
+    equal, nor bytes, which may hold a NUL)."""
+    fields = pa.schema([types.field(name) for name in keys])
+    if len(fields) == 1 or all(_joinable(field.type) for field in fields):
+        return fields
+    return None
+
+
+def _joinable(type_: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(type_)
+        or pa.types.is_string(type_)
+        or pa.types.is_large_string(type_)
+        or pa.types.is_date(type_)
+        or pa.types.is_timestamp(type_)
+        or pa.types.is_decimal(type_)
+        or pa.types.is_boolean(type_)
+    )
 
 
 def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
     """Whether pgsub may write ``table``'s batches with deletion vectors itself: they are on,
     its protocol asks nothing more, no invariant or append-only rule, no partitions, a
-    one-column key."""
+    key."""
     protocol = table.protocol()
     if protocol.min_writer_version < 7 or protocol.min_reader_version < 3:
         return False
@@ -94,7 +124,7 @@ def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
         return False
     if properties.get("delta.appendOnly", "false").lower() == "true":
         return False
-    if metadata.partition_columns or len(schema.key) != 1:
+    if metadata.partition_columns or not schema.key:
         return False
     fields = json.loads(table.schema().to_json())["fields"]
     return not any("delta.invariants" in (f.get("metadata") or {}) for f in fields)
@@ -150,13 +180,23 @@ class _Match:
 
 
 class KeyIndex:
-    """The key column of each live file of a table, and which of its rows are alive."""
+    """The key of each row of each live file of a table, and which of its rows are alive.
+    ``keys``: the key columns (``lookup_keys``)."""
 
-    def __init__(self, table: str, key: str, key_type: pa.DataType) -> None:
+    def __init__(self, table: str, keys: pa.Schema) -> None:
         self.table = table
-        self.key = key
-        self.key_type = key_type
+        self.keys = keys
+        self.key_type = keys.field(0).type if len(keys) == 1 else pa.string()
         self._files: dict[str, _Keys] = {}
+
+    def key_of(self, rows: pa.Table) -> pa.Array:
+        """Each row's key: its key column, or its key columns' text forms joined by NUL."""
+        columns = [rows[field.name].combine_chunks().cast(field.type) for field in self.keys]
+        if len(columns) == 1:
+            return columns[0]
+        texts = [column.cast(pa.string()) for column in columns]
+        joined: pa.Array = pc.binary_join_element_wise(*texts, _JOIN)
+        return joined
 
     def refresh(self, files: list[VectorFile]) -> None:
         """Brought to the live ``files``: new files read, changed vectors read anew."""
@@ -167,8 +207,8 @@ class KeyIndex:
             known = self._files.get(path)
             unique = None if file.vector is None else file.vector.unique_id
             if known is None:
-                keys = pq.ParquetFile(file.local(self.table)).read(columns=[self.key])
-                known = _Keys.of(keys.column(0).combine_chunks().cast(self.key_type))
+                keys = pq.ParquetFile(file.local(self.table)).read(columns=self.keys.names)
+                known = _Keys.of(self.key_of(keys))
                 self._files[path] = known
             if known.vector != unique:
                 known.alive = np.ones(known.rows, dtype=np.bool_)
@@ -214,8 +254,9 @@ class KeyIndex:
         known.alive[positions] = False
         known.vector = vector
 
-    def added(self, path: str, keys: pa.Array) -> None:
-        self._files[path] = _Keys.of(keys.cast(self.key_type))
+    def added(self, path: str, rows: pa.Table) -> None:
+        """The file at ``path``, just written with ``rows``."""
+        self._files[path] = _Keys.of(self.key_of(rows))
 
 
 @dataclass
@@ -237,24 +278,25 @@ def write_by_vectors(
     commit carrying ``mark``; None: a conflict or a duplicate key (Spark's path)."""
     from apply.records import WriteResult
 
-    key = schema.key[0]
+    keys = list(schema.key)
     state.files.read(open_table.version)
     live = state.files.files
     state.index.refresh(live)
     rows = source.table
-    wanted = rows[key].combine_chunks().cast(state.index.key_type)
+    wanted = state.index.key_of(rows)
     matches, found = state.index.find(live, wanted)
     if len(found) != len(pc.unique(found)):
         return None  # a key the table holds twice: not a table pgsub keyed
-    if not found_as_expected(pa.table({key: found}), rows, [key]):
+    probe = pa.table({_KEY: wanted, FIRST: rows[FIRST]})
+    if not found_as_expected(pa.table({_KEY: found}), probe, [_KEY]):
         return None
     have = pa.schema(open_table.table.schema().to_arrow())
     staying = rows.filter(rows[PRESENT])
     carried = tuple(name for name in have.names if name not in rows.schema.names)
     if (source.keep_columns or carried) and staying.num_rows:
         kept = [rows.schema.names[i] for i in source.keep_columns]
-        old = _old_rows(open_table.local, matches, have, [key, *kept, *carried])
-        staying = kept_values(staying, old, source.keep_columns, [key], carried)
+        old = _old_rows(open_table.local, matches, have, [*keys, *kept, *carried])
+        staying = kept_values(staying, old, source.keep_columns, keys, carried)
     new_rows = staying.select(have.names).cast(have)
     for field in have:
         if not field.nullable and new_rows.column(field.name).null_count:
@@ -281,7 +323,7 @@ def write_by_vectors(
     for match, unique in written.vectors:
         state.index.committed(match.file.path, match.positions, unique)
     if written.new_file is not None:
-        state.index.added(written.new_file, new_rows[key].combine_chunks())
+        state.index.added(written.new_file, new_rows)
     table = open_table.synced()
     open_table.wrote(app_id, batch_version)
     if checkpoint_due(version, table.metadata().configuration):

@@ -239,10 +239,61 @@ def test_a_text_key_is_found_by_a_set_lookup(spark: Any, warehouse: Path) -> Non
         applier.close()
 
 
+def test_a_composite_key_is_looked_up_as_its_joined_text(spark: Any, warehouse: Path) -> None:
+    """A key of several columns is one string per row, the columns' text joined by NUL: keys
+    that plain concatenation would confuse ((1, '2x') and (12, 'x')) stay apart; updates
+    with unsent TOAST values, deletes, a moved key and a conflict as for one column."""
+    pairs = relation("id", "code", "v", "big", key=("id", "code"), name="p")
+    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "p"
+    model = {(i % 10, f"c{i}"): (f"v{i}", f"big{i}") for i in range(60)}
+    model |= {(1, "2x"): ("one-2x", "B1"), (12, "x"): ("twelve-x", "B12")}
+
+    def read() -> dict[tuple[int, str], tuple[str, str]]:
+        opened = deltalake.DeltaTable(str(folder))
+        query = deltalake.QueryBuilder().register("t", opened)
+        found = pa.table(query.execute("SELECT id, code, v, big FROM t").read_all())
+        return {(r["id"], r["code"]): (r["v"], r["big"]) for r in found.to_pylist()}
+
+    try:
+        applier.apply(batch(tx(*(ins(pairs, *k, *v) for k, v in model.items()), end=100)))
+        changes = [
+            upd(pairs, 1, "2x", "changed", ...),
+            dele(pairs, 12, "x", None, None),
+            upd(pairs, 3, "c13", "updated", "U"),
+            upd(pairs, 3, "c3-moved", "moved", "M", old=(3, "c3", None, None)),
+            ins(pairs, 12, "y", "new", "N"),
+        ]
+        applier.apply(batch(tx(*changes, end=200)))
+        model[(1, "2x")] = ("changed", "B1")
+        del model[(12, "x")], model[(3, "c3")]
+        model[(3, "c13")] = ("updated", "U")
+        model[(3, "c3-moved")] = ("moved", "M")
+        model[(12, "y")] = ("new", "N")
+        assert writers(folder)[-1] == "pgsub" and operations(folder)[-1] == "MERGE"
+        assert read() == model
+        assert {
+            (r.id, r.code): (r.v, r.big)
+            for r in spark.read.format("delta").load(str(folder)).collect()
+        } == model
+
+        # An update of a missing pair is a conflict: Spark's MERGE judges it.
+        result = applier.apply(batch(tx(upd(pairs, 12, "x", "gone", "g"), end=300)))
+        assert [f.kind for f in result.tables[0].write.conflicts] == ["update_missing"]
+        assert writers(folder)[-1] == "Spark"
+        applier.apply(batch(tx(dele(pairs, 0, "c0", None, None), end=400)))
+        del model[(0, "c0")]
+        assert writers(folder)[-1] == "pgsub"
+        assert read() == model
+    finally:
+        applier.close()
+
+
 def test_maintenance_reads_a_local_tables_detail_as_spark_does(spark: Any, warehouse: Path) -> None:
     """Maintenance's file count, size and properties of a local table come from delta-rs
     (a Spark DESCRIBE DETAIL held the table for seconds); they are Spark's figures."""
-    from apply.delta.maintenance import _detail
+    from apply.delta.maintenance import detail
 
     tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
     applier = BatchApplier("sub1", tables, lambda oid: None)
@@ -253,7 +304,7 @@ def test_maintenance_reads_a_local_tables_detail_as_spark_does(spark: Any, wareh
         spark.sql(f"DELETE FROM delta.`{folder}` WHERE id = 5")  # a vector by Spark too
         row = spark.sql(f"DESCRIBE DETAIL delta.`{folder}`").first()
         spark_figures = (int(row["numFiles"]), int(row["sizeInBytes"]), dict(row["properties"]))
-        assert _detail(spark, f"delta.`{folder}`", str(folder)) == spark_figures
+        assert detail(spark, str(folder)) == spark_figures
         assert spark_figures[2]["delta.enableDeletionVectors"] == "true"
     finally:
         applier.close()
