@@ -30,6 +30,7 @@ from apply.spool_layout import SpoolLayout
 from apply.transactions import Bounds, RemoteTransaction
 from apply.typemap import TypeLookup
 from apply.worker import ApplyWorker
+from apply.worker_hooks import CatchUpHooks, LeaderHooks
 from conflicts.kinds import ConflictKind, Resolution
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
@@ -117,8 +118,11 @@ class ApplyPipeline:
             applier=self._applier,
             progress=self.progress,
             batcher=Batcher(context.bounds, context.max_delay),
-            metrics=context.metrics,
-            leader=role if isinstance(role, Leader) else None,
+            hooks=(
+                LeaderHooks(context.subscription, role, context.metrics)
+                if isinstance(role, Leader)
+                else CatchUpHooks()
+            ),
             spools=spools,
         )
         self._assembler = TransactionAssembler(spools, context.bounds)

@@ -33,13 +33,13 @@ from dataclasses import replace
 
 import structlog
 
-from apply.applier import BatchApplier, BatchResult, TableResult
+from apply.applier import BatchApplier, BatchResult
 from apply.assembly import AssembledTransaction, Prepared
 from apply.batch import Batch, Batcher
 from apply.errors import ApplyError
 from apply.failpoints import failpoint
 from apply.queue import Queued, TransactionQueue, in_memory_transaction
-from apply.roles import Leader, PreparedStaging
+from apply.roles import PreparedStaging
 from apply.spool import (
     SpoolDirectory,
     SpooledTransaction,
@@ -55,10 +55,9 @@ from apply.transactions import (
     RowChange,
     TruncateChange,
 )
-from subscriber.metrics import Metrics
+from apply.worker_hooks import WorkerHooks
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
-from subscriber.replication.wire import PG_EPOCH_OFFSET
 
 log = structlog.get_logger(__name__)
 
@@ -80,8 +79,8 @@ def _operation(change: Change) -> str:
 
 
 class ApplyWorker:
-    """The apply loop of one pipeline; ``leader`` holds what only the leader does (None: a
-    table-sync worker's catch-up, which records no checkpoint and reports no metrics)."""
+    """The apply loop of one pipeline; ``hooks`` do what differs between the leader and a
+    table-sync worker's catch-up (``apply.worker_hooks``)."""
 
     def __init__(
         self,
@@ -91,8 +90,7 @@ class ApplyWorker:
         applier: BatchApplier,
         progress: Progress,
         batcher: Batcher,
-        metrics: Metrics,
-        leader: Leader | None = None,
+        hooks: WorkerHooks,
         spools: SpoolDirectory | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -101,18 +99,13 @@ class ApplyWorker:
         self._applier = applier
         self._progress = progress
         self._batcher = batcher
-        self._metrics = metrics
-        self._leader = leader
+        self._hooks = hooks
         self._spools = spools  # where a prepared transaction is spooled back at its commit
-        self._isolate_through = leader.isolate_through if leader is not None else None
-        self._isolate_size = leader.isolate_size if leader is not None else 1
-        self._leftovers = leader.prepared_leftovers if leader is not None else None
+        self._isolate_through = hooks.isolate_through
+        self._isolate_size = hooks.isolate_size
+        self._leftovers = hooks.leftovers
         self._clear_skip_at: Lsn | None = None
         self._wall_clock = wall_clock
-        # Table versions applied since the last checkpoint row, and its LSN and commit time.
-        self._unrecorded: dict[str, int] = {}
-        self._unrecorded_at: tuple[Lsn, int] | None = None
-        self._recorded_at = -float("inf")
         self.last_commit_time: int | None = None
         self.versions: dict[str, int] = {}  # each table's last Delta version this worker made
         self.in_flight: Batch | None = None
@@ -145,17 +138,15 @@ class ApplyWorker:
                         break
                     self._add(more)
                     tx = more.tx
-            elif self._leader is not None:
-                self._leader.skip.refresh()
+            else:
+                self._hooks.refresh_skip()
             if len(batcher) and (batcher.due() or self._isolating(tx)):
                 self._apply(batcher.take())
-            elif tx is None and not len(batcher) and self._leader is not None:
+            elif tx is None and not len(batcher):
                 progress = self._progress
-                # Idle: the leader's position is everything received (PostgreSQL's last_received).
-                self._leader.sync_tables(progress.received if progress.idle else progress.flushed)
-                if time.monotonic() - self._recorded_at >= self._leader.checkpoint_interval:
-                    self.record_checkpoint()
-        self.record_checkpoint()  # a clean stop: the next start resumes exactly here
+                # Idle: the position is everything received (PostgreSQL's last_received).
+                self._hooks.idle(progress.received if progress.idle else progress.flushed)
+        self._hooks.record_checkpoint()  # a clean stop: the next start resumes exactly here
 
     def _add(self, queued: Queued) -> None:
         tx = queued.tx
@@ -166,7 +157,7 @@ class ApplyWorker:
 
     def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:
         """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty)."""
-        skip = self._leader.skip.skip_lsn if self._leader is not None else None
+        skip = self._hooks.skip_lsn
         if skip is None or self._clear_skip_at is not None or tx.final_lsn < skip:
             return False
         self._clear_skip_at = tx.end_lsn
@@ -214,18 +205,15 @@ class ApplyWorker:
             )
             if result is None:
                 return False
-            if self._leader is not None:
-                self._count(counts)
+            self._hooks.counted(counts)
             self._finish(batch, result, started, changes=tx.change_count)
         return True
 
     def _staging(self) -> PreparedStaging:
-        if self._leader is None or self._leader.prepared is None or self._spools is None:
-            raise ApplyError(
-                "a prepared transaction arrived but two-phase is off for this worker; "
-                "restart the subscription"
-            )
-        return self._leader.prepared
+        staging = self._hooks.staging()
+        if self._spools is None:
+            raise ApplyError("a prepared transaction arrived but this worker spools nothing")
+        return staging
 
     def _stage_prepared(self, prepared: Prepared) -> None:
         """PREPARE: stage the transaction durably, then confirm past it (it no longer holds
@@ -308,8 +296,7 @@ class ApplyWorker:
 
     def _record_and_confirm(self, lsn: Lsn, commit_time: int) -> None:
         """A checkpoint row at ``lsn`` now, then ``lsn`` confirmed upstream."""
-        self._unrecorded_at = (lsn, commit_time)
-        self.record_checkpoint()
+        self._hooks.applied(lsn, commit_time, {}, now=True)
         self._progress.confirm_flushed(lsn)
 
     def _forget_leftovers(self) -> None:
@@ -363,18 +350,17 @@ class ApplyWorker:
         with self._in_flight(batch) as started:
             self._applier.apply(batch)
             failpoint("apply.after_piece")
-        if self._leader is not None:
-            piece = batch.transactions[0]
-            self._count_changes(batch)
-            log.info(
-                "transaction piece applied",
-                subscription=self.subscription,
-                xid=piece.xid,
-                through=piece.first + len(piece.changes),
-                of=piece.total,
-                seconds=round(time.monotonic() - started, 3),
-                end_lsn=str(piece.end_lsn),
-            )
+        piece = batch.transactions[0]
+        self._hooks.counted(_operations(batch))
+        log.info(
+            "transaction piece applied",
+            subscription=self.subscription,
+            xid=piece.xid,
+            through=piece.first + len(piece.changes),
+            of=piece.total,
+            seconds=round(time.monotonic() - started, 3),
+            end_lsn=str(piece.end_lsn),
+        )
 
     def _isolating(self, tx: AssembledTransaction | None) -> bool:
         """Whether the batch holding ``tx`` is to be applied now: after a failure, batches
@@ -386,26 +372,10 @@ class ApplyWorker:
             and len(self._batcher) >= self._isolate_size
         )
 
-    def record_checkpoint(self) -> None:
-        """Record the checkpoint row of everything applied since the last one, if anything.
-
-        Not every batch: each table's own commits already carry its LSN (that is
-        what makes a restart exactly-once), so the row serves readers who want
-        one LSN for every table, and it is one more Delta commit and file.
-        """
-        if self._leader is None or self._unrecorded_at is None:
-            return
-        lsn, commit_time = self._unrecorded_at
-        self._leader.checkpoints.record(self.subscription, lsn, commit_time, self._unrecorded)
-        self._unrecorded = {}
-        self._unrecorded_at = None
-        self._recorded_at = time.monotonic()
-
     def _apply(self, batch: Batch) -> None:
         with self._in_flight(batch) as started:
             result = self._applier.apply(batch)
-            if self._leader is not None:
-                self._count_changes(batch)
+            self._hooks.counted(_operations(batch))
             self._finish(batch, result, started, changes=batch.change_count)
         self._batcher.applied(time.monotonic() - started)
 
@@ -426,14 +396,10 @@ class ApplyWorker:
         failpoint("apply.before_checkpoint")
         self.versions.update(result.versions)
         skipped = self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at
-        if self._leader is not None and (result.tables or skipped):
-            self._unrecorded.update(result.versions)
-            self._unrecorded_at = (batch.end_lsn, batch.commit_time)
+        if result.tables or skipped:
             # A skipped transaction writes nothing, but its checkpoint is what makes the skip
             # durable: below the origin LSN, it is never sent again (see SubscriptionRunner).
-            due = time.monotonic() - self._recorded_at >= self._leader.checkpoint_interval
-            if skipped or due:
-                self.record_checkpoint()
+            self._hooks.applied(batch.end_lsn, batch.commit_time, result.versions, now=skipped)
         failpoint("apply.before_flush_report")
         self._progress.confirm_flushed(batch.end_lsn)
         self._skip_done(batch.end_lsn)
@@ -441,51 +407,17 @@ class ApplyWorker:
             self._isolate_through = None
         seconds = time.monotonic() - started
         self.last_commit_time = batch.commit_time
-        if self._leader is not None:
-            self._observe(batch, result.tables, seconds, changes)
-            self._leader.sync_tables(batch.end_lsn)
+        self._hooks.finished(batch, result.tables, seconds, changes)
 
     def _skip_done(self, end_lsn: Lsn) -> None:
         """Clear the skip once the skipped transaction's checkpoint is recorded (or the skip
         LSN was passed without a match)."""
         if self._clear_skip_at is None or end_lsn < self._clear_skip_at:
             return
-        assert self._leader is not None
-        self._leader.skip.clear_skip()  # tidying: the checkpoint already made it so
+        self._hooks.clear_skip()
         self._clear_skip_at = None
         log.info(
             "logical replication completed skipping transaction",
             subscription=self.subscription,
             end_lsn=str(end_lsn),
         )
-
-    def _count_changes(self, batch: Batch) -> None:
-        """Count the batch's changes by operation (``pgsub_changes_applied_total``)."""
-        self._count(_operations(batch))
-
-    def _count(self, operations: Counter[str]) -> None:
-        for op, count in operations.items():
-            self._metrics.changes_applied.labels(self.subscription, op).inc(count)
-
-    def _observe(
-        self, batch: Batch, tables: tuple[TableResult, ...], seconds: float, changes: int
-    ) -> None:
-        name = self.subscription
-        metrics = self._metrics
-        metrics.transactions_applied.labels(name).inc(len(batch.transactions))
-        metrics.batch_duration.labels(name).observe(seconds)
-        metrics.flushed_lsn.labels(name).set(int(batch.end_lsn))
-        commit_unix = batch.commit_time / 1e6 + PG_EPOCH_OFFSET
-        metrics.apply_lag.labels(name).set(max(0.0, self._wall_clock() - commit_unix))
-        for table in tables:
-            metrics.merge_duration.labels(name, table.table).observe(table.seconds)
-        if tables:
-            log.info(
-                "batch applied",
-                subscription=name,
-                transactions=len(batch.transactions),
-                changes=changes,
-                tables=len(tables),
-                seconds=round(seconds, 3),
-                end_lsn=str(batch.end_lsn),
-            )

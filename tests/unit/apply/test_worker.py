@@ -22,6 +22,7 @@ from apply.schema import TargetSchema
 from apply.spool import SpoolDirectory, SpooledTransaction
 from apply.transactions import Bounds, PreparedFinish
 from apply.worker import ApplyWorker
+from apply.worker_hooks import CatchUpHooks, LeaderHooks
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, Insert
@@ -49,6 +50,7 @@ class Harness:
         queue_clock: Callable[[], float] = time.monotonic,
         spools: SpoolDirectory | None = None,
         leftovers: PreparedLeftovers | None = None,
+        catch_up: bool = False,
     ) -> None:
         self.tables = tables or MemoryTables()
         self.staging = MemoryStaging()
@@ -56,6 +58,7 @@ class Harness:
         self.skip = MemorySkip(skip)
         self.synced: list[Lsn] = []
         self.progress = Progress(Lsn(0))
+        self.metrics = Metrics()
         self.queue = TransactionQueue(Bounds(100_000), clock=queue_clock)
         leader = Leader(
             "s",
@@ -75,8 +78,7 @@ class Harness:
             applier=BatchApplier("s", self.tables, lambda oid: None),
             progress=self.progress,
             batcher=Batcher(bounds, max_delay=max_delay),
-            metrics=Metrics(),
-            leader=leader,
+            hooks=CatchUpHooks() if catch_up else LeaderHooks("s", leader, self.metrics),
             spools=spools,
         )
 
@@ -325,3 +327,29 @@ def test_leftover_stagings_are_forgotten_once_the_flush_passes_where_they_were_s
     harness.run(tx(ins(T, 2, "b"), end=300), until=Lsn(300))
     harness.run(tx(ins(T, 3, "c"), end=400), until=Lsn(400))  # next time round the loop
     assert set(harness.staging.staged) == {("s", "reused")}
+
+
+def applied_changes(harness: Harness) -> float | None:
+    return harness.metrics.registry.get_sample_value(
+        "pgsub_changes_applied_total", {"subscription": "s", "op": "INSERT"}
+    )
+
+
+def test_a_catch_up_applies_and_confirms_but_leaves_the_subscription_to_the_leader(
+    tmp_path: Path,
+) -> None:
+    """A table-sync worker's catch-up (``CatchUpHooks``): its tables committed and its flush
+    confirmed, but no checkpoint row, no table-state step, no skip, no metrics; a prepared
+    transaction is an error (two-phase is the leader's)."""
+    leader = Harness(skip=Lsn(100 - 8))
+    leader.run(tx(ins(T, 1, "a"), end=100), tx(ins(T, 2, "b"), end=200), until=Lsn(200))
+    assert leader.tables.keys() == [2]  # the leader skipped the first
+    assert leader.checkpoints.recorded and leader.synced and applied_changes(leader) == 1
+
+    catch_up = Harness(skip=Lsn(100 - 8), catch_up=True, spools=SpoolDirectory(tmp_path))
+    catch_up.run(tx(ins(T, 1, "a"), end=100), tx(ins(T, 2, "b"), end=200), until=Lsn(200))
+    assert catch_up.tables.keys() == [1, 2]
+    assert catch_up.checkpoints.recorded == [] and catch_up.synced == []
+    assert applied_changes(catch_up) is None
+    with pytest.raises(ApplyError, match="two-phase is off"):
+        catch_up.run(Prepared("g1", tx(ins(T, 3, "p"), end=300)), until=Lsn(300))
