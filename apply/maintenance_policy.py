@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from typing import Final
 
 DAY: Final = 86400.0
+# A data file whose rows deletion vectors have removed past this share is rewritten with its
+# alive rows only (Delta's OPTIMIZE default, 5%, rewrites a big table updated at random every
+# few minutes): by maintenance's OPTIMIZE, and by pgsub's own writes (apply.delta.vector_write).
+PURGE_ABOVE: Final = 0.3
 
 
 @dataclass(frozen=True, slots=True)

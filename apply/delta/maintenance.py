@@ -44,7 +44,7 @@ from apply.delta.session import SparkErrors
 from apply.delta.target import USER_METADATA
 from apply.errors import TargetTableError
 from apply.features import TableFeatures
-from apply.maintenance_policy import MaintenancePolicy, retention_properties
+from apply.maintenance_policy import PURGE_ABOVE, MaintenancePolicy, retention_properties
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -56,9 +56,7 @@ COMPACT_BELOW: Final = 32 * 2**20
 # ... into files of up to this size (Delta's default, a GiB, would make one ever-growing file
 # that the next compaction rewrites again);
 COMPACT_INTO: Final = 128 * 2**20
-# and a file whose rows deletion vectors have removed past this share (Delta's default, 5%,
-# rewrites a big table updated at random every few minutes).
-PURGE_ABOVE: Final = 0.3
+# and a file whose rows deletion vectors have removed past PURGE_ABOVE.
 
 
 @dataclass(frozen=True, slots=True)

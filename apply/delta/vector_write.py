@@ -23,7 +23,9 @@ local warehouse, a table with deletion vectors on takes this path instead:
 4. once ``FOLD_AT`` small files are live (the earlier batches' files), the
    batch folds their alive rows into its own file and removes them, so the
    file count stays bounded without a compaction holding the table (a
-   Spark OPTIMIZE of them took 26-38 s, and every batch waited).
+   Spark OPTIMIZE of them took 26-38 s, and every batch waited); and a
+   file whose rows its deletion vector has mostly removed (past
+   ``PURGE_ABOVE``) is purged the same way, one a batch.
 
 What a batch reads and writes follows the batch: its new rows, a vector per
 touched file, one log entry. The price is memory: a table's key column
@@ -55,6 +57,7 @@ from apply.delta import deletion_vectors
 from apply.delta.deletion_vectors import Descriptor
 from apply.delta.live_files import LiveFiles, VectorFile
 from apply.delta.overwrite import CommitRacedError, checkpoint_due, commit, opening_actions
+from apply.maintenance_policy import PURGE_ABOVE
 from apply.merge_plan import expected_counts
 from apply.rewrite import found_as_expected, kept_values
 from apply.source import FIRST, PRESENT, KeyedSource
@@ -78,6 +81,11 @@ VECTOR_READS: Final = frozenset({"deletionVectors", "timestampNtz"})
 FOLD_AT: Final = 16
 FOLD_BELOW: Final = 16 * 2**20
 FOLD_MAX_BYTES: Final = 64 * 2**20
+# A file whose rows the deletion vectors have removed past PURGE_ABOVE (maintenance's OPTIMIZE
+# share) and of at most PURGE_MAX_BYTES is purged by a batch: its alive rows rewritten into
+# the batch's file, the file removed. One a batch, so that a batch costs one file's rewrite
+# at most (about a second per 100 MB here).
+PURGE_MAX_BYTES: Final = 256 * 2**20
 # A composite key's columns as text, joined by NUL: no PostgreSQL text value holds one, so
 # two joined keys are equal exactly when their columns are.
 _JOIN: Final = "\x00"
@@ -245,6 +253,11 @@ class KeyIndex:
             alive[positions] = False
         return alive
 
+    def deleted_share(self, path: str) -> float:
+        """The share of the file's rows its deletion vector removes."""
+        known = self._files[path]
+        return 1.0 - int(known.alive.sum()) / known.rows if known.rows else 0.0
+
     def rows(self, path: str) -> int:
         """The rows the file at ``path`` holds, deleted ones too."""
         return self._files[path].rows
@@ -302,6 +315,8 @@ def write_by_vectors(
         if not field.nullable and new_rows.column(field.name).null_count:
             return None  # Spark reports the NOT NULL violation
     folded = _small_files(live)
+    worn = _worn_file(live, state.index, {f.path for f in folded})
+    folded += [worn] if worn is not None else []
     if folded:
         touched = {match.file.path: match.positions for match in matches}
         alive = [state.index.alive_after(f.path, touched.get(f.path)) for f in folded]
@@ -423,6 +438,20 @@ def _small_files(live: list[VectorFile]) -> list[VectorFile]:
         small.append(file)
         total += file.size
     return small if len(small) >= FOLD_AT else []
+
+
+def _worn_file(live: list[VectorFile], index: KeyIndex, folded: set[str]) -> VectorFile | None:
+    """The file (of at most ``PURGE_MAX_BYTES``, not ``folded``) whose rows deletion vectors
+    have removed most, past ``PURGE_ABOVE``: the batch rewrites its alive rows into its own
+    file and removes it. Else every batch that touches it rewrites its ever larger vector,
+    and every reader reads its removed rows, for as long as the table lives."""
+    shares = [
+        (index.deleted_share(file.path), file)
+        for file in live
+        if file.vector is not None and file.size <= PURGE_MAX_BYTES and file.path not in folded
+    ]
+    share, file = max(shares, key=lambda pair: pair[0], default=(0.0, None))
+    return file if share > PURGE_ABOVE else None
 
 
 def _rows(local: str, file: VectorFile, alive: Alive, schema: pa.Schema) -> pa.Table:

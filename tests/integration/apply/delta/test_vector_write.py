@@ -220,6 +220,42 @@ def test_small_files_are_folded_into_a_later_batch(
         applier.close()
 
 
+def test_a_file_mostly_deleted_by_its_vector_is_purged_by_a_batch(
+    spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its vector removes more than PURGE_ABOVE of a file's rows, a batch rewrites the
+    file's alive rows into its own file and removes it: its vector is no longer rewritten
+    by every batch, nor its removed rows read by every reader."""
+    monkeypatch.setattr(vector_write, "PURGE_ABOVE", 0.2)
+    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "t"
+    model: Model = {i: (f"v{i}", f"b{i}") for i in range(1, 101)}
+
+    def files() -> set[str]:
+        return set(deltalake.DeltaTable(str(folder)).file_uris())
+
+    try:
+        applier.apply(batch(tx(*(ins(T, i, *model[i]) for i in range(1, 101)), end=100)))
+        (first,) = files()
+        applier.apply(batch(tx(*(dele(T, i, None, None) for i in range(1, 11)), end=200)))
+        changes = [upd(T, i, "u", ...) for i in range(11, 26)]
+        applier.apply(batch(tx(*changes, end=300)))
+        for i in range(1, 11):
+            del model[i]
+        for i in range(11, 26):
+            model[i] = ("u", model[i][1])
+        assert first in files()  # 10% removed before the last batch: kept
+        applier.apply(batch(tx(upd(T, 50, "fifty", ...), end=400)))  # 25% before this one
+        model[50] = ("fifty", model[50][1])
+        assert first not in files()
+        assert writers(folder)[-1] == "pgsub"
+        assert read_by_delta_rs(folder) == model
+        assert read_by_spark(spark, folder) == model
+    finally:
+        applier.close()
+
+
 def test_a_text_key_is_found_by_a_set_lookup(spark: Any, warehouse: Path) -> None:
     """Integer keys are looked up by binary search; any other key by an Arrow set lookup."""
     coded = relation("code", "v", key=("code",), name="c")
