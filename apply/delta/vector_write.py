@@ -266,11 +266,6 @@ class KeyIndex:
             alive[positions] = False
         return alive
 
-    def deleted_share(self, path: str) -> float:
-        """The share of the file's rows its deletion vector removes."""
-        known = self._files[path]
-        return 1.0 - int(known.alive.sum()) / known.rows if known.rows else 0.0
-
     def rows(self, path: str) -> int:
         """The rows the file at ``path`` holds, deleted ones too."""
         return self._files[path].rows
@@ -459,7 +454,7 @@ def _worn_file(live: list[VectorFile], index: KeyIndex, folded: set[str]) -> Vec
     file and removes it. Else every batch that touches it rewrites its ever larger vector,
     and every reader reads its removed rows, for as long as the table lives."""
     shares = [
-        (index.deleted_share(file.path), file)
+        (file.vector.cardinality / max(1, index.rows(file.path)), file)
         for file in live
         if file.vector is not None and file.size <= PURGE_MAX_BYTES and file.path not in folded
     ]
