@@ -464,9 +464,11 @@ class DeltaTables:
                 and delta_rs_can_write(target.path)
             ):
                 copied = write_once(target, schema, source.blocks(), mark), None
-                # A big table gains deletion vectors now, before READY, not in its first
-                # batch while its changes wait (a Spark ALTER TABLE: seconds).
+                # A big table gains deletion vectors now, before READY, and its key index is
+                # read: not in its first batch while its changes wait (seconds each).
                 self._check_size(target)
+                if self._merges_locally(target):
+                    self._local_merges.warm(target.path, schema)
                 return copied
             return copy_into(target, schema, source, mark, staging)
 

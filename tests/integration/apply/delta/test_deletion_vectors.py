@@ -59,9 +59,13 @@ def test_a_table_past_the_size_gains_deletion_vectors_and_keeps_its_big_files(
         path = rep.path("public.t")
         copied = live_files(path)
         assert len(copied) == 1 and next(iter(copied.values())) > 16 * 1024
-        # Gained with the copy, before READY: not in the first batch while changes wait.
+        # Gained with the copy, before READY, and the key index read: not in the first batch
+        # while changes wait.
         vectors_at_copy = properties(spark, path).get("delta.enableDeletionVectors") == "true"
         assert vectors_at_copy == (mode == "auto")
+        assert rep.runner is not None
+        indexed = rep.runner.tables._local_merges._vectors  # what the copy left
+        assert (path in indexed) == (mode == "auto")
         with publisher.connect() as conn:  # scattered keys, several batches
             for step in range(6):
                 conn.execute("UPDATE t SET v = 'u' WHERE id %% 97 = %s", [step])
