@@ -43,17 +43,12 @@ import structlog
 
 from apply.collapse import KeyedNet
 from apply.columnar import arrow_schema
+from apply.delta.key_index import KeyIndex, lookup_keys
 from apply.delta.live_files import LiveFiles
 from apply.delta.local_tables import delta_rs_writes, folder
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import CommitRacedError, checkpoint_due, hand_writable, overwrite
-from apply.delta.vector_write import (
-    KeyIndex,
-    VectorTable,
-    lookup_keys,
-    vector_writable,
-    write_by_vectors,
-)
+from apply.delta.vector_write import VectorTable, vector_writable, write_by_vectors
 from apply.errors import TargetTableError
 from apply.merge_plan import (
     ClauseKind,

@@ -41,10 +41,8 @@ is equal exactly when they are (``lookup_keys``); None from
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -57,6 +55,7 @@ import pyarrow.parquet as pq
 
 from apply.delta import deletion_vectors
 from apply.delta.deletion_vectors import Descriptor
+from apply.delta.key_index import Alive, KeyIndex, Match
 from apply.delta.live_files import LiveFiles, VectorFile
 from apply.delta.overwrite import CommitRacedError, checkpoint_due, commit, opening_actions
 from apply.maintenance_policy import PURGE_ABOVE
@@ -71,8 +70,6 @@ if TYPE_CHECKING:
     from apply.records import CommitMark, WriteResult
     from apply.schema import TargetSchema
 
-Alive = npt.NDArray[np.bool_]
-
 # What a table's protocol may ask of its writers for pgsub to write it: deletion vectors,
 # and the legacy features Spark lists beside them when it upgrades a table's protocol.
 VECTOR_WRITES: Final = frozenset({"deletionVectors", "appendOnly", "invariants", "timestampNtz"})
@@ -83,41 +80,12 @@ VECTOR_READS: Final = frozenset({"deletionVectors", "timestampNtz"})
 FOLD_AT: Final = 16
 FOLD_BELOW: Final = 16 * 2**20
 FOLD_MAX_BYTES: Final = 64 * 2**20
+_KEY: Final = "__pgsub_key"  # the batch's keys, as the index holds them
 # A file whose rows the deletion vectors have removed past PURGE_ABOVE (maintenance's OPTIMIZE
 # share) and of at most PURGE_MAX_BYTES is purged by a batch: its alive rows rewritten into
 # the batch's file, the file removed. One a batch, so that a batch costs one file's rewrite
 # at most (about a second per 100 MB here).
 PURGE_MAX_BYTES: Final = 256 * 2**20
-# Threads reading a table's files into its key index at its first batch (Parquet reads and
-# NumPy's sort let go of the GIL): 20M keys in 2 files, 0.41 s in one thread, 0.19 s in two.
-READERS: Final = min(4, os.cpu_count() or 1)
-# A composite key's columns as text, joined by NUL: no PostgreSQL text value holds one, so
-# two joined keys are equal exactly when their columns are.
-_JOIN: Final = "\x00"
-_KEY: Final = "__pgsub_key"
-
-
-def lookup_keys(types: pa.Schema, keys: tuple[str, ...]) -> pa.Schema | None:
-    """The key columns of a table whose columns have ``types``, if ``KeyIndex`` can look them
-    up: any one column; several whose text forms are equal exactly when their values are
-    (integers, text, dates, timestamps, decimals, booleans: not floats, whose -0 and 0 are
-    equal, nor bytes, which may hold a NUL)."""
-    fields = pa.schema([types.field(name) for name in keys])
-    if len(fields) == 1 or all(_joinable(field.type) for field in fields):
-        return fields
-    return None
-
-
-def _joinable(type_: pa.DataType) -> bool:
-    return bool(
-        pa.types.is_integer(type_)
-        or pa.types.is_string(type_)
-        or pa.types.is_large_string(type_)
-        or pa.types.is_date(type_)
-        or pa.types.is_timestamp(type_)
-        or pa.types.is_decimal(type_)
-        or pa.types.is_boolean(type_)
-    )
 
 
 def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
@@ -141,143 +109,6 @@ def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
         return False
     fields = json.loads(table.schema().to_json())["fields"]
     return not any("delta.invariants" in (f.get("metadata") or {}) for f in fields)
-
-
-@dataclass(slots=True)
-class _Keys:
-    """One live file's keys, and which of its rows are alive as of ``vector``. Integer keys
-    are kept sorted, with each one's row (a batch's keys found by binary search, without
-    reading every key); other keys as the file holds them (found by a set lookup)."""
-
-    rows: int
-    alive: Alive
-    vector: str | None  # the vector's unique id the mask reflects
-    keys: pa.Array | None = None  # a key that is not an integer
-    ordered: npt.NDArray[np.generic] | None = None  # integer keys, sorted
-    order: npt.NDArray[np.int32] | None = None  # the row of each of ``ordered``
-
-    @classmethod
-    def of(cls, column: pa.Array) -> _Keys:
-        alive = np.ones(len(column), dtype=np.bool_)
-        if pa.types.is_integer(column.type) and column.null_count == 0:
-            values = column.to_numpy()
-            order = np.argsort(values, kind="stable").astype(np.int32)
-            return cls(len(column), alive, None, ordered=values[order], order=order)
-        return cls(len(column), alive, None, keys=column)
-
-    def find(self, wanted: pa.Array, numbers: npt.NDArray[np.generic] | None) -> _Found:
-        """The rows holding a key of ``wanted`` (``numbers``: the same, integer keys)."""
-        if self.ordered is not None and self.order is not None and numbers is not None:
-            low = np.searchsorted(self.ordered, numbers, side="left")
-            counts = np.searchsorted(self.ordered, numbers, side="right") - low
-            starts = np.repeat(low, counts)
-            steps = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-            at = starts + steps
-            return _Found(self.order[at].astype(np.int64), pa.array(self.ordered[at]))
-        assert self.keys is not None
-        hits = pc.is_in(self.keys, value_set=wanted).to_numpy(zero_copy_only=False)
-        positions = np.flatnonzero(hits)
-        return _Found(positions, self.keys.take(pa.array(positions)))
-
-
-@dataclass(frozen=True, slots=True)
-class _Found:
-    positions: npt.NDArray[np.int64]
-    keys: pa.Array
-
-
-@dataclass(frozen=True, slots=True)
-class _Match:
-    file: VectorFile
-    positions: npt.NDArray[np.int64]  # the alive rows holding a key of the batch
-
-
-class KeyIndex:
-    """The key of each row of each live file of a table, and which of its rows are alive.
-    ``keys``: the key columns (``lookup_keys``)."""
-
-    def __init__(self, table: str, keys: pa.Schema) -> None:
-        self.table = table
-        self.keys = keys
-        self.key_type = keys.field(0).type if len(keys) == 1 else pa.string()
-        self._files: dict[str, _Keys] = {}
-
-    def key_of(self, rows: pa.Table) -> pa.Array:
-        """Each row's key: its key column, or its key columns' text forms joined by NUL."""
-        columns = [rows[field.name].combine_chunks().cast(field.type) for field in self.keys]
-        if len(columns) == 1:
-            return columns[0]
-        texts = [column.cast(pa.string()) for column in columns]
-        joined: pa.Array = pc.binary_join_element_wise(*texts, _JOIN)
-        return joined
-
-    def refresh(self, files: list[VectorFile]) -> None:
-        """Brought to the live ``files``: new files read, changed vectors read anew."""
-        live = {file.path: file for file in files}
-        for gone in set(self._files) - set(live):
-            del self._files[gone]
-        new = [file for path, file in live.items() if path not in self._files]
-        if len(new) > 1:  # a table's first batch: its files read and sorted side by side
-            with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="keys") as pool:
-                read = pool.map(self._read, new)
-                self._files.update(zip([f.path for f in new], read, strict=True))
-        for path, file in live.items():
-            known = self._files.get(path)
-            unique = None if file.vector is None else file.vector.unique_id
-            if known is None:
-                known = self._files[path] = self._read(file)
-            if known.vector != unique:
-                known.alive = np.ones(known.rows, dtype=np.bool_)
-                if file.vector is not None:
-                    deleted = deletion_vectors.read(self.table, file.vector)
-                    known.alive[deleted.astype(np.int64)] = False
-                known.vector = unique
-
-    def _read(self, file: VectorFile) -> _Keys:
-        """The file's keys, every row alive (its vector is read by ``refresh``)."""
-        keys = pq.ParquetFile(file.local(self.table)).read(columns=self.keys.names)
-        return _Keys.of(self.key_of(keys))
-
-    def find(self, files: list[VectorFile], wanted: pa.Array) -> tuple[list[_Match], pa.Array]:
-        """The alive rows whose key is in ``wanted``, by file, and their keys."""
-        numbers = wanted.to_numpy() if pa.types.is_integer(wanted.type) else None
-        matches, found = [], []
-        for file in files:
-            known = self._files[file.path]
-            hits = known.find(wanted, numbers)
-            alive = known.alive[hits.positions]
-            positions = hits.positions[alive]
-            if positions.size:
-                order = np.argsort(positions)
-                matches.append(_Match(file, positions[order]))
-                found.append(hits.keys.filter(pa.array(alive)).take(pa.array(order)))
-        if not found:
-            return [], pa.array([], type=self.key_type)
-        return matches, pa.concat_arrays([k.cast(self.key_type) for k in found])
-
-    def deleted(self, path: str, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
-        """Every row of the file at ``path`` deleted once ``positions`` are."""
-        return np.flatnonzero(~self.alive_after(path, positions)).astype(np.uint64)
-
-    def alive_after(self, path: str, positions: npt.NDArray[np.int64] | None) -> Alive:
-        """Which rows of the file at ``path`` are alive once ``positions`` are deleted."""
-        alive = self._files[path].alive.copy()
-        if positions is not None:
-            alive[positions] = False
-        return alive
-
-    def rows(self, path: str) -> int:
-        """The rows the file at ``path`` holds, deleted ones too."""
-        return self._files[path].rows
-
-    def committed(self, path: str, positions: npt.NDArray[np.int64], vector: str) -> None:
-        known = self._files[path]
-        known.alive[positions] = False
-        known.vector = vector
-
-    def added(self, path: str, rows: pa.Table) -> None:
-        """The file at ``path``, just written with ``rows``."""
-        self._files[path] = _Keys.of(self.key_of(rows))
 
 
 @dataclass
@@ -359,14 +190,14 @@ def write_by_vectors(
 class _Written:
     actions: list[dict[str, object]]
     files: list[Path]  # what to remove if the commit is refused
-    vectors: list[tuple[_Match, str]]  # each file left with rows, and its new vector's id
+    vectors: list[tuple[Match, str]]  # each file left with rows, and its new vector's id
     new_file: str | None
 
 
 def _write(
     local: str,
     index: KeyIndex,
-    matches: list[_Match],
+    matches: list[Match],
     rows: pa.Table,
     mark: CommitMark,
     *,
@@ -381,14 +212,14 @@ def _write(
     gone = {file.path for file in folded}
     changes: list[dict[str, object]] = [_remove(match.file, now) for match in matches]
     changes += [_remove(file, now) for file in folded if file.path not in _paths(matches)]
-    kept: list[tuple[_Match, npt.NDArray[np.uint64]]] = []
+    kept: list[tuple[Match, npt.NDArray[np.uint64]]] = []
     for match in matches:
         if match.file.path in gone:
             continue
         deleted = index.deleted(match.file.path, match.positions)
         if len(deleted) < index.rows(match.file.path):
             kept.append((match, deleted))  # else every row is gone: the file goes
-    vectors: list[tuple[_Match, str]] = []
+    vectors: list[tuple[Match, str]] = []
     if kept:
         bitmaps = [deletion_vectors.encode(deleted) for _, deleted in kept]
         encoded, offsets = deletion_vectors.write_file(local, bitmaps)
@@ -432,7 +263,7 @@ def _write(
     return _Written(actions, files, vectors, new_file)
 
 
-def _paths(matches: list[_Match]) -> set[str]:
+def _paths(matches: list[Match]) -> set[str]:
     return {match.file.path for match in matches}
 
 
@@ -504,7 +335,7 @@ def _add_again(file: VectorFile, vector: Descriptor, rows: int) -> dict[str, obj
     }
 
 
-def _old_rows(local: str, matches: list[_Match], schema: pa.Schema, columns: list[str]) -> pa.Table:
+def _old_rows(local: str, matches: list[Match], schema: pa.Schema, columns: list[str]) -> pa.Table:
     """The ``columns`` of the rows the batch replaces, read from their files (only the row
     groups that hold them)."""
     names = list(dict.fromkeys(columns))

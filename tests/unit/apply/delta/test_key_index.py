@@ -10,7 +10,7 @@ import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from apply.delta.vector_write import KeyIndex, lookup_keys
+from apply.delta.key_index import KeyIndex, lookup_keys
 
 TYPES = pa.schema(
     [
