@@ -22,6 +22,11 @@ none of those three unless the subscription asks for them
 Each mode is ``auto`` (as above), ``always`` (from creation) or ``never``
 (a table that would need column mapping or type widening stops with an
 error naming the column; a big table is rewritten by every MERGE).
+
+Delta's change data feed (``change_data_feed``) is a writer feature, on
+request only: readers that lack it read the table as before; pgsub then
+writes the table by Spark alone (delta-rs and pgsub's own commits would
+record no row-level changes, and the tables' protocol tells them so).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from apply.errors import ApplyError
 COLUMN_MAPPING: Final = "delta.columnMapping.mode"
 TYPE_WIDENING: Final = "delta.enableTypeWidening"
 DELETION_VECTORS: Final = "delta.enableDeletionVectors"
+# A writer feature (readers that lack it read the table as it is): each commit also records
+# its row-level changes, for Spark's ``table_changes`` and delta-rs's ``load_cdf``.
+CHANGE_DATA_FEED: Final = "delta.enableChangeDataFeed"
 
 # A table holding more Parquet than this gains deletion vectors (``auto``): the size above
 # which pgsub's MERGEs leave delta-rs for Spark too (apply.delta.local_merge).
@@ -60,6 +68,7 @@ class TableFeatures:
     type_widening: FeatureMode = FeatureMode.AUTO
     deletion_vectors: FeatureMode = FeatureMode.AUTO
     deletion_vectors_above: int = DELETION_VECTORS_ABOVE  # bytes of Parquet (auto)
+    change_data_feed: bool = False  # on request: a writer feature, every MERGE by Spark
 
 
 PORTABLE: Final = TableFeatures()  # the default: no reader feature the data does not need
@@ -96,7 +105,15 @@ def creation_properties(
         properties[TYPE_WIDENING] = "true"
     if features.deletion_vectors is FeatureMode.ALWAYS:
         properties[DELETION_VECTORS] = "true"
+    if features.change_data_feed:
+        properties[CHANGE_DATA_FEED] = "true"
     return properties, needed
+
+
+def feed_wanted(properties: Mapping[str, str], features: TableFeatures) -> bool:
+    """Whether an existing table (its current ``properties``) must turn its change data feed
+    on: asked for, and not on yet. Never turned off by pgsub: the feed may have readers."""
+    return features.change_data_feed and properties.get(CHANGE_DATA_FEED) != "true"
 
 
 def size_gain(properties: Mapping[str, str], size: int, features: TableFeatures) -> Gain | None:

@@ -28,7 +28,15 @@ from apply.delta.local_tables import create_table, delta_rs_creates
 from apply.delta.origins import ROW_TRACKING
 from apply.delta.session import SparkErrors, struct
 from apply.errors import TargetTableError
-from apply.features import Gain, TableFeatures, creation_properties, gains, size_gain
+from apply.features import (
+    CHANGE_DATA_FEED,
+    Gain,
+    TableFeatures,
+    creation_properties,
+    feed_wanted,
+    gains,
+    size_gain,
+)
 from apply.maintenance_policy import MaintenancePolicy, retention_properties
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
 
@@ -95,6 +103,13 @@ class TableDefinition:
         ):
             delta_sql.set_properties(session, path, {gain.property: gain.value})
             _warn_gained(schema.table, gain)
+        if feed_wanted(properties, self.features):
+            delta_sql.set_properties(session, path, {CHANGE_DATA_FEED: "true"})
+            log.info(
+                "target table records its change data feed",
+                table=schema.table,
+                detail="from its next commit on; earlier versions have none",
+            )
         if evolution.add:
             columns = ", ".join(f"{quote(c.name)} {c.spark_type}" for c in evolution.add)
             session.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})")

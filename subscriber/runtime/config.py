@@ -120,6 +120,9 @@ class TableFeaturesConfig(_Strict):
     # write the changed rows, not every touched file); true/false as always/never.
     deletion_vectors: FeatureMode = FeatureMode.AUTO
     deletion_vectors_above: ByteSize = DELETION_VECTORS_ABOVE
+    # true: every commit also records its row-level changes (Delta's change data feed, a
+    # writer feature: readers without it still read the table); every write then by Spark.
+    change_data_feed: bool = False
 
     @field_validator("deletion_vectors", mode="before")
     @classmethod
@@ -134,6 +137,7 @@ class TableFeaturesConfig(_Strict):
             self.type_widening,
             self.deletion_vectors,
             int(self.deletion_vectors_above),
+            self.change_data_feed,
         )
 
 

@@ -3,13 +3,16 @@
 import pytest
 
 from apply.features import (
+    CHANGE_DATA_FEED,
     COLUMN_MAPPING,
     DELETION_VECTORS,
+    PORTABLE,
     TYPE_WIDENING,
     FeatureMode,
     FeatureRefusedError,
     TableFeatures,
     creation_properties,
+    feed_wanted,
     gains,
     needs_column_mapping,
     size_gain,
@@ -124,3 +127,15 @@ def test_delta_rs_creates_a_table_only_when_it_enables_no_table_feature() -> Non
         assert not delta_rs_creates({**plain, wants_feature: "true"})
     assert not delta_rs_creates(creation_properties(["a b"], AUTO, "public.t")[0])
     assert not delta_rs_creates(creation_properties(["id"], ALWAYS, "public.t")[0])
+
+
+def test_the_change_data_feed_is_on_only_on_request_and_never_turned_off() -> None:
+    asked = TableFeatures(change_data_feed=True)
+    properties, needed = creation_properties(["id"], asked, "public.t")
+    assert properties == {CHANGE_DATA_FEED: "true"}
+    assert needed == []  # a writer feature: nothing a reader must know, no warning
+    assert creation_properties(["id"], PORTABLE, "public.t")[0] == {}
+    assert feed_wanted({}, asked)
+    assert not feed_wanted({CHANGE_DATA_FEED: "true"}, asked)
+    assert not feed_wanted({}, PORTABLE)
+    assert not feed_wanted({CHANGE_DATA_FEED: "true"}, PORTABLE)  # left as the user set it
