@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -26,6 +27,7 @@ import structlog
 
 import apply.binary
 from apply.batch import Batch, ShouldApply, TableWork
+from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.copy_source import CopySource, StagedParts
 from apply.error_context import TransactionError, conflict_of
@@ -100,6 +102,15 @@ class Tables(Protocol):
         ...
 
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult: ...
+
+    def appends_changes(self, table: str) -> bool:
+        """Whether ``table`` is kept as a change log (``history: changelog``)."""
+        ...
+
+    def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
+        """Append a batch's change log rows (``apply.changelog``) in one commit marked ``mark``
+        (made once: an append already committed for ``mark`` is not made again)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +215,14 @@ class BatchApplier:
         return schema
 
     def _net(self, work: TableWork) -> Net:
-        """The net effect of ``work`` on its table, binary values pgsub cannot read in text."""
+        """The net effect of ``work`` on its table."""
+        return collapse(self._readable(work))
+
+    def _readable(self, work: TableWork) -> TableWork:
+        """``work`` with binary values pgsub cannot read in text (``binary: true``)."""
         if self._text_forms is not None:
             work = in_text_form(work, self._reads_binary, self._text_forms)
-        return collapse(work)
+        return work
 
     def _reads_binary(self, column: Column) -> bool:
         return apply.binary.readable(resolve(column.type_oid, column.typmod, self._types))
@@ -217,30 +232,28 @@ class BatchApplier:
         work = batch.tables(self.applied_lsn, self._applies, self.applied_through)
         jobs = []
         for name, table_work in work.items():
+            mark = self._mark(batch, name)
             try:
                 schema = self._schema(table_work)
-                net = self._net(table_work)
+                if self._tables.appends_changes(name):
+                    rows = change_rows(self._readable(table_work), schema, batch)
+                    write = partial(self._tables.append_changes, schema, rows, mark)
+                else:
+                    net = self._net(table_work)
+                    if _nothing_to_do(net):
+                        continue
+                    write = partial(self._tables.write, schema, net, mark, self._resolutions)
             except Exception as exc:
                 cause = _as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, None, batch) from exc
-            if _nothing_to_do(net):
-                continue
-            mark = self._mark(batch, name)
-            jobs.append(
-                (
-                    name,
-                    schema,
-                    mark,
-                    len(table_work.changes),
-                    self._pool.submit(self._write, schema, net, mark),
-                )
-            )
+            changes = len(table_work.changes)
+            jobs.append((name, schema, mark, changes, self._pool.submit(self._timed, write)))
         results = []
         failure: TransactionError | None = None
         messages = self._messages(batch)
         for name, schema, mark, changes, future in jobs:
             try:
-                write, seconds = future.result()
+                written, seconds = future.result()
             except ConflictError as exc:
                 self._report(exc.findings, schema, batch, stopping=exc.kind)
                 tx = batch.transactions[exc.tx_index]
@@ -253,8 +266,8 @@ class BatchApplier:
             if mark.within is None:
                 self._applied[name] = batch.end_lsn
             self._within[name] = mark.within
-            self._report(write.conflicts, schema, batch)
-            results.append(TableResult(name, write, seconds, changes))
+            self._report(written.conflicts, schema, batch)
+            results.append(TableResult(name, written, seconds, changes))
         if failure is not None:
             raise failure
         if messages is not None:
@@ -344,6 +357,8 @@ class BatchApplier:
                 if name not in stages:
                     if self.applied_through(name, tx.end_lsn) or not schema.key:
                         return None  # resumes pieces applied before a crash; or a multiset
+                    if self._tables.appends_changes(name):
+                        return None  # a change log: each piece appends its own rows
                     folder = root / f"{len(stages):04d}"
                     stages[name] = StagedSource(folder, schema)
                 stage = stages[name]
@@ -408,9 +423,9 @@ class BatchApplier:
             conflicts.append(conflict_of(finding, kind, resolution, schema, batch))
         self._reporter.report(conflicts)
 
-    def _write(self, schema: TargetSchema, net: Net, mark: CommitMark) -> tuple[WriteResult, float]:
+    def _timed(self, write: Callable[[], WriteResult]) -> tuple[WriteResult, float]:
         started = self._clock()
-        result = self._tables.write(schema, net, mark, self._resolutions)
+        result = write()
         failpoint("apply.after_table_write")
         return result, self._clock() - started
 

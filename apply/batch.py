@@ -39,6 +39,7 @@ class TableChange:
 
     tx: int
     change: RowChange | TruncateChange
+    position: int = 0  # the change's position in its whole transaction (pieces counted)
 
 
 @dataclass
@@ -114,7 +115,7 @@ class Batch:
             if entry is None:
                 entry = work[name] = TableWork(relation)
             entry.relation = relation
-            entry.changes.append(TableChange(index, change))
+            entry.changes.append(TableChange(index, change, tx.first + ordinal))
 
         for index, tx in enumerate(self.transactions):
             for ordinal, change in enumerate(tx.changes):

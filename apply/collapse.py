@@ -103,7 +103,7 @@ def is_keyed(relation: Relation) -> bool:
     ) and any(c.is_key for c in relation.columns)
 
 
-class _Layout:
+class Layout:
     """Maps images of any Relation version onto the table's latest layout."""
 
     def __init__(self, latest: Relation) -> None:
@@ -157,7 +157,7 @@ def _after_last_truncate(changes: Sequence[TableChange]) -> tuple[Sequence[Table
 def collapse(work: TableWork) -> Net:
     """The net effect of ``work`` on its table."""
     changes, truncated = _after_last_truncate(work.changes)
-    layout = _Layout(work.relation)
+    layout = Layout(work.relation)
     if is_keyed(work.relation):
         keyed = KeyedNet(
             work.relation,
@@ -171,7 +171,7 @@ def collapse(work: TableWork) -> Net:
     return multiset
 
 
-def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: _Layout) -> None:
+def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: Layout) -> None:
     rows = net.rows
     key_positions = [i for i, c in enumerate(net.relation.columns) if c.is_key]
 
@@ -244,7 +244,7 @@ def _key_change(rows: dict[Key, KeyedRow], old_key: Key, key: Key, new: TupleDat
         row.changes += 1
 
 
-def _collapse_multiset(net: MultisetNet, changes: Sequence[TableChange], layout: _Layout) -> None:
+def _collapse_multiset(net: MultisetNet, changes: Sequence[TableChange], layout: Layout) -> None:
     rows = net.rows
 
     def count(image: TupleData, delta: int, tx: int) -> None:

@@ -73,7 +73,7 @@ def _rendered(entry: TableChange, wanted: dict[int, dict[bytes, bytes]]) -> Tabl
     old = _image(change.old, columns, wanted)
     if new is change.new and old is change.old:
         return entry
-    return TableChange(entry.tx, replace(change, new=new, old=old))
+    return TableChange(entry.tx, replace(change, new=new, old=old), entry.position)
 
 
 def _image(

@@ -109,7 +109,9 @@ def _mixed(images: Sequence[TupleData | None], index: int) -> bool:
     return any(image is not None and image.kinds[index] == TEXT for image in images)
 
 
-def _value_arrays(schema: TargetSchema, images: Sequence[TupleData | None]) -> dict[str, pa.Array]:
+def value_arrays(schema: TargetSchema, images: Sequence[TupleData | None]) -> dict[str, pa.Array]:
+    """The Arrow column of each of ``schema``'s columns over ``images`` (None: a row of
+    NULLs; an unchanged TOASTed value is NULL too)."""
     binary = binary_columns(images)
     arrays: dict[str, pa.Array] = {}
     for i, column in enumerate(schema.columns):
@@ -140,7 +142,7 @@ def keyed_source(net: KeyedNet, schema: TargetSchema) -> KeyedSource:
     _check_names(schema)
     rows: list[KeyedRow] = list(net.rows.values())
     images = [row.image for row in rows]
-    arrays = _value_arrays(schema, images)
+    arrays = value_arrays(schema, images)
     # Deleted rows carry only their key.
     for position, name in enumerate(net.key_columns):
         index = [c.name for c in schema.columns].index(name)
@@ -184,8 +186,8 @@ def multiset_source(net: MultisetNet, schema: TargetSchema) -> MultisetSource:
             copies.extend([row.image] * row.delta)
         else:
             removed.append(row)
-    inserts = pa.table(_value_arrays(schema, copies)) if copies else empty(schema)
-    removal_arrays = _value_arrays(schema, [r.image for r in removed])
+    inserts = pa.table(value_arrays(schema, copies)) if copies else empty(schema)
+    removal_arrays = value_arrays(schema, [r.image for r in removed])
     removal_arrays[COUNT] = pa.array([-r.delta for r in removed], type=pa.int64())
     removal_arrays[ROW] = pa.array(range(len(removed)), type=pa.int32())
     return MultisetSource(inserts, pa.table(removal_arrays), tuple(removed))

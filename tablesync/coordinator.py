@@ -298,6 +298,14 @@ class SyncCoordinator:
         """Pick up tables added or removed by ``pgsub refresh`` since the last look."""
         self._reloaded_at = self._clock()
         stored = self._store.load(self.settings.subscription)
+        with self._cond:  # tables to copy (added, resynced): read as published now
+            anew = [
+                r
+                for r in stored
+                if r not in self._statuses or self._resync_requested(self._statuses[r], stored[r])
+            ]
+        if anew and self._list_published is not None:
+            self.publish(self._list_published())
         with self._cond:
             added = [
                 TableStatus(relid, s.schema, s.name, TableState(s.state), s.lsn)
@@ -347,8 +355,6 @@ class SyncCoordinator:
                 subscription=self.settings.subscription,
                 tables=[s.qualified_name for s in added],
             )
-            if self._list_published is not None:
-                self.publish(self._list_published())  # the new tables' columns and filters
         if added or removed or resynced:
             self._export()
 

@@ -186,7 +186,9 @@ class SyncWorker:
         on_executors = context.tables.copy_on_executors
         ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks, on_executors))
         staged = len(ranges) > 1 and server_version >= MIN_SERVER_VERSION
-        if staged and schema.key and self._copy_settings.resumable:
+        # A change log's copy is appended whole (apply.changelog): not staged range by range.
+        appended = context.tables.appends_changes(table.qualified_name)
+        if staged and schema.key and self._copy_settings.resumable and not appended:
             return RangedCopy(
                 context,
                 table,

@@ -21,13 +21,14 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 
 from apply.columnar import arrow_schema
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
+from apply.delta.local_tables import as_table_holds, held_schema, marked
 from apply.delta.session import SparkErrors, runs_here, struct
 from apply.errors import TargetTableError
 from apply.records import CommitMark
@@ -37,32 +38,38 @@ from apply.source import empty as source_empty
 if TYPE_CHECKING:
     from apply.delta.target import TargetTable
 
+# A copy replaces a mirror table's rows, and is appended to a change log's.
+WriteMode = Literal["overwrite", "append"]
+
 
 def write_once(
-    target: TargetTable, schema: TargetSchema, blocks: Iterator[pa.Table], mark: CommitMark
+    target: TargetTable,
+    schema: TargetSchema,
+    blocks: Iterator[pa.Table],
+    mark: CommitMark,
+    *,
+    mode: WriteMode = "overwrite",
 ) -> int:
-    """Replace the table's rows with ``blocks`` in one delta-rs commit carrying ``mark``;
-    the rows written."""
+    """Replace the table's rows with ``blocks`` (``mode`` append: add them) in one delta-rs
+    commit carrying ``mark``; the rows written."""
     import deltalake
 
     arrow = arrow_schema(schema.columns)
     written = [0]
 
-    def batches() -> Iterator[pa.RecordBatch]:
+    def batches(held: pa.Schema) -> Iterator[pa.RecordBatch]:
         for block in blocks:
             written[0] += block.num_rows
-            yield from block.cast(arrow).to_batches()
+            yield from as_table_holds(block.cast(arrow), held).to_batches()
 
-    app_id, version = mark.txn
     try:
+        # A column the publisher no longer sends stays in the table, NULL in these rows.
+        held = as_table_holds(arrow.empty_table(), held_schema(deltalake.DeltaTable(target.path)))
         deltalake.write_deltalake(
             target.path,
-            pa.RecordBatchReader.from_batches(arrow, batches()),
-            mode="overwrite",
-            commit_properties=deltalake.CommitProperties(
-                custom_metadata={"userMetadata": mark.user_metadata()},
-                app_transactions=[deltalake.Transaction(app_id=app_id, version=version)],
-            ),
+            pa.RecordBatchReader.from_batches(held.schema, batches(held.schema)),
+            mode=mode,
+            commit_properties=marked(mark),
         )
     except deltalake.exceptions.DeltaError as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
@@ -75,8 +82,11 @@ def copy_into(
     source: CopySource,
     mark: CommitMark,
     staging: Path,
+    *,
+    mode: WriteMode = "overwrite",
 ) -> tuple[int, int | None]:
-    """Replace the table's rows with ``source``'s (the initial copy); (rows, version).
+    """Replace the table's rows with ``source``'s (the initial copy; ``mode`` append: add
+    them to a change log table); (rows, version).
 
     With a local Spark the blocks are read here and staged as Parquet files
     (written by pyarrow, one block in memory at a time), then land in one
@@ -85,8 +95,8 @@ def copy_into(
     """
     try:
         if runs_here(target.session):
-            return _copy_staged(target, schema, source.blocks(), mark, staging)
-        return copy_on_executors(target, schema, source, mark)
+            return _copy_staged(target, schema, source.blocks(), mark, staging, mode=mode)
+        return copy_on_executors(target, schema, source, mark, mode=mode)
     except SparkErrors as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
 
@@ -97,6 +107,8 @@ def _copy_staged(
     blocks: Iterator[pa.Table],
     mark: CommitMark,
     staging: Path,
+    *,
+    mode: WriteMode,
 ) -> tuple[int, int | None]:
     import pyarrow.parquet as pq
 
@@ -112,14 +124,19 @@ def _copy_staged(
                 frame = session.read.schema(struct(schema.ddl())).parquet(str(staging))
             else:
                 frame = target.frame(source_empty(schema), schema)
-            frame.write.format("delta").mode("overwrite").save(target.path)
+            frame.write.format("delta").mode(mode).save(target.path)
             return rows, target.committed_version()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def copy_on_executors(
-    target: TargetTable, schema: TargetSchema, source: CopySource, mark: CommitMark
+    target: TargetTable,
+    schema: TargetSchema,
+    source: CopySource,
+    mark: CommitMark,
+    *,
+    mode: WriteMode = "overwrite",
 ) -> tuple[int, int | None]:
     """One Spark job, a task per part, each reading its part on an executor; its rows are
     written in one commit carrying ``mark``. A failed task is retried by Spark."""
@@ -136,7 +153,7 @@ def copy_on_executors(
 
     frame = session.range(0, len(parts), 1, len(parts)).mapInArrow(task, struct(schema.ddl()))
     with target.marked(mark):
-        frame.write.format("delta").mode("overwrite").save(target.path)
+        frame.write.format("delta").mode(mode).save(target.path)
         version = target.committed_version()
     if version is None:  # Delta skipped the write: this mark's copy was committed before
         return 0, None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
+from apply.changelog import HistoryMode
 from apply.columnar import arrow_schema
 from apply.delta import sql as delta_sql
 from apply.delta.local_tables import create_table, delta_rs_creates
@@ -47,6 +48,8 @@ log = structlog.get_logger(__name__)
 
 # The table property naming the subscription that writes a target table.
 WRITER: Final = "pgsub.subscription"
+# How the table is kept: mirror or changelog (apply.changelog).
+HISTORY: Final = "pgsub.history"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +64,16 @@ class TableDefinition:
     local: bool  # the warehouse is a folder on this machine (delta-rs may create tables)
 
     def create(
-        self, session: SparkSession, schema: TargetSchema, path: str, *, by_spark: bool = False
+        self,
+        session: SparkSession,
+        schema: TargetSchema,
+        path: str,
+        history: HistoryMode = HistoryMode.MIRROR,
+        *,
+        by_spark: bool = False,
     ) -> None:
-        """Create the table with the reader features and properties it needs (``by_spark``:
-        never by delta-rs)."""
+        """Create the table, kept as ``history`` says, with the reader features and properties
+        it needs (``by_spark``: never by delta-rs)."""
         properties, needed = creation_properties(
             [c.name for c in schema.columns], self.features, schema.table
         )
@@ -74,6 +83,7 @@ class TableDefinition:
         properties["pgsub.source"] = schema.table
         properties["pgsub.key"] = json.dumps(list(schema.key))
         properties[WRITER] = self.subscription
+        properties[HISTORY] = history.value
         if self.track_origin:
             properties[ROW_TRACKING] = "true"
         if self.local and not by_spark and delta_rs_creates(properties):
@@ -84,8 +94,15 @@ class TableDefinition:
             _create_by_spark(session, schema, path, properties)
         log.info("target table created", table=schema.table, path=path, key=list(schema.key))
 
-    def evolve(self, session: SparkSession, schema: TargetSchema, path: str) -> Evolution:
-        """Evolve the table to ``schema``: columns added and widened, features gained."""
+    def evolve(
+        self,
+        session: SparkSession,
+        schema: TargetSchema,
+        path: str,
+        history: HistoryMode = HistoryMode.MIRROR,
+    ) -> Evolution:
+        """Evolve the table to ``schema``: columns added and widened, features gained; one kept
+        otherwise than ``history`` says is refused."""
         existing = {
             f.name: f.dataType.simpleString()
             for f in session.read.format("delta").load(path).schema.fields
@@ -94,6 +111,7 @@ class TableDefinition:
         table = delta_sql.table_ref(path)
         properties = delta_sql.properties(session, path)
         self._check_writer(session, schema.table, path, properties)
+        _check_history(schema.table, path, properties, history, self.subscription)
         for gain in gains(
             properties,
             [c.name for c in evolution.add],
@@ -158,6 +176,22 @@ class TableDefinition:
                 f'dropped, set shared_tables: true for "{self.subscription}"; otherwise take '
                 "the table out of one of the publications"
             )
+
+
+def _check_history(
+    table: str, path: str, properties: Mapping[str, str], history: HistoryMode, subscription: str
+) -> None:
+    """A mirror is not appended to as a change log, nor a change log merged into as a mirror
+    (a table made before ``history`` existed is a mirror)."""
+    kept = properties.get(HISTORY, HistoryMode.MIRROR.value)
+    if kept == history.value:
+        return
+    raise TargetTableError(
+        f"{table} at {path} is kept as a {kept} (its table property {HISTORY}), and the "
+        f'configuration of subscription "{subscription}" says {history.value} (history): '
+        f"set it back, or move the Delta table away and copy the table again "
+        f"(`pgsub resync -c <config> {subscription} {table}`)"
+    )
 
 
 def _create_by_spark(

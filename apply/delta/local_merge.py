@@ -45,7 +45,7 @@ from apply.collapse import KeyedNet
 from apply.columnar import arrow_schema
 from apply.delta.key_index import KeyIndex, lookup_keys
 from apply.delta.live_files import LiveFiles
-from apply.delta.local_tables import delta_rs_writes, folder
+from apply.delta.local_tables import delta_rs_writes, folder, marked
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import CommitRacedError, checkpoint_due, hand_writable, overwrite
 from apply.delta.vector_write import VectorTable, vector_writable, write_by_vectors
@@ -296,10 +296,7 @@ def _rewrite(
         table,
         rows,
         mode="overwrite",
-        commit_properties=deltalake.CommitProperties(
-            custom_metadata={"userMetadata": mark.user_metadata()},
-            app_transactions=[deltalake.Transaction(app_id=app_id, version=version)],
-        ),
+        commit_properties=marked(mark),
     )
     open_table.wrote(app_id, version)
     return WriteResult(schema.table, table.version(), *counts)
@@ -343,19 +340,13 @@ def _merge(
     table: deltalake.DeltaTable, source: pa.Table, plan: MergePlan, mark: CommitMark
 ) -> dict[str, int]:
     """``plan`` (the SQL conditions and values Spark's MERGE takes) run by delta-rs."""
-    import deltalake
-
-    app_id, version = mark.txn
     merger = table.merge(
         source,
         plan.condition,
         source_alias="s",
         target_alias="t",
         streamed_exec=False,  # a small source, read twice: its key range prunes files
-        commit_properties=deltalake.CommitProperties(
-            custom_metadata={"userMetadata": mark.user_metadata()},
-            app_transactions=[deltalake.Transaction(app_id=app_id, version=version)],
-        ),
+        commit_properties=marked(mark),
     )
     for clause in plan.clauses:
         if clause.kind is ClauseKind.MATCHED_UPDATE:

@@ -20,6 +20,8 @@ from apply.errors import TargetTableError
 if TYPE_CHECKING:
     import deltalake
 
+    from apply.records import CommitMark
+
 # Writer features delta-rs 1.6 writes correctly; any other makes a write go through Spark.
 DELTA_RS_WRITES: Final = frozenset({"appendOnly", "invariants", "timestampNtz"})
 
@@ -105,6 +107,31 @@ def is_table(path: str) -> bool:
     import deltalake
 
     return bool(deltalake.DeltaTable.is_deltatable(folder(path)))
+
+
+def marked(mark: CommitMark) -> deltalake.CommitProperties:
+    """A delta-rs commit carrying ``mark``: its ``userMetadata`` and idempotent-write id."""
+    import deltalake
+
+    app_id, version = mark.txn
+    return deltalake.CommitProperties(
+        custom_metadata={"userMetadata": mark.user_metadata()},
+        app_transactions=[deltalake.Transaction(app_id=app_id, version=version)],
+    )
+
+
+def as_table_holds(rows: pa.Table, held: pa.Schema) -> pa.Table:
+    """``rows`` with a NULL column for each of ``held``'s (a table's) they lack: columns the
+    publisher no longer sends, which the table keeps (delta-rs refuses rows without them)."""
+    for column in held:
+        if column.name not in rows.column_names:
+            rows = rows.append_column(column, pa.nulls(rows.num_rows, column.type))
+    return rows
+
+
+def held_schema(table: deltalake.DeltaTable) -> pa.Schema:
+    """The table's columns as Arrow fields."""
+    return pa.schema(table.schema().to_arrow())
 
 
 def row_count(path: str) -> int:

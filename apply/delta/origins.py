@@ -77,6 +77,24 @@ class OriginTracker:
         self.foreign: frozenset[int] = frozenset()
         self.seen: int | None = None  # the history is read up to this version
 
+    @classmethod
+    def opened(
+        cls, session: SparkSession, subscription: str, table: str, path: str, wanted: bool
+    ) -> OriginTracker:
+        """The tracker of the table at ``path``, started; ``wanted`` (``track_origin``) and
+        the table has no row tracking: a warning says what is not detected."""
+        enabled = delta_sql.properties(session, path).get(ROW_TRACKING) == "true"
+        tracker = cls(subscription, table, path, enabled)
+        if wanted and not enabled:
+            log.warning(
+                "update_origin_differs and delete_origin_differs are not detected for this table",
+                table=table,
+                path=path,
+                hint=f"it has no row tracking; set its table property {ROW_TRACKING} = true",
+            )
+        tracker.start(session)
+        return tracker
+
     def start(self, session: SparkSession) -> None:
         """Read the whole history once (the first write of this process to the table)."""
         if self.enabled and self.seen is None:

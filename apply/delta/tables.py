@@ -21,24 +21,27 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 import pyarrow as pa
-import structlog
 
+from apply.changelog import MIRRORS, History, HistoryMode, changelog_schema, copied
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
-from apply.delta.copy import copy_into, write_once
+from apply.delta.appends import append_messages, append_rows
+from apply.delta.copy import WriteMode, copy_into, write_once
 from apply.delta.definition import TableDefinition, gain_by_size
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
 from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
-from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table, user_metadata
+from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table
 from apply.delta.maintenance import Grown, Tended, detail, tend
+from apply.delta.marks import latest_mark
 from apply.delta.multiset import write_multiset
-from apply.delta.origins import ROW_TRACKING, OriginTracker
-from apply.delta.session import SparkErrors, arrow_frame, runs_here, thread_session
+from apply.delta.origins import OriginTracker
+from apply.delta.session import SparkErrors, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
 from apply.delta.target import TargetTable
 from apply.errors import ConflictError, TargetTableError
@@ -61,8 +64,6 @@ from subscriber.replication.names import table_folder
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-log = structlog.get_logger(__name__)
 
 HISTORY_PEEK: Final = 100
 
@@ -101,6 +102,7 @@ class DeltaTables:
         maintenance: MaintenancePolicy = DEFAULT_POLICY,
         messages_path: str | None = None,
         created: CreatedTables | None = None,
+        history: History = MIRRORS,
     ) -> None:
         self._spark = spark
         self.created = created or _Forgetful()
@@ -121,6 +123,7 @@ class DeltaTables:
         self.features = features
         self.shared_tables = shared_tables  # may write tables another subscription writes
         self.maintenance = maintenance
+        self.history = history  # which tables are change logs (apply.changelog)
         # Logical decoding messages (messages: true): under _pgsub/ unless configured.
         self.messages_path = (messages_path or f"{self.warehouse}/_pgsub/messages").rstrip("/")
         # One writer at a time per table: a batch's MERGE, a copy, or maintenance.
@@ -166,41 +169,21 @@ class DeltaTables:
         return within_from_metadata(self._latest_mark(table), self.subscription)
 
     def _latest_mark(self, table: str) -> str | None:
-        """The ``userMetadata`` of this subscription's latest commit to ``table`` with an LSN.
-
-        A subscription's LSNs only grow, so its newest marked commit holds the
-        highest. The last ``history_peek`` commits are read first; the whole
-        history only when other writers (or maintenance) made all of those.
-        """
+        """The ``userMetadata`` of this subscription's latest commit to ``table`` with an LSN
+        (``apply.delta.marks``)."""
         path = self.path(table)
         try:
             if not self.exists(table):
                 return None
-            for limit in (self.history_peek, None):
-                marks = self._user_metadata(path, limit)
-                for metadata in marks:
-                    if lsn_from_metadata(metadata, self.subscription) is not None:
-                        return str(metadata)
-                if limit is not None and len(marks) < limit:
-                    break
+            return latest_mark(
+                self.session,
+                path,
+                self.subscription,
+                local=self._on_local_disk,
+                peek=self.history_peek,
+            )
         except SparkErrors as exc:
             raise TargetTableError(f"cannot read the history of {path}: {exc}") from exc
-        return None
-
-    def _user_metadata(self, path: str, limit: int | None) -> list[str | None]:
-        """The ``userMetadata`` of the latest ``limit`` commits, newest first: from the log
-        by delta-rs on a local warehouse (no Spark job), else by ``DESCRIBE HISTORY``."""
-        if self._on_local_disk:
-            import deltalake
-
-            try:
-                return user_metadata(path, limit)
-            except (deltalake.exceptions.DeltaError, OSError) as exc:
-                log.warning(
-                    "delta-rs cannot read the log; reading it with Spark", path=path, error=str(exc)
-                )
-        rows = delta_sql.history(self.session(), path, limit, ("version", "userMetadata"))
-        return [row["userMetadata"] for row in rows]
 
     # -- schema --------------------------------------------------------------
 
@@ -215,6 +198,7 @@ class DeltaTables:
         False: the caller records the creation (``remember_created``), with others
         in one write, before anything may depend on it.
         """
+        schema = self._stored(schema)
         with self._lock:
             if self._schemas.get(schema.table) == schema:
                 return None
@@ -249,7 +233,9 @@ class DeltaTables:
                 )
             # A table made again after it was deleted is made by Spark: this process's Spark
             # may hold the deleted table's log, and sees a new one only through its own CREATE.
-            self._definition.create(self.session(), schema, path, by_spark=created_before)
+            self._definition.create(
+                self.session(), schema, path, self.history.of(schema.table), by_spark=created_before
+            )
             self._local_merges.forget(path)
             with self._lock:
                 self._origins.pop(schema.table, None)
@@ -257,14 +243,29 @@ class DeltaTables:
             if remember:
                 self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
-        return self._definition.evolve(self.session(), schema, path)
+        return self._definition.evolve(self.session(), schema, path, self.history.of(schema.table))
+
+    def appends_changes(self, table: str) -> bool:
+        return table != MESSAGES_TABLE and self.history.of(table) is HistoryMode.CHANGELOG
+
+    def _stored(self, schema: TargetSchema) -> TargetSchema:
+        """The Delta table's layout for a publisher table of ``schema``."""
+        return changelog_schema(schema) if self.appends_changes(schema.table) else schema
+
+    def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
+        target, stored = self.target(schema.table), changelog_schema(schema)
+        try:
+            with self.exclusive(schema.table):
+                local = self._on_local_disk and delta_rs_can_write(target.path)
+                return append_rows(target, stored, rows, mark, local=local)
+        except SparkErrors as exc:
+            raise TargetTableError(
+                f"appending to {schema.table} at {target.path} at LSN {mark.lsn} failed: {exc}"
+            ) from exc
 
     def remember_created(self, tables: list[str]) -> None:
         """``prepare(..., remember=False)``'s tables: created by this subscription."""
         self.created.record_created(*tables)
-
-    def _properties(self, path: str) -> Mapping[str, str]:
-        return delta_sql.properties(self.session(), path)
 
     # -- writes --------------------------------------------------------------
 
@@ -372,6 +373,8 @@ class DeltaTables:
         pgsub runs."""
         if self.features.deletion_vectors is not FeatureMode.AUTO:
             return False
+        if self.appends_changes(target.table):  # appended only: nothing a vector would delete
+            return False
         with self._lock:
             if target.table in self._sized:
                 return False
@@ -401,21 +404,8 @@ class DeltaTables:
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult:
         """Append logical decoding messages in one commit carrying ``mark`` (exactly once, as
         any table: a resent batch at or below the table's LSN is dropped by the applier)."""
-        target = self.target(MESSAGES_TABLE)
-        ddl = (
-            "subscription string, lsn long, lsn_text string, transactional boolean, xid long, "
-            "end_lsn string, commit_time timestamp, prefix string, content binary, "
-            "content_text string"
-        )
-        try:
-            with self.exclusive(MESSAGES_TABLE), target.marked(mark) as session:
-                frame = arrow_frame(session, rows, ddl)
-                frame.write.format("delta").mode("append").save(target.path)
-                return WriteResult(MESSAGES_TABLE, target.committed_version(), rows.num_rows)
-        except SparkErrors as exc:
-            raise TargetTableError(
-                f"writing logical decoding messages to {target.path} failed: {exc}"
-            ) from exc
+        with self.exclusive(MESSAGES_TABLE):
+            return append_messages(self.target(MESSAGES_TABLE), rows, mark)
 
     @contextmanager
     def exclusive(self, table: str) -> Iterator[None]:
@@ -442,8 +432,14 @@ class DeltaTables:
                 vacuum=vacuum,
                 lite=lite,
                 mark=self._latest_mark(table),
-                features=Grown(table, self.features),
+                features=Grown(table, self._features(table)),
             )
+
+    def _features(self, table: str) -> TableFeatures:
+        """The features ``table`` may gain: a change log never needs deletion vectors."""
+        if not self.appends_changes(table):
+            return self.features
+        return replace(self.features, deletion_vectors=FeatureMode.NEVER)
 
     @property
     def copy_on_executors(self) -> bool:
@@ -457,20 +453,27 @@ class DeltaTables:
         ``staging``: a local directory for the blocks (emptied before and after).
         """
         target = self.target(schema.table)
+        mode: WriteMode = "overwrite"
+        if self.appends_changes(schema.table):  # a truncate row, then the copy's rows
+            source, schema, mode = (
+                copied(source, schema, mark.lsn),
+                changelog_schema(schema),
+                "append",
+            )
         with self.exclusive(schema.table):
             if (
                 self._on_local_disk
                 and runs_here(target.session)
                 and delta_rs_can_write(target.path)
             ):
-                copied = write_once(target, schema, source.blocks(), mark), None
+                copied_rows = write_once(target, schema, source.blocks(), mark, mode=mode), None
                 # A big table gains deletion vectors now, before READY, and its key index is
                 # read: not in its first batch while its changes wait (seconds each).
                 self._check_size(target)
-                if self._merges_locally(target):
+                if self._merges_locally(target) and mode == "overwrite":
                     self._local_merges.warm(target.path, schema)
-                return copied
-            return copy_into(target, schema, source, mark, staging)
+                return copied_rows
+            return copy_into(target, schema, source, mark, staging, mode=mode)
 
     def staged_copy(self, schema: TargetSchema) -> StagedCopy:
         folder = f"_pgsub/copy_staging/{self.subscription}/{table_folder(schema.table)}"
@@ -480,17 +483,10 @@ class DeltaTables:
         with self._lock:
             tracker = self._origins.get(table)
         if tracker is None:
-            enabled = self._properties(path).get(ROW_TRACKING) == "true"
-            tracker = OriginTracker(self.subscription, table, path, enabled)
-            if self.track_origin and not enabled:
-                log.warning(
-                    "update_origin_differs and delete_origin_differs are not detected for"
-                    " this table",
-                    table=table,
-                    path=path,
-                    hint=f"it has no row tracking; set its table property {ROW_TRACKING} = true",
-                )
-            tracker.start(self.session())
+            session = self.session()
+            tracker = OriginTracker.opened(
+                session, self.subscription, table, path, self.track_origin
+            )
             with self._lock:
                 self._origins[table] = tracker
         return tracker

@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from apply.batch import GROWTH
+from apply.changelog import History, HistoryMode
 from apply.features import DELETION_VECTORS_ABOVE, FeatureMode, TableFeatures
 from apply.maintenance_policy import MaintenancePolicy
 from apply.transactions import Bounds
@@ -141,6 +142,18 @@ class TableFeaturesConfig(_Strict):
         )
 
 
+class HistoryConfig(_Strict):
+    """How the target tables keep what the publisher did (docs/tables.md, "History"): each
+    table as ``mode`` says, but those named in ``tables`` (schema.name -> mode). mirror: each
+    key's last image, as PostgreSQL's subscriber; changelog: every change a row, appended."""
+
+    mode: HistoryMode = HistoryMode.MIRROR
+    tables: dict[str, HistoryMode] = Field(default_factory=dict)
+
+    def history(self) -> History:
+        return History(self.mode, dict(self.tables))
+
+
 class HeartbeatConfig(_Strict):
     """A statement run on the publisher every ``interval`` (0: never), for a slot that
     keepalives cannot move on: a database whose own tables stay quiet while others write
@@ -215,6 +228,7 @@ class SubscriptionConfig(_Strict):
     # feeding one table on purpose); otherwise such a table stops the apply with an error.
     shared_tables: bool = False
     table_features: TableFeaturesConfig = Field(default_factory=TableFeaturesConfig)
+    history: HistoryConfig = Field(default_factory=HistoryConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     # Local scratch for streamed transactions, those larger than a batch and the staged
     # initial copy (default: <system temp>/pgsub-<uid>/<name>-<warehouse digest>, mode 700);

@@ -111,6 +111,7 @@ class SubscriptionRunner:
             maintenance=maintenance,
             messages_path=config.messages_path,
             created=self.settings,
+            history=config.history.history(),
         )
         self.catalog = PublisherCatalog(self._conninfo)
         self.slots = SubscriptionSlots(config, self._conninfo, self.settings)

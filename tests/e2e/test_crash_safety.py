@@ -1,11 +1,14 @@
 """kill -9 at named points of a batch, restart: no loss, no duplicates (docs/architecture.md)."""
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import pytest
 
+from apply.changelog import OP
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
@@ -52,24 +55,42 @@ UPDATE keyed SET v = 'after again' WHERE id = 2;
 """
 
 
-@pytest.mark.parametrize("vectors", [False, True], ids=["default", "deletion-vectors"])
+# The keyed table as a change log: every change of the workloads once (no copy).
+LOGGED = Counter(
+    [("insert", i) for i in range(1, 201)]
+    + [("update", i) for i in range(3, 199, 3)]
+    + [("delete", i) for i in range(191, 201)]
+    + [("update", 1), ("update", 2)]
+)
+
+
+@pytest.mark.parametrize("kept", ["default", "deletion-vectors", "changelog"])
 def test_kills_at_each_step_of_a_batch_then_restart(
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
-    vectors: bool,
+    kept: str,
 ) -> None:
     """Killed after one table's commit, then (replaying that batch) before its checkpoint,
     then before the flush is confirmed upstream: the survivor has every row once. With
     deletion vectors on, the keyed table's batches are pgsub's own commits
-    (apply/delta/vector_write.py)."""
+    (apply/delta/vector_write.py); as a change log (history: changelog), every change is
+    one row of it."""
     publisher.execute(KEYED_AND_BAG)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
-    features: dict[str, Any] = {"deletion_vectors": "always" if vectors else "auto"}
+    features: dict[str, Any] = {
+        "deletion_vectors": "always" if kept == "deletion-vectors" else "auto"
+    }
+    history = {"tables": {"public.keyed": "changelog" if kept == "changelog" else "mirror"}}
     port = write_config(
-        config, publisher, warehouse, batch={"max_delay": "2s"}, table_features=features
+        config,
+        publisher,
+        warehouse,
+        batch={"max_delay": "2s"},
+        table_features=features,
+        history=history,
     )
 
     doomed = daemons(config, port, "apply.after_table_write")  # creates the slot
@@ -90,7 +111,13 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     wait_confirmed(publisher)
     assert survivor.terminate() == 0, survivor.logs()
 
-    assert_keyed_and_bag_equal(publisher, spark, warehouse)
+    if kept != "changelog":
+        assert_keyed_and_bag_equal(publisher, spark, warehouse)
+        return
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+    logged = deltalake.DeltaTable(str(warehouse / "public" / "keyed")).to_pyarrow_table()
+    assert Counter(zip(logged[OP].to_pylist(), logged["id"].to_pylist(), strict=True)) == LOGGED
 
 
 BIG = """

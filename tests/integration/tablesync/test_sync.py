@@ -107,3 +107,39 @@ def test_refresh_adds_new_tables_and_removes_dropped_ones(
         wait_until(old_gone, timeout=60, what="the dropped table to leave the subscription")
         assert rep.rows("public.old") == [{"id": 1}]  # its Delta table is kept
         assert refresh_publication(config, rep.config) == ([], [])
+
+
+def test_a_resync_after_a_column_was_dropped_keeps_the_column_null(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """The Delta table keeps a column the publisher dropped; a copy written by delta-rs
+    (a local warehouse) fills it with NULL instead of failing on the schema."""
+    from subscriber.runtime import admin
+    from subscriber.runtime.config import Config
+
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, gone int);"
+        "INSERT INTO t VALUES (1, 'a', 10), (2, 'b', 20);"
+        "CREATE PUBLICATION pub FOR TABLE t"
+    )
+    with Replication(publisher, spark, warehouse, copy_data=True) as rep:
+        rep.caught_up()
+        publisher.execute("ALTER TABLE t DROP COLUMN gone; INSERT INTO t VALUES (3, 'c')")
+        rep.caught_up()
+        config = Config(warehouse=str(warehouse), subscriptions=[rep.config])
+        admin.resync(config, rep.config, ["public.t"])
+        path = rep.path("public.t")
+
+        def copied_again() -> bool:
+            import deltalake
+
+            rows = deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+            return sorted((r["id"], r["v"], r["gone"]) for r in rows) == [
+                (1, "a", None),
+                (2, "b", None),
+                (3, "c", None),
+            ]
+
+        wait_until(copied_again, timeout=120, what="the resync's copy, gone NULL")
+        rep.caught_up()
+        rep.assert_equal("public.t", key=("id",))

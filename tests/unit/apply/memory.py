@@ -30,6 +30,8 @@ class MemoryTables:
         self.rows: dict[str, dict[bytes | None, tuple[bytes | None, ...]]] = {}
         self.commits: list[tuple[str, CommitMark]] = []
         self.messages: list[dict[str, Any]] = []
+        self.change_logs: set[str] = set()  # tables kept as change logs
+        self.logged: dict[str, list[dict[str, Any]]] = {}  # their rows
         self.reads = 0
 
     def applied_lsn(self, table: str) -> Lsn:
@@ -103,6 +105,16 @@ class MemoryTables:
         self.lsn["pgsub:messages"] = mark.lsn
         self.commits.append(("pgsub:messages", mark))
         return WriteResult("pgsub:messages", len(self.commits))
+
+    def appends_changes(self, table: str) -> bool:
+        return table in self.change_logs
+
+    def append_changes(self, schema: TargetSchema, rows: Any, mark: CommitMark) -> WriteResult:
+        self.logged.setdefault(schema.table, []).extend(rows.to_pylist())
+        self.lsn[schema.table] = mark.lsn
+        self.within[schema.table] = mark.within
+        self.commits.append((schema.table, mark))
+        return WriteResult(schema.table, len(self.commits), inserted=rows.num_rows)
 
     def keys(self, table: str = "public.t") -> list[int]:
         return sorted(int(k) for k in self.rows.get(table, {}) if k is not None)

@@ -79,3 +79,27 @@ def test_messages_are_written_in_order_once_with_their_transaction() -> None:
     applier = BatchApplier("s", tables, lambda oid: None)
     applier.apply(Batch([first, alone]))
     assert len(tables.messages) == 2
+
+
+def test_a_change_log_gets_every_change_once_and_a_mirror_its_net_effect() -> None:
+    from tests.unit.apply.builders import upd
+
+    tables = MemoryTables()
+    tables.change_logs.add("public.log")
+    log = relation("id", "v", name="log")
+    batch = Batch(
+        [
+            tx(ins(log, 1, "a"), upd(log, 1, "b"), ins(T, 1, "a"), end=100),
+            tx(upd(log, 1, "c"), upd(T, 1, "c"), end=200),
+        ]
+    )
+    BatchApplier("s", tables, lambda oid: None).apply(batch)
+    assert [(r["_pgsub_op"], r["v"]) for r in tables.logged["public.log"]] == [
+        ("insert", "a"),
+        ("update", "b"),
+        ("update", "c"),
+    ]
+    assert tables.rows["public.t"] == {b"1": (b"1", b"c")}
+    # Resent after a crash: the log has it, nothing is appended twice.
+    BatchApplier("s", tables, lambda oid: None).apply(batch)
+    assert len(tables.logged["public.log"]) == 3

@@ -147,6 +147,19 @@ def test_table_features_default_to_what_every_reader_opens(tmp_path: Path) -> No
     assert sub.table_features.features().column_mapping is FeatureMode.ALWAYS
 
 
+def test_tables_are_mirrors_unless_history_says_otherwise_per_table(tmp_path: Path) -> None:
+    from apply.changelog import MIRRORS, HistoryMode
+
+    sub = load(write(tmp_path, GOOD), {}).subscriptions[0]
+    assert sub.history.history() == MIRRORS
+    text = GOOD.replace("copy_data: false", "history: {tables: {public.orders: changelog}}")
+    history = load(write(tmp_path, text), {}).subscriptions[0].history.history()
+    assert history.of("public.orders") is HistoryMode.CHANGELOG
+    assert history.of("public.items") is HistoryMode.MIRROR
+    with pytest.raises(ConfigError, match="history"):
+        load(write(tmp_path, GOOD.replace("copy_data: false", "history: {mode: scd9}")), {})
+
+
 def test_copies_in_ranges_are_resumable_unless_told_not_to(tmp_path: Path) -> None:
     sub = load(write(tmp_path, GOOD), {}).subscriptions[0]
     assert sub.initial_copy.settings().resumable

@@ -1,0 +1,79 @@
+"""A batch's rows appended to a table in one marked commit: a change log table's, and the
+logical decoding messages'.
+
+On a local warehouse that delta-rs may write, delta-rs appends them without
+a Spark job, after looking in the log whether the mark's idempotent-write
+id (``mark.txn``) was committed already, as Spark's ``txnAppId`` does;
+otherwise Spark appends them with the same mark. Either way a batch resent
+after a crash between the commit and the flush confirmation is not
+appended twice: the applier drops what the table's LSN says it has, and
+this drops what its txn says it has.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from apply.columnar import arrow_schema
+from apply.delta.local_tables import as_table_holds, held_schema, marked
+from apply.delta.session import SparkErrors, arrow_frame
+from apply.errors import TargetTableError
+from apply.records import CommitMark, WriteResult
+from apply.schema import TargetSchema
+
+if TYPE_CHECKING:
+    from apply.delta.target import TargetTable
+
+
+def append_rows(
+    target: TargetTable, schema: TargetSchema, rows: pa.Table, mark: CommitMark, *, local: bool
+) -> WriteResult:
+    """``rows`` (laid out as ``schema``) appended to ``target`` in one commit carrying
+    ``mark``; ``local``: by delta-rs. A commit made before for ``mark`` is not made again
+    (the result's version is then None)."""
+    if not local:
+        return target.append(schema, rows, mark)
+    import deltalake
+
+    app_id, version = mark.txn
+    try:
+        table = deltalake.DeltaTable(target.path)
+        done = table.transaction_version(app_id)
+        if done is not None and done >= version:
+            return WriteResult(schema.table, None)
+        rows = as_table_holds(rows.cast(arrow_schema(schema.columns)), held_schema(table))
+        deltalake.write_deltalake(
+            table,
+            rows,
+            mode="append",
+            commit_properties=marked(mark),
+        )
+        table.update_incremental()
+        return WriteResult(schema.table, table.version(), inserted=rows.num_rows)
+    except (deltalake.exceptions.DeltaError, OSError) as exc:
+        raise TargetTableError(
+            f"appending {rows.num_rows} rows of {schema.table} to {target.path} at LSN "
+            f"{mark.lsn} failed: {exc}"
+        ) from exc
+
+
+MESSAGES_DDL = (
+    "subscription string, lsn long, lsn_text string, transactional boolean, xid long, "
+    "end_lsn string, commit_time timestamp, prefix string, content binary, content_text string"
+)
+
+
+def append_messages(target: TargetTable, rows: pa.Table, mark: CommitMark) -> WriteResult:
+    """Logical decoding messages (``apply.records.message_rows``) appended by Spark in one
+    commit carrying ``mark``."""
+    try:
+        with target.marked(mark) as session:
+            frame = arrow_frame(session, rows, MESSAGES_DDL)
+            frame.write.format("delta").mode("append").save(target.path)
+            return WriteResult(target.table, target.committed_version(), rows.num_rows)
+    except SparkErrors as exc:
+        raise TargetTableError(
+            f"writing logical decoding messages to {target.path} failed: {exc}"
+        ) from exc

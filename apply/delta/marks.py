@@ -1,0 +1,61 @@
+"""The mark of a subscription's latest commit to a table: where the table's progress is.
+
+A restart reads each table's LSN back from its history (docs/architecture.md,
+"Durability"): the ``userMetadata`` of the newest commit that carries this
+subscription's mark. On a local warehouse delta-rs reads the log (no Spark
+job); otherwise ``DESCRIBE HISTORY``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from apply.delta import sql as delta_sql
+from apply.delta.local_tables import user_metadata
+from apply.records import lsn_from_metadata
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = structlog.get_logger(__name__)
+
+
+def latest_mark(
+    session: Callable[[], SparkSession], path: str, subscription: str, *, local: bool, peek: int
+) -> str | None:
+    """The ``userMetadata`` of ``subscription``'s latest commit to the table at ``path`` with
+    an LSN (None: none).
+
+    A subscription's LSNs only grow, so its newest marked commit holds the
+    highest. The last ``peek`` commits are read first; the whole history only
+    when other writers (or maintenance) made all of those.
+    """
+    for limit in (peek, None):
+        marks = _user_metadata(session, path, limit, local=local)
+        for metadata in marks:
+            if lsn_from_metadata(metadata, subscription) is not None:
+                return str(metadata)
+        if limit is not None and len(marks) < limit:
+            break
+    return None
+
+
+def _user_metadata(
+    session: Callable[[], SparkSession], path: str, limit: int | None, *, local: bool
+) -> list[str | None]:
+    """The ``userMetadata`` of the latest ``limit`` commits, newest first: from the log by
+    delta-rs on a local warehouse (no Spark job), else by ``DESCRIBE HISTORY``."""
+    if local:
+        import deltalake
+
+        try:
+            return user_metadata(path, limit)
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            log.warning(
+                "delta-rs cannot read the log; reading it with Spark", path=path, error=str(exc)
+            )
+    rows = delta_sql.history(session(), path, limit, ("version", "userMetadata"))
+    return [row["userMetadata"] for row in rows]
