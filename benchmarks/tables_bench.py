@@ -177,12 +177,14 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
 def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Figures:
     figures = Figures("pgsub")
     figures.notes.append(f"max_sync_workers {args.sync_workers}, as the native subscriber's")
+    figures.notes.append(f"history: {args.history}")
     with PgsubRun(
         spark,
         connection=publisher.dsn("bench"),
         publications=["pub_ours"],
         copy_data=True,
         max_sync_workers=args.sync_workers,
+        history={"mode": args.history},
     ) as run:
         started = time.monotonic()
         run.start()
@@ -210,6 +212,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=120, help="load duration (0: skip)")
     parser.add_argument("--sync-workers", type=int, default=4)
     parser.add_argument("--drain-timeout", type=float, default=900)
+    parser.add_argument(
+        "--history", choices=["mirror", "changelog"], default="mirror", help="every table's"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/tables.json"))
     args = parser.parse_args()
     stop_on_sigterm()

@@ -2,9 +2,10 @@
 logical decoding messages'.
 
 On a local warehouse that delta-rs may write, delta-rs appends them without
-a Spark job, after looking in the log whether the mark's idempotent-write
-id (``mark.txn``) was committed already, as Spark's ``txnAppId`` does;
-otherwise Spark appends them with the same mark. Either way a batch resent
+a Spark job (``LocalAppends``), after looking in the log whether the mark's
+idempotent-write id (``mark.txn``) was committed already, as Spark's
+``txnAppId`` does; otherwise Spark appends them with the same mark
+(``TargetTable.append``). Either way a batch resent
 after a crash between the commit and the flush confirmation is not
 appended twice: the applier drops what the table's LSN says it has, and
 this drops what its txn says it has.
@@ -12,51 +13,78 @@ this drops what its txn says it has.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from apply.columnar import arrow_schema
-from apply.delta.local_tables import as_table_holds, held_schema, marked
+from apply.delta.local_tables import as_table_holds, delta_rs_writes, held_schema, marked
 from apply.delta.session import SparkErrors, arrow_frame
 from apply.errors import TargetTableError
 from apply.records import CommitMark, WriteResult
 from apply.schema import TargetSchema
 
 if TYPE_CHECKING:
+    import deltalake
+
     from apply.delta.target import TargetTable
 
 
-def append_rows(
-    target: TargetTable, schema: TargetSchema, rows: pa.Table, mark: CommitMark, *, local: bool
-) -> WriteResult:
-    """``rows`` (laid out as ``schema``) appended to ``target`` in one commit carrying
-    ``mark``; ``local``: by delta-rs. A commit made before for ``mark`` is not made again
-    (the result's version is then None)."""
-    if not local:
-        return target.append(schema, rows, mark)
-    import deltalake
+class LocalAppends:
+    """Appends by delta-rs, each table kept open between batches: brought up to date in
+    milliseconds, where opening it replays its log (33 ms a table of 60 commits, paid by
+    every table of every batch over 200 tables)."""
 
-    app_id, version = mark.txn
-    try:
-        table = deltalake.DeltaTable(target.path)
-        done = table.transaction_version(app_id)
-        if done is not None and done >= version:
-            return WriteResult(schema.table, None)
-        rows = as_table_holds(rows.cast(arrow_schema(schema.columns)), held_schema(table))
-        deltalake.write_deltalake(
-            table,
-            rows,
-            mode="append",
-            commit_properties=marked(mark),
-        )
-        table.update_incremental()
-        return WriteResult(schema.table, table.version(), inserted=rows.num_rows)
-    except (deltalake.exceptions.DeltaError, OSError) as exc:
-        raise TargetTableError(
-            f"appending {rows.num_rows} rows of {schema.table} to {target.path} at LSN "
-            f"{mark.lsn} failed: {exc}"
-        ) from exc
+    def __init__(self) -> None:
+        self._open: dict[str, deltalake.DeltaTable] = {}
+        self._lock = threading.Lock()
+
+    def forget(self, path: str) -> None:
+        """The table was made again (or failed): open it afresh next time."""
+        with self._lock:
+            self._open.pop(path, None)
+
+    def append(
+        self, target: TargetTable, schema: TargetSchema, rows: pa.Table, mark: CommitMark
+    ) -> WriteResult | None:
+        """``rows`` (laid out as ``schema``) appended to ``target`` in one commit carrying
+        ``mark``, unless a commit was made for ``mark`` before (the version is then None);
+        None: delta-rs may not write this table (Spark's path). The caller holds the table
+        for one writer."""
+        import deltalake
+
+        app_id, version = mark.txn
+        try:
+            table = self._table(target.path)
+            if not delta_rs_writes(table.protocol()):
+                return None
+            done = table.transaction_version(app_id)
+            if done is not None and done >= version:
+                return WriteResult(schema.table, None)
+            rows = as_table_holds(rows.cast(arrow_schema(schema.columns)), held_schema(table))
+            deltalake.write_deltalake(table, rows, mode="append", commit_properties=marked(mark))
+            table.update_incremental()
+            return WriteResult(schema.table, table.version(), inserted=rows.num_rows)
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            self.forget(target.path)
+            raise TargetTableError(
+                f"appending {rows.num_rows} rows of {schema.table} to {target.path} at LSN "
+                f"{mark.lsn} failed: {exc}"
+            ) from exc
+
+    def _table(self, path: str) -> deltalake.DeltaTable:
+        import deltalake
+
+        with self._lock:
+            table = self._open.get(path)
+        if table is None:
+            table = deltalake.DeltaTable(path)
+            with self._lock:
+                self._open[path] = table
+        else:
+            table.update_incremental()
+        return table
 
 
 MESSAGES_DDL = (

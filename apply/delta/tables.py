@@ -31,7 +31,7 @@ from apply.changelog import MIRRORS, History, HistoryMode, changelog_schema, cop
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
-from apply.delta.appends import append_messages, append_rows
+from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import WriteMode, copy_into, write_once
 from apply.delta.definition import TableDefinition, gain_by_size
 from apply.delta.keyed import raised_conflict, write_keyed, write_staged
@@ -124,6 +124,7 @@ class DeltaTables:
         self.shared_tables = shared_tables  # may write tables another subscription writes
         self.maintenance = maintenance
         self.history = history  # which tables are change logs (apply.changelog)
+        self._appends = LocalAppends()  # their batches, by delta-rs on a local warehouse
         # Logical decoding messages (messages: true): under _pgsub/ unless configured.
         self.messages_path = (messages_path or f"{self.warehouse}/_pgsub/messages").rstrip("/")
         # One writer at a time per table: a batch's MERGE, a copy, or maintenance.
@@ -237,6 +238,7 @@ class DeltaTables:
                 self.session(), schema, path, self.history.of(schema.table), by_spark=created_before
             )
             self._local_merges.forget(path)
+            self._appends.forget(path)
             with self._lock:
                 self._origins.pop(schema.table, None)
                 self._sized.discard(schema.table)
@@ -256,8 +258,10 @@ class DeltaTables:
         target, stored = self.target(schema.table), changelog_schema(schema)
         try:
             with self.exclusive(schema.table):
-                local = self._on_local_disk and delta_rs_can_write(target.path)
-                return append_rows(target, stored, rows, mark, local=local)
+                written = None
+                if self._on_local_disk:
+                    written = self._appends.append(target, stored, rows, mark)
+                return written if written is not None else target.append(stored, rows, mark)
         except SparkErrors as exc:
             raise TargetTableError(
                 f"appending to {schema.table} at {target.path} at LSN {mark.lsn} failed: {exc}"
