@@ -5,8 +5,9 @@ Table ``schema.name`` lives at ``<warehouse>/<schema>/<name>``
 them (``apply.delta.definition``: only the reader features their data needs),
 reads back the LSN each one reached (``applied_lsn``: the latest commit of
 this subscription in its history), and hands each write to the writer for
-its shape - ``keyed``, ``multiset``, or the initial ``copy`` - as a
-``TargetTable``.
+its shape - ``keyed``, ``multiset``, the initial ``copy``, or a change log's
+append (``history: changelog``: ``apply.changelog``, ``apply.delta.appends``)
+- as a ``TargetTable``.
 
 Writes run from several threads at once (one MERGE per table of a batch).
 Each thread has its own Spark session (``apply.delta.session.thread_session``:
