@@ -212,6 +212,8 @@ class BatchApplier:
         schema = target_schema(work.relation, self._types, is_keyed(work.relation))
         self._tables.prepare(schema)
         self._schemas[work.name] = (work.relation, schema)
+        if known is not None:
+            _guess_renames(work.name, known[0], work.relation)
         return schema
 
     def _net(self, work: TableWork) -> Net:
@@ -428,6 +430,26 @@ class BatchApplier:
         result = write()
         failpoint("apply.after_table_write")
         return result, self._clock() - started
+
+
+def _guess_renames(table: str, before: Relation, after: Relation) -> None:
+    """Columns gone and others new in one Relation change: maybe a rename on the publisher,
+    which pgoutput cannot say (it carries no DDL). Logged as the guess it is."""
+    old = [c.name for c in before.columns]
+    new = [c.name for c in after.columns]
+    gone = [name for name in old if name not in new]
+    added = [name for name in new if name not in old]
+    if gone and added:
+        log.warning(
+            "columns dropped and added at once: renamed on the publisher?",
+            table=table,
+            dropped=gone,
+            added=added,
+            applied_as="new columns from here on; the dropped ones kept in the Delta table, "
+            "NULL in rows written from here on",
+            detail="pgoutput carries no DDL, so a rename looks like a drop and an add; "
+            "`pgsub resync` copies the table again if the old values belong in the new column",
+        )
 
 
 def _nothing_to_do(net: Net) -> bool:

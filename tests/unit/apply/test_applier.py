@@ -103,3 +103,17 @@ def test_a_change_log_gets_every_change_once_and_a_mirror_its_net_effect() -> No
     # Resent after a crash: the log has it, nothing is appended twice.
     BatchApplier("s", tables, lambda oid: None).apply(batch)
     assert len(tables.logged["public.log"]) == 3
+
+
+def test_a_column_dropped_and_another_added_at_once_is_logged_as_a_possible_rename() -> None:
+    from structlog.testing import capture_logs
+
+    tables = MemoryTables()
+    applier = BatchApplier("s", tables, lambda oid: None)
+    applier.apply(Batch([tx(ins(T, 1, "a"), end=100)]))
+    renamed = relation("id", "w")
+    with capture_logs() as logs:
+        applier.apply(Batch([tx(ins(renamed, 2, "b"), end=200)]))
+        applier.apply(Batch([tx(ins(relation("id", "w", "x"), 3, "c", "d"), end=300)]))
+    guesses = [e for e in logs if e["event"].startswith("columns dropped and added at once")]
+    assert [(g["dropped"], g["added"]) for g in guesses] == [(["v"], ["w"])]  # x: an add only
