@@ -82,21 +82,34 @@ def log_rows(path: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r[LSN], r[SEQ], r["id"] or 0))
 
 
+def commit_infos(path: str) -> list[dict[str, Any]]:
+    """The appends' commit infos (the copy's and every batch's), as the log holds them."""
+    import deltalake
+
+    infos: list[dict[str, Any]] = deltalake.DeltaTable(path).history()
+    return [c for c in infos if c.get("operation") in ("WRITE", "APPEND") and c.get("userMetadata")]
+
+
 def shape(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [(r[OP], r["id"], r["v"], r["_pgsub_old_id"], r["_pgsub_unchanged"]) for r in rows]
 
 
+@pytest.mark.parametrize("written_by", ["delta-rs", "spark"])
 def test_a_change_log_holds_every_change_once_in_commit_order(
-    publisher: PgDatabase, spark: Any, warehouse: Path
+    publisher: PgDatabase, spark: Any, warehouse: Path, written_by: str
 ) -> None:
+    """Written by delta-rs on a local warehouse; by Spark where delta-rs may not write the
+    table (here: Delta's change data feed on, as a remote warehouse would)."""
     publisher.execute(SCHEMA)
     history = {"tables": {"public.t": "changelog"}}
+    features = {"change_data_feed": written_by == "spark"}
     with Replication(
         publisher,
         spark,
         warehouse,
         copy_data=True,
         history=history,
+        table_features=features,
         batch={"max_delay": "500ms"},
     ) as rep:
         rep.caught_up()
@@ -116,6 +129,8 @@ def test_a_change_log_holds_every_change_once_in_commit_order(
         four = [r for r in changes if r["id"] == 4]
         assert four[0][LSN] == four[1][LSN] and four[0][SEQ] < four[1][SEQ]  # one transaction
         assert spark.read.format("delta").load(path).count() == len(EXPECTED)
+        engines = {str(c.get("engineInfo")).split(":")[0].split("/")[0] for c in commit_infos(path)}
+        assert engines == {"delta-rs" if written_by == "delta-rs" else "Apache-Spark"}
         current = spark.sql(current_rows_query(path, 2**62)).collect()
         with publisher.connect() as conn:
             published = conn.execute("SELECT id, v FROM t ORDER BY id").fetchall()
