@@ -240,21 +240,10 @@ class SyncCoordinator:
                     "lsn": None if status.lsn is None else str(status.lsn),
                     **self.copies.figures(status.relid, running=running),
                     "sync_worker": running,
-                    **self._failure_fields(status.relid),
+                    **SyncFailure.fields(self._failures.get(status.relid)),
                 }
             )
         return rows
-
-    def _failure_fields(self, relid: int) -> dict[str, object]:
-        failure = self._failures.get(relid)
-        if failure is None:
-            return {"sync_failures": 0, "last_error": None, "last_error_at": None, "retry_at": None}
-        return {
-            "sync_failures": failure.count,
-            "last_error": failure.error,
-            "last_error_at": failure.at,
-            "retry_at": failure.at + failure.retry_in,  # an attempt under way: sync_worker
-        }
 
     def wait_for_catchup(self, relid: int, start: Lsn, stopping: threading.Event) -> Lsn | None:
         """The sync worker's SYNCWAIT: wait until the leader sets CATCHUP; its LSN."""

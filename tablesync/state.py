@@ -95,3 +95,15 @@ class SyncFailure:
     error: str
     at: float  # unix time of the last failure
     retry_in: float  # seconds from ``at`` to the next attempt
+
+    @staticmethod
+    def fields(failure: SyncFailure | None) -> dict[str, object]:
+        """A table's failures as ``/status`` shows them (None: none since its last success)."""
+        if failure is None:
+            return {"sync_failures": 0, "last_error": None, "last_error_at": None, "retry_at": None}
+        return {
+            "sync_failures": failure.count,
+            "last_error": failure.error,
+            "last_error_at": failure.at,
+            "retry_at": failure.at + failure.retry_in,  # an attempt under way: sync_worker
+        }
