@@ -115,6 +115,8 @@ def changelog_schema(schema: TargetSchema) -> TargetSchema:
 def change_rows(work: TableWork, schema: TargetSchema, batch: Batch) -> pa.Table:
     """Every change of ``work`` as a row of the change log table of ``schema``, in order."""
     layout = Layout(work.relation)
+    names = [c.name for c in schema.columns]
+    positions = [names.index(name) for name in schema.key]  # of the key, read once
     images: list[TupleData | None] = []
     old_keys: list[TupleData | None] = []
     ops: list[str] = []
@@ -132,7 +134,7 @@ def change_rows(work: TableWork, schema: TargetSchema, batch: Batch) -> pa.Table
             old_keys.append(None)
         else:
             images.append(new)
-            old_keys.append(_moved_key(old, new, schema) if change.op is Op.UPDATE else None)
+            old_keys.append(_moved_key(old, new, positions) if change.op is Op.UPDATE else None)
         ops.append(Operation[change.op.name].value)
     txs = [batch.transactions[entry.tx] for entry in work.changes]
     arrays = value_arrays(schema, images)
@@ -147,10 +149,9 @@ def change_rows(work: TableWork, schema: TargetSchema, batch: Batch) -> pa.Table
         [_unchanged(image, schema) for image in images], pa.list_(pa.string())
     )
     if schema.key:
-        positions = [[c.name for c in schema.columns].index(name) for name in schema.key]
         keys = value_arrays(
             TargetSchema(schema.table, tuple(schema.columns[p] for p in positions), ()),
-            [None if k is None else _select(k, positions) for k in old_keys],
+            old_keys,
         )
         for name in schema.key:
             arrays[OLD + name] = keys[name]
@@ -158,16 +159,14 @@ def change_rows(work: TableWork, schema: TargetSchema, batch: Batch) -> pa.Table
 
 
 def _moved_key(
-    old: TupleData | None, new: TupleData | None, schema: TargetSchema
+    old: TupleData | None, new: TupleData | None, positions: list[int]
 ) -> TupleData | None:
-    """The old row of an update that changed the key (None: the key stayed)."""
-    if old is None or new is None or not schema.key:
+    """The old key of an update that changed it (None: the key stayed, or there is none)."""
+    if old is None or new is None or not positions:
         return None
-    names = [c.name for c in schema.columns]
-    positions = [names.index(name) for name in schema.key]
     if all(old.values[p] == new.values[p] for p in positions):
         return None
-    return old
+    return _select(old, positions)
 
 
 def _select(image: TupleData, positions: list[int]) -> TupleData:
