@@ -59,6 +59,11 @@ class KeyedRow:
     toast_key: Key | None = None  # 'u' values come from the target row at this key
     changes: int = 1  # how many changes of the batch the chain holds
     partner: Key | None = None  # the other key of the key-changing update that began the chain
+    last_tx: int = -1  # index of the last change's transaction in the batch (-1: first_tx's)
+
+    @property
+    def latest_tx(self) -> int:
+        return self.first_tx if self.last_tx < 0 else self.last_tx
 
     @property
     def keeps_target_values(self) -> bool:
@@ -81,6 +86,10 @@ class KeyedNet:
     # The key values' format (TEXT or BINARY per key column), from the first image: a key
     # is never NULL or unchanged, and a column's format is its type's (``binary: true``).
     key_kinds: bytes | None = None
+    truncate_tx: int = -1  # index of the last TRUNCATE's transaction in the batch
+    # Each transaction of the batch by index: (commit LSN, commit time), set by the applier
+    # for tables that record which change last wrote a row (``apply.soft_delete``).
+    commits: tuple[tuple[int, int], ...] = ()
 
     def key_is_binary(self, position: int) -> bool:
         return self.key_kinds is not None and self.key_kinds[position] == BINARY
@@ -147,22 +156,25 @@ def _overlay(new: TupleData, base: TupleData | None) -> TupleData:
     return TupleData(bytes(kinds), tuple(values))
 
 
-def _after_last_truncate(changes: Sequence[TableChange]) -> tuple[Sequence[TableChange], bool]:
+def _after_last_truncate(changes: Sequence[TableChange]) -> tuple[Sequence[TableChange], int]:
+    """The changes after the last TRUNCATE, and its transaction's index (-1: none)."""
     for position in range(len(changes) - 1, -1, -1):
         if not isinstance(changes[position].change, RowChange):
-            return changes[position + 1 :], True
-    return changes, False
+            return changes[position + 1 :], changes[position].tx
+    return changes, -1
 
 
 def collapse(work: TableWork) -> Net:
     """The net effect of ``work`` on its table."""
-    changes, truncated = _after_last_truncate(work.changes)
+    changes, truncate_tx = _after_last_truncate(work.changes)
+    truncated = truncate_tx >= 0
     layout = Layout(work.relation)
     if is_keyed(work.relation):
         keyed = KeyedNet(
             work.relation,
             tuple(c.name for c in work.relation.columns if c.is_key),
             truncated=truncated,
+            truncate_tx=truncate_tx,
         )
         _collapse_keyed(keyed, changes, layout)
         return keyed
@@ -194,7 +206,7 @@ def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: Layou
                 rows[key] = KeyedRow(key, First.DELETE, tx, False, None)
             else:
                 row.present, row.image, row.toast_key = False, None, None
-                row.changes += 1
+                row.changes, row.last_tx = row.changes + 1, tx
             continue
         assert change.new is not None
         new = layout.normalize(change.new, relation)
@@ -205,7 +217,7 @@ def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: Layou
                 rows[key] = KeyedRow(key, First.INSERT, tx, True, new)
             else:
                 row.present, row.image, row.toast_key, row.reinserted = True, new, None, True
-                row.changes += 1
+                row.changes, row.last_tx = row.changes + 1, tx
             continue
         old_key = key if change.old is None else key_of(layout.normalize(change.old, relation))
         if old_key == key:
@@ -215,7 +227,7 @@ def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: Layou
             else:
                 row.image = _overlay(new, row.image if row.present else None)
                 row.present = True
-                row.changes += 1
+                row.changes, row.last_tx = row.changes + 1, tx
             continue
         _key_change(rows, old_key, key, new, tx)
 
@@ -230,7 +242,7 @@ def _key_change(rows: dict[Key, KeyedRow], old_key: Key, key: Key, new: TupleDat
         base = old_row.image if old_row.present else None
         toast_key = old_row.toast_key or old_key
         old_row.present, old_row.image, old_row.toast_key = False, None, None
-        old_row.changes += 1
+        old_row.changes, old_row.last_tx = old_row.changes + 1, tx
     image = _overlay(new, base)
     moved_toast = toast_key if UNCHANGED in image.kinds else None
     row = rows.get(key)
@@ -241,7 +253,7 @@ def _key_change(rows: dict[Key, KeyedRow], old_key: Key, key: Key, new: TupleDat
     else:
         row.present, row.image, row.reinserted = True, image, True
         row.toast_key = moved_toast
-        row.changes += 1
+        row.changes, row.last_tx = row.changes + 1, tx
 
 
 def _collapse_multiset(net: MultisetNet, changes: Sequence[TableChange], layout: Layout) -> None:

@@ -80,7 +80,15 @@ def resolve(
             if not cut(rows, chain):
                 action = Resolution.APPLY_REMOTE
         taken.append(replace(finding, resolution=action.value))
-    resolved = KeyedNet(net.relation, net.key_columns, rows, net.truncated)
+    resolved = KeyedNet(
+        net.relation,
+        net.key_columns,
+        rows,
+        net.truncated,
+        net.key_kinds,
+        net.truncate_tx,
+        net.commits,
+    )
     return Resolved(resolved, tuple(taken), stop)
 
 

@@ -113,3 +113,13 @@ def test_origin_is_judged_only_for_changes_of_an_existing_row() -> None:
     assert judge(First.KEY_UPDATE_OLD, True, True) is ConflictKind.UPDATE_ORIGIN_DIFFERS
     assert judge(First.DELETE, True, True) is ConflictKind.DELETE_ORIGIN_DIFFERS
     assert judge(First.UPDATE, True, False) is None
+
+
+def test_the_resolved_net_keeps_what_its_writer_reads_beside_the_rows() -> None:
+    """The key values' format (``binary: true``), the TRUNCATE and the transactions' commits:
+    a resolved net lost the key format once, and binary keys were read as text."""
+    net = keyed(batch(tx(ins(T, 1, "a", "x"), ins(T, 2, "b", "x"))))
+    net.key_kinds, net.commits = b"b", ((100, 5),)
+    resolved = resolve(net, findings(net, {1}), with_actions(insert_exists="skip")).net
+    assert keys(resolved) == [2]
+    assert (resolved.key_kinds, resolved.commits) == (b"b", ((100, 5),))
