@@ -127,6 +127,8 @@ def merge_net(
             frame = fill_moved(session, frame, schema, source.keep_columns, target.path)
         bounds = key_bounds(source.table, schema.key[0])
         plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table), bounds)
+        if not plan.clauses:  # the actions skipped every change: nothing to write
+            return WriteResult(schema.table, None), source
         return target.merge(schema, frame, plan, reads_target=source.moved), source
 
 

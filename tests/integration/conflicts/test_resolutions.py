@@ -120,12 +120,14 @@ def test_origin_differs_error_stops_until_the_transaction_is_skipped(
         assert values(rep) == [(1, "local"), (2, "after")]
 
 
+@pytest.mark.parametrize("binary", [False, True])
 def test_exists_skip_and_keep_local_keep_the_local_row(
-    publisher: PgDatabase, spark: Any, warehouse: Path
+    publisher: PgDatabase, spark: Any, warehouse: Path, binary: bool
 ) -> None:
+    """Also with ``binary: true``: the keys of the batch, resolved, stay binary values."""
     publisher.execute(TABLE)
     actions = {"insert_exists": "keep_local", "update_exists": "skip"}
-    with Replication(publisher, spark, warehouse, conflicts=actions) as rep:
+    with Replication(publisher, spark, warehouse, conflicts=actions, binary=binary) as rep:
         publisher.execute("INSERT INTO t VALUES (1, 'one')")
         rep.caught_up()
         other_writer(spark, rep, "INSERT INTO {t} VALUES (5, 'local5'), (6, 'local6'), (9, 'l9')")
@@ -140,6 +142,12 @@ def test_exists_skip_and_keep_local_keep_the_local_row(
         rep.caught_up()
         assert counter(rep, "insert_exists") == 2 and counter(rep, "update_exists") == 1
         assert values(rep) == [(1, "one"), (5, "local5"), (6, "upd6"), (9, "l9")]
+        # A batch whose every change is skipped writes nothing, and goes on.
+        other_writer(spark, rep, "INSERT INTO {t} VALUES (7, 'local7')")
+        publisher.execute("INSERT INTO t VALUES (7, 'remote7')")
+        rep.caught_up()
+        assert counter(rep, "insert_exists") == 3
+        assert values(rep)[-2:] == [(7, "local7"), (9, "l9")]
 
 
 def test_missing_row_actions_apply_remote_and_error(
