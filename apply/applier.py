@@ -27,7 +27,7 @@ import structlog
 
 import apply.binary
 from apply.batch import Batch, ShouldApply, TableWork
-from apply.changelog import change_rows
+from apply.changelog import HistoryMode, change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.copy_source import CopySource, StagedParts
 from apply.error_context import TransactionError, conflict_of
@@ -105,6 +105,10 @@ class Tables(Protocol):
 
     def appends_changes(self, table: str) -> bool:
         """Whether ``table`` is kept as a change log (``history: changelog``)."""
+        ...
+
+    def kept_as(self, schema: TargetSchema) -> HistoryMode:
+        """How the table of ``schema`` is kept (``history``)."""
         ...
 
     def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
@@ -232,6 +236,7 @@ class BatchApplier:
     def apply(self, batch: Batch) -> BatchResult:
         """Apply ``batch``; on error nothing is confirmed and the batch may be applied again."""
         work = batch.tables(self.applied_lsn, self._applies, self.applied_through)
+        commits = tuple((int(tx.end_lsn), tx.commit_time) for tx in batch.transactions)
         jobs = []
         for name, table_work in work.items():
             mark = self._mark(batch, name)
@@ -244,6 +249,8 @@ class BatchApplier:
                     net = self._net(table_work)
                     if _nothing_to_do(net):
                         continue
+                    if isinstance(net, KeyedNet):
+                        net.commits = commits  # a soft-delete table stamps rows with them
                     write = partial(self._tables.write, schema, net, mark, self._resolutions)
             except Exception as exc:
                 cause = _as_apply_error(exc)
@@ -359,8 +366,8 @@ class BatchApplier:
                 if name not in stages:
                     if self.applied_through(name, tx.end_lsn) or not schema.key:
                         return None  # resumes pieces applied before a crash; or a multiset
-                    if self._tables.appends_changes(name):
-                        return None  # a change log: each piece appends its own rows
+                    if self._tables.kept_as(schema) is not HistoryMode.MIRROR:
+                        return None  # each piece is a batch: its rows appended, or stamped
                     folder = root / f"{len(stages):04d}"
                     stages[name] = StagedSource(folder, schema)
                 stage = stages[name]

@@ -68,6 +68,7 @@ _METADATA: Final = (
 
 class HistoryMode(StrEnum):
     MIRROR = "mirror"  # each key's last image, as PostgreSQL's subscriber keeps it
+    SOFT_DELETE = "soft_delete"  # a mirror whose deleted rows stay, marked (apply.soft_delete)
     CHANGELOG = "changelog"  # every change a row, appended in commit order
 
 
@@ -98,16 +99,21 @@ class ReservedColumnError(ApplyError):
     """A publisher column whose name a change log table uses for its own columns."""
 
 
-def changelog_schema(schema: TargetSchema) -> TargetSchema:
-    """The change log table of a publisher table of ``schema``: its columns, pgsub's, and the
-    old key's; no key of its own (rows are only appended)."""
+def check_reserved(schema: TargetSchema, mode: HistoryMode) -> None:
+    """Refuse a publisher column named as pgsub's own columns of a table kept as ``mode``."""
     for column in schema.columns:
         if column.name.startswith(PREFIX):
             raise ReservedColumnError(
                 f"column {column.name!r} of {schema.table} starts with {PREFIX!r}, which a "
-                "change log table (history: changelog) uses for its own columns; rename the "
-                "column on the publisher, or keep the table as a mirror"
+                f"table kept as a {mode.value} (history: {mode.value}) uses for its own "
+                "columns; rename the column on the publisher, or keep the table as a mirror"
             )
+
+
+def changelog_schema(schema: TargetSchema) -> TargetSchema:
+    """The change log table of a publisher table of ``schema``: its columns, pgsub's, and the
+    old key's; no key of its own (rows are only appended)."""
+    check_reserved(schema, HistoryMode.CHANGELOG)
     old_key = tuple(TargetColumn(OLD + name, schema.column(name).type) for name in schema.key)
     return TargetSchema(schema.table, schema.columns + _METADATA + old_key, ())
 

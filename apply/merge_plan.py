@@ -24,6 +24,12 @@ it is a target-only predicate, so Delta skips every file whose key range
 transaction, or a batch of recent inserts, then reads a few files instead
 of the whole table.
 
+A soft-delete table's MERGE (``soft``, ``apply.soft_delete``) marks a
+deleted row instead of removing it, counts a marked row as absent (an
+insert of its key brings it back, an update or delete of it is skipped as
+a missing row), and stamps every row it writes with its change's commit LSN
+and time.
+
 A multiset table's MERGE deletes every copy of each row the batch removes
 from and inserts the copies that remain or were added.
 """
@@ -37,7 +43,9 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from apply.changelog import COMMIT_TIME, LSN
 from apply.schema import TargetSchema, quote
+from apply.soft_delete import DELETED
 from apply.source import FIRST, PRESENT, REINSERTED, REMOVE, keep_flag
 from conflicts.kinds import First
 
@@ -102,6 +110,15 @@ def expected_counts(source: pa.Table) -> tuple[int, int, int]:
     )
 
 
+def expected_touched(source: pa.Table) -> int:
+    """The rows a conflict-free soft-delete MERGE of ``source`` inserts or updates: every
+    present chain, and every chain that deletes a row it expects (never one it deletes)."""
+    absent = pc.is_in(source[FIRST], pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value]))
+    present = source[PRESENT]
+    marks = pc.or_(present, pc.invert(absent))
+    return int(pc.sum(pc.cast(marks, pa.int64())).as_py() or 0)
+
+
 @dataclass(frozen=True, slots=True)
 class Clause:
     kind: ClauseKind
@@ -139,13 +156,18 @@ def keyed_merge(
     on_exists: OnExists = OnExists.ERROR,
     shape: Shape = Shape(),
     bounds: tuple[int, int] | None = None,
+    *,
+    soft: bool = False,
 ) -> MergePlan:
+    """The MERGE of a keyed source; ``soft``: into a soft-delete table (the source stamped by
+    ``apply.soft_delete.stamped``)."""
     if not schema.key:
         raise ValueError(f"{schema.table} has no key; use multiset_merge")
     condition = " AND ".join(f"{_target(k)} = {_source(k)}" for k in schema.key)
     if bounds is not None:
         low, high = bounds
         condition += f" AND {_target(schema.key[0])} BETWEEN {int(low)} AND {int(high)}"
+    live = f"NOT {_target(DELETED)}"
     clauses: list[Clause] = []
     stopping = {
         OnExists.ERROR: EXPECTS_ABSENT,
@@ -160,11 +182,15 @@ def keyed_merge(
         clauses.append(
             Clause(
                 ClauseKind.MATCHED_UPDATE,
-                stopping,
+                f"({stopping}) AND {live}" if soft else stopping,
                 {quote(schema.key[0]): f"raise_error({kind})"},
             )
         )
-    if shape.deletes:
+    stamp = {quote(LSN): _source(LSN), quote(COMMIT_TIME): _source(COMMIT_TIME)} if soft else {}
+    if shape.deletes and soft:
+        marked = {quote(DELETED): "true", **stamp}
+        clauses.append(Clause(ClauseKind.MATCHED_UPDATE, f"NOT s.{PRESENT} AND {live}", marked))
+    elif shape.deletes:
         clauses.append(Clause(ClauseKind.MATCHED_DELETE, f"NOT s.{PRESENT}"))
     keep = set(keep_columns)
     updates = {}
@@ -173,14 +199,19 @@ def keyed_merge(
         if index in keep:
             value = f"CASE WHEN s.{keep_flag(index)} THEN {_target(column.name)} ELSE {value} END"
         updates[quote(column.name)] = value
+    alive = {quote(DELETED): "false", **stamp} if soft else {}
     if shape.updates:
-        clauses.append(Clause(ClauseKind.MATCHED_UPDATE, None, updates))
+        # A marked row is absent: only a chain that expects no row (or re-inserts) revives it.
+        revives = f"s.{PRESENT} AND ({live} OR {EXPECTS_ABSENT} OR s.{REINSERTED})"
+        clauses.append(
+            Clause(ClauseKind.MATCHED_UPDATE, revives if soft else None, updates | alive)
+        )
     if shape.inserts:
         clauses.append(
             Clause(
                 ClauseKind.NOT_MATCHED_INSERT,
                 f"s.{PRESENT} AND ({EXPECTS_ABSENT} OR s.{REINSERTED})",
-                {quote(c.name): _source(c.name) for c in schema.columns},
+                {quote(c.name): _source(c.name) for c in schema.columns} | alive,
             )
         )
     return MergePlan(condition, tuple(clauses))

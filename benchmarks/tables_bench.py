@@ -213,7 +213,10 @@ def main() -> None:
     parser.add_argument("--sync-workers", type=int, default=4)
     parser.add_argument("--drain-timeout", type=float, default=900)
     parser.add_argument(
-        "--history", choices=["mirror", "changelog"], default="mirror", help="every table's"
+        "--history",
+        choices=["mirror", "soft_delete", "changelog"],
+        default="mirror",
+        help="every table's",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results/tables.json"))
     args = parser.parse_args()

@@ -11,6 +11,10 @@ then cut to what the actions keep (``apply.resolve``) and merged.
 
 A batch with a TRUNCATE is judged against an empty table and written with
 one overwrite.
+
+A soft-delete table (``soft``, ``apply.soft_delete``) takes the same paths:
+its MERGE marks deleted rows, and its marked rows count as absent wherever
+the table is judged.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from apply.changelog import COMMIT_TIME, LSN
 from apply.collapse import KeyedNet
 from apply.delta.findings import find_keyed
 from apply.delta.moved import fill_moved
@@ -31,6 +36,7 @@ from apply.errors import ConflictError
 from apply.merge_plan import (
     conflict_in,
     expected_counts,
+    expected_touched,
     key_bounds,
     keyed_merge,
     on_exists,
@@ -38,13 +44,17 @@ from apply.merge_plan import (
 )
 from apply.records import CommitMark, WriteResult
 from apply.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
-from apply.schema import TargetSchema
+from apply.schema import TargetSchema, quote
+from apply.soft_delete import DELETED, soft_delete_schema, stamped
 from apply.source import FIRST, PRESENT, REINSERTED, KeyedSource, keyed_source
 from apply.staging import StagedSource
 from conflicts.findings import Finding
 from conflicts.kinds import ConflictKind, First, Resolution, judge
+from subscriber.replication.wire import pg_timestamp
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from apply.delta.target import TargetTable
 
 
@@ -56,10 +66,11 @@ def write_keyed(
     resolutions: Mapping[ConflictKind, Resolution],
     *,
     origins: OriginTracker,
+    soft: bool = False,
 ) -> WriteResult:
     session = target.session
     if net.truncated:
-        return _write_truncated(target, schema, net, mark, resolutions, origins=origins)
+        return _write_truncated(target, schema, net, mark, resolutions, origins=origins, soft=soft)
     first = looks_up_first(resolutions) or any(
         r.first is First.KEY_UPDATE_OLD for r in net.rows.values()
     )
@@ -67,24 +78,36 @@ def write_keyed(
     if (first or origin_first) and origins.has_new_commits(session):
         origins.catch_up(session)  # the lookup judges against every other writer's rows
     if first or (origin_first and origins.foreign):
-        return _write_looked_up(target, schema, net, mark, resolutions, origins=origins)
+        return _write_looked_up(target, schema, net, mark, resolutions, origins=origins, soft=soft)
     # The default path: the MERGE judges, and is looked at after only when it must be.
-    result, source = merge_net(target, schema, net, mark, resolutions)
+    result, source = merge_net(target, schema, net, mark, resolutions, soft=soft)
     origins.committed(session, result.version)
-    counts = (result.inserted, result.updated, result.deleted)
-    if not origins.foreign and counts == expected_counts(source.table):
+    if not origins.foreign and _conflict_free(result, source.table, soft):
         return result  # the conflict-free path: nothing more to look at
-    before = target.read(None if result.version is None else result.version - 1)
+    before = live(target.read(None if result.version is None else result.version - 1), soft)
     findings = find_keyed(session, schema, net, before, origins.foreign)
     _prune_replaced(origins, target, findings)
     return replace(result, conflicts=tuple(findings))
 
 
+def _conflict_free(result: WriteResult, source: pa.Table, soft: bool) -> bool:
+    """Whether the MERGE's counts are those of a batch without conflicts."""
+    if soft:  # a revived or marked row is an update: only the rows touched tell
+        touched = result.inserted + result.updated
+        return result.deleted == 0 and touched == expected_touched(source)
+    return (result.inserted, result.updated, result.deleted) == expected_counts(source)
+
+
+def live(rows: DataFrame, soft: bool) -> DataFrame:
+    """The rows of a table that exist on the publisher: a soft-delete table's unmarked."""
+    return rows.where(f"NOT {quote(DELETED)}") if soft else rows
+
+
 def raised_conflict(
-    target: TargetTable, schema: TargetSchema, net: KeyedNet, kind: str
+    target: TargetTable, schema: TargetSchema, net: KeyedNet, kind: str, *, soft: bool = False
 ) -> ConflictError:
     """The MERGE raised: every conflicting chain, found against the unchanged table."""
-    findings = find_keyed(target.session, schema, net, target.read())
+    findings = find_keyed(target.session, schema, net, live(target.read(), soft))
     return ConflictError(kind, schema.table, findings)
 
 
@@ -96,13 +119,15 @@ def _write_looked_up(
     resolutions: Mapping[ConflictKind, Resolution],
     *,
     origins: OriginTracker,
+    soft: bool,
 ) -> WriteResult:
     """Judge the batch's keys against the table first, then MERGE what the actions keep."""
-    findings = find_keyed(target.session, schema, net, target.read(), origins.foreign)
+    before = live(target.read(), soft)
+    findings = find_keyed(target.session, schema, net, before, origins.foreign)
     resolved = resolve(net, findings, resolutions)
     if resolved.stop is not None:
         raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
-    result, _ = merge_net(target, schema, resolved.net, mark, resolutions)
+    result, _ = merge_net(target, schema, resolved.net, mark, resolutions, soft=soft)
     origins.committed(target.session, result.version)
     _prune_replaced(origins, target, resolved.findings)
     return replace(result, conflicts=resolved.findings)
@@ -114,19 +139,24 @@ def merge_net(
     net: KeyedNet,
     mark: CommitMark,
     resolutions: Mapping[ConflictKind, Resolution],
+    *,
+    soft: bool = False,
 ) -> tuple[WriteResult, KeyedSource]:
     """The MERGE of ``net`` alone: no lookup before, no look at its metrics after."""
     source = keyed_source(net, schema)
+    if soft:
+        source = replace(source, table=stamped(source.table, list(net.rows.values()), net.commits))
     stops = on_exists(
         resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
         resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
     )
-    with target.marked(mark) as session:
-        frame = target.frame(source.table, schema)
+    with target.marked(mark):
+        frame = target.frame(source.table, soft_delete_schema(schema) if soft else schema)
         if source.moved:
-            frame = fill_moved(session, frame, schema, source.keep_columns, target.path)
+            frame = fill_moved(frame, schema, source.keep_columns, live(target.read(), soft))
         bounds = key_bounds(source.table, schema.key[0])
-        plan = keyed_merge(schema, source.keep_columns, stops, shape_of(source.table), bounds)
+        shape = shape_of(source.table)
+        plan = keyed_merge(schema, source.keep_columns, stops, shape, bounds, soft=soft)
         if not plan.clauses:  # the actions skipped every change: nothing to write
             return WriteResult(schema.table, None), source
         return target.merge(schema, frame, plan, reads_target=source.moved), source
@@ -140,8 +170,10 @@ def _write_truncated(
     resolutions: Mapping[ConflictKind, Resolution],
     *,
     origins: OriginTracker,
+    soft: bool,
 ) -> WriteResult:
-    """A batch with a TRUNCATE: its chains are judged against an empty table."""
+    """A batch with a TRUNCATE: its chains are judged against an empty table. A soft-delete
+    table keeps its rows, marked deleted by the TRUNCATE, beside the batch's."""
     missing = [
         Finding(kind.value, r.first_tx, r.key, r.image, None, key_kinds=net.key_kinds)
         for r in net.rows.values()
@@ -155,10 +187,42 @@ def _write_truncated(
         table[FIRST], pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
     )
     keep = pc.and_(table[PRESENT], pc.or_(expects_absent, table[REINSERTED]))
-    rows = table.filter(keep).select([c.name for c in schema.columns])
-    result = target.overwrite(schema, rows, mark)
+    if soft:
+        rows = stamped(table, list(resolved.net.rows.values()), resolved.net.commits).filter(keep)
+        result = _overwrite_soft(target, schema, resolved.net, rows, mark)
+    else:
+        rows = table.filter(keep).select([c.name for c in schema.columns])
+        result = target.overwrite(schema, rows, mark)
     origins.rewritten(result.version)
     return replace(result, conflicts=resolved.findings)
+
+
+def _overwrite_soft(
+    target: TargetTable, schema: TargetSchema, net: KeyedNet, rows: pa.Table, mark: CommitMark
+) -> WriteResult:
+    """A soft-delete table after a TRUNCATE: its rows marked deleted at the TRUNCATE's
+    commit (those deleted before keep their LSN), but for the keys the batch writes after
+    it (``rows``: the source's, stamped), in one commit."""
+    from pyspark.sql import functions as fn
+
+    stored = soft_delete_schema(schema)
+    written = rows.append_column(DELETED, pa.array([False] * rows.num_rows, pa.bool_()))
+    written = written.select([c.name for c in stored.columns])
+    lsn, time = net.commits[net.truncate_tx]
+    was_live = fn.col(quote(DELETED)) == fn.lit(False)
+    before = target.read().select(*[quote(c.name) for c in stored.columns])
+    marked = (
+        before.withColumn(LSN, fn.when(was_live, fn.lit(lsn)).otherwise(fn.col(quote(LSN))))
+        .withColumn(
+            COMMIT_TIME,
+            fn.when(was_live, fn.lit(pg_timestamp(time))).otherwise(fn.col(quote(COMMIT_TIME))),
+        )
+        .withColumn(DELETED, fn.lit(True))
+    )
+    fresh = target.frame(written, stored)
+    keys = [quote(k) for k in schema.key]
+    kept = marked.join(fresh.select(*keys), on=list(schema.key), how="left_anti")
+    return target.overwrite_frame(stored, kept.unionByName(fresh), mark, rows.num_rows)
 
 
 def _prune_replaced(

@@ -26,6 +26,10 @@ overwritten in one commit with the same mark, which pgsub writes itself
 where the table's protocol allows (``apply.delta.overwrite``): 8 ms a table
 of 2,000 rows against the MERGE's 35 (``benchmarks.local_merge_bench``).
 
+A soft-delete table (``apply.soft_delete``) takes steps 1-3, with its
+marked rows counted as absent in the lookup and the soft-delete MERGE plan;
+never the rewrite or the deletion vector path.
+
 None from ``LocalMerges.merge`` means "take Spark's path", and nothing was
 written. Left to Spark: a TRUNCATE in the batch, an update that moved a
 key with unchanged TOAST values (``fill_moved``), a table whose types
@@ -35,6 +39,7 @@ delta-rs would write differently, multiset tables, large tables.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -55,12 +60,14 @@ from apply.merge_plan import (
     MergePlan,
     OnExists,
     expected_counts,
+    expected_touched,
     key_bounds,
     keyed_merge,
     shape_of,
 )
 from apply.records import CommitMark, WriteResult
 from apply.rewrite import found_as_expected, rewritten
+from apply.soft_delete import DELETED, soft_delete_schema, stamped
 from apply.source import KeyedSource, keyed_source
 
 if TYPE_CHECKING:
@@ -100,10 +107,17 @@ class LocalMerges:
             self._vectors.pop(folder(path), None)
 
     def merge(
-        self, path: str, schema: TargetSchema, net: KeyedNet, mark: CommitMark
+        self,
+        path: str,
+        schema: TargetSchema,
+        net: KeyedNet,
+        mark: CommitMark,
+        *,
+        soft: bool = False,
     ) -> WriteResult | None:
         """``net`` merged into the table at ``path`` by delta-rs, in one commit carrying
-        ``mark``; None when the batch must take Spark's path (nothing was written)."""
+        ``mark``; None when the batch must take Spark's path (nothing was written).
+        ``soft``: a soft-delete table."""
         import deltalake
 
         if net.truncated or any(row.toast_key is not None for row in net.rows.values()):
@@ -111,9 +125,11 @@ class LocalMerges:
         try:
             open_table = self._table(folder(path))
             done = open_table.done(mark.txn[0])
-            if vector_writable(open_table.table, schema):
+            if not soft and vector_writable(open_table.table, schema):
                 return self._write_by_vectors(open_table, schema, net, mark, done)
-            written = merge_into(open_table, schema, net, mark, done=done, max_bytes=self.max_bytes)
+            written = merge_into(
+                open_table, schema, net, mark, done=done, max_bytes=self.max_bytes, soft=soft
+            )
         except CommitRacedError:
             self.forget(path)
             raise
@@ -206,6 +222,7 @@ def merge_into(
     *,
     done: int | None,
     max_bytes: int = LOCAL_MERGE_MAX_BYTES,
+    soft: bool = False,
 ) -> WriteResult | None:
     """``net`` merged into ``table`` (at its latest commit, of at most ``max_bytes`` of
     Parquet; rewritten whole up to ``REWRITE_MAX_BYTES``, read at the call);
@@ -215,35 +232,40 @@ def merge_into(
     app_id, version = mark.txn
     if done is not None and done >= version:
         return WriteResult(schema.table, None)  # committed before: Delta's txn says so
-    size = _fitting_size(open_table, schema, max_bytes)
+    size = _fitting_size(open_table, soft_delete_schema(schema) if soft else schema, max_bytes)
     if size is None:
         return None
     source = keyed_source(net, schema)
+    if soft:
+        source = replace(source, table=stamped(source.table, list(net.rows.values()), net.commits))
     try:
-        if size <= REWRITE_MAX_BYTES:
+        if size <= REWRITE_MAX_BYTES and not soft:
             return _rewrite(open_table, schema, source, mark)
         table = open_table.synced()
-        if _conflicts(table, schema, source.table):
+        if _conflicts(table, schema, source.table, soft):
             return None
     except pa.ArrowException:  # a key type pyarrow cannot join on
         return None
     bounds = key_bounds(source.table, schema.key[0])
     shape = shape_of(source.table)
-    plan = keyed_merge(schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds)
+    plan = keyed_merge(schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, soft=soft)
     metrics = _merge(table, source.table, plan, mark)
     counts = (
         metrics.get("num_target_rows_inserted", 0),
         metrics.get("num_target_rows_updated", 0),
         metrics.get("num_target_rows_deleted", 0),
     )
-    if counts != expected_counts(source.table):
+    expected = expected_counts(source.table)
+    if soft:  # a revived or marked row is an update
+        expected = (counts[0], expected_touched(source.table) - counts[0], 0)
+    if counts != expected:
         # Only another writer between the lookup and the commit can make this happen.
         log.warning(
             "a MERGE by delta-rs changed other rows than its lookup predicted",
             table=schema.table,
             lsn=str(mark.lsn),
             counts=counts,
-            expected=expected_counts(source.table),
+            expected=expected,
         )
     open_table.wrote(app_id, version)
     return WriteResult(schema.table, table.version(), *counts)
@@ -319,17 +341,23 @@ def _read(schema: pa.Schema, files: list[str]) -> pa.Table:
     return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
 
 
-def _conflicts(table: deltalake.DeltaTable, schema: TargetSchema, source: pa.Table) -> bool:
+def _conflicts(
+    table: deltalake.DeltaTable, schema: TargetSchema, source: pa.Table, soft: bool = False
+) -> bool:
     """Whether some chain of ``source`` does not find what its first change expects: an
-    update or delete whose key is missing, an insert whose key is there."""
+    update or delete whose key is missing, an insert whose key is there (``soft``: a
+    soft-delete table, whose marked rows are missing)."""
     import pyarrow.dataset as ds
 
     keys = list(schema.key)
     files = table.file_uris()
     if files:
-        wanted = pa.schema([source.schema.field(k) for k in keys])
+        fields = [source.schema.field(k) for k in keys]
+        wanted = pa.schema([*fields, pa.field(DELETED, pa.bool_())] if soft else fields)
         scan = ds.dataset(files, schema=wanted, format="parquet")
         where = pc.field(keys[0]).isin(source[keys[0]].unique())
+        if soft:
+            where = where & ~pc.field(DELETED)
         local = scan.to_table(columns=keys, filter=where)
     else:
         local = pa.schema([source.schema.field(k) for k in keys]).empty_table()

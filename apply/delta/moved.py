@@ -10,30 +10,27 @@ from __future__ import annotations
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from apply.delta import sql as delta_sql
 from apply.schema import TargetSchema, quote
 from apply.source import from_key, keep_flag
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 
 def fill_moved(
-    session: SparkSession,
     frame: DataFrame,
     schema: TargetSchema,
     keep_columns: tuple[int, ...],
-    path: str,
+    target: DataFrame,
 ) -> DataFrame:
     """Take kept (unchanged TOAST) values of key-changing updates from the old key's row.
 
-    A row whose old key is not in the target is dropped: PostgreSQL skips
-    such an update (update_missing).
+    A row whose old key is not in ``target`` (the table's rows that exist) is
+    dropped: PostgreSQL skips such an update (update_missing).
     """
     from pyspark.sql import functions as fn
 
-    old = delta_sql.read(session, path)
-    old = old.select(
+    old = target.select(
         *[fn.col(quote(c.name)).alias(f"__pgsub_old_{i}") for i, c in enumerate(schema.columns)]
     )
     names = [c.name for c in schema.columns]

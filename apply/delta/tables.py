@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 import pyarrow as pa
+import structlog
 
 from apply.changelog import MIRRORS, History, HistoryMode, changelog_schema, copied
 from apply.collapse import KeyedNet, Net
@@ -58,6 +59,9 @@ from apply.records import (
     within_from_metadata,
 )
 from apply.schema import Evolution, TargetSchema, quote
+from apply.soft_delete import copied as soft_copied
+from apply.soft_delete import kept_as as soft_kept_as
+from apply.soft_delete import soft_delete_schema
 from apply.staging import StagedSource
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
@@ -67,6 +71,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 HISTORY_PEEK: Final = 100
+
+log = structlog.get_logger(__name__)
 
 
 class CreatedTables(Protocol):
@@ -235,9 +241,17 @@ class DeltaTables:
                 )
             # A table made again after it was deleted is made by Spark: this process's Spark
             # may hold the deleted table's log, and sees a new one only through its own CREATE.
-            self._definition.create(
-                self.session(), schema, path, self.history.of(schema.table), by_spark=created_before
-            )
+            kept = self._kept(schema)
+            if kept is not self.history.of(schema.table):
+                log.warning(
+                    "target table kept as a mirror: a soft_delete table needs a key",
+                    subscription=self.subscription,
+                    table=schema.table,
+                    replica_identity="FULL or none",
+                    hint="give the table a primary key, then `pgsub resync` it; or keep it as "
+                    "a mirror in history.tables to silence this",
+                )
+            self._definition.create(self.session(), schema, path, kept, by_spark=created_before)
             self._local_merges.forget(path)
             self._appends.forget(path)
             with self._lock:
@@ -246,14 +260,29 @@ class DeltaTables:
             if remember:
                 self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
-        return self._definition.evolve(self.session(), schema, path, self.history.of(schema.table))
+        return self._definition.evolve(self.session(), schema, path, self._kept(schema))
 
     def appends_changes(self, table: str) -> bool:
         return table != MESSAGES_TABLE and self.history.of(table) is HistoryMode.CHANGELOG
 
+    def kept_as(self, schema: TargetSchema) -> HistoryMode:
+        """How the table of ``schema`` is kept (``history``; soft deletes need a key)."""
+        return self._kept(schema)
+
+    def _kept(self, schema: TargetSchema) -> HistoryMode:
+        if schema.table == MESSAGES_TABLE:
+            return HistoryMode.MIRROR
+        return soft_kept_as(self.history.of(schema.table), schema)
+
+    def _soft(self, schema: TargetSchema) -> bool:
+        return self._kept(schema) is HistoryMode.SOFT_DELETE
+
     def _stored(self, schema: TargetSchema) -> TargetSchema:
         """The Delta table's layout for a publisher table of ``schema``."""
-        return changelog_schema(schema) if self.appends_changes(schema.table) else schema
+        kept = self._kept(schema)
+        if kept is HistoryMode.CHANGELOG:
+            return changelog_schema(schema)
+        return soft_delete_schema(schema) if kept is HistoryMode.SOFT_DELETE else schema
 
     def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
         target, stored = self.target(schema.table), changelog_schema(schema)
@@ -307,7 +336,8 @@ class DeltaTables:
                 self._schemas.pop(schema.table, None)  # the next attempt looks at it again
             kind = conflict_in(str(exc))
             if kind is not None and isinstance(net, KeyedNet):
-                raise raised_conflict(target, schema, net, kind) from None
+                soft = self._soft(schema)
+                raise raised_conflict(target, schema, net, kind, soft=soft) from None
             raise TargetTableError(
                 f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
             ) from exc
@@ -357,17 +387,18 @@ class DeltaTables:
         resolutions: Mapping[ConflictKind, Resolution],
     ) -> WriteResult:
         if isinstance(net, KeyedNet):
+            soft = self._soft(schema)
             if self._merges_locally(target):
-                written = self._local_merges.merge(target.path, schema, net, mark)
+                written = self._local_merges.merge(target.path, schema, net, mark, soft=soft)
                 # A table too big for delta-rs that gains deletion vectors now is written by
                 # pgsub's own path (apply.delta.vector_write) from this batch on.
                 if written is None and self._check_size(target):
-                    written = self._local_merges.merge(target.path, schema, net, mark)
+                    written = self._local_merges.merge(target.path, schema, net, mark, soft=soft)
                 if written is not None:
                     return written
             self._check_size(target)
             origins = self._tracker(schema.table, target.path)
-            return write_keyed(target, schema, net, mark, resolutions, origins=origins)
+            return write_keyed(target, schema, net, mark, resolutions, origins=origins, soft=soft)
         self._check_size(target)
         return write_multiset(target, schema, net, mark, resolutions)
 
@@ -459,12 +490,15 @@ class DeltaTables:
         """
         target = self.target(schema.table)
         mode: WriteMode = "overwrite"
+        soft = self._soft(schema)
         if self.appends_changes(schema.table):  # a truncate row, then the copy's rows
             source, schema, mode = (
                 copied(source, schema, mark.lsn),
                 changelog_schema(schema),
                 "append",
             )
+        elif soft:  # alive, last written at the copy's LSN
+            source, schema = soft_copied(source, schema, mark.lsn), soft_delete_schema(schema)
         with self.exclusive(schema.table):
             if (
                 self._on_local_disk
@@ -475,7 +509,7 @@ class DeltaTables:
                 # A big table gains deletion vectors now, before READY, and its key index is
                 # read: not in its first batch while its changes wait (seconds each).
                 self._check_size(target)
-                if self._merges_locally(target) and mode == "overwrite":
+                if self._merges_locally(target) and mode == "overwrite" and not soft:
                     self._local_merges.warm(target.path, schema)
                 return copied_rows
             return copy_into(target, schema, source, mark, staging, mode=mode)

@@ -119,6 +119,15 @@ class TargetTable:
             self.frame(rows, schema).write.format("delta").mode("append").save(self.path)
             return WriteResult(schema.table, self.committed_version(), inserted=rows.num_rows)
 
+    def overwrite_frame(
+        self, schema: TargetSchema, rows: DataFrame, mark: CommitMark, written: int
+    ) -> WriteResult:
+        """Replace every row with ``rows`` (which may read this table: Delta reads the
+        version before), in one commit carrying ``mark``; ``written``: rows the batch wrote."""
+        with self.marked(mark):
+            rows.write.format("delta").mode("overwrite").save(self.path)
+            return WriteResult(schema.table, self.committed_version(), inserted=written)
+
     def overwrite(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
         """Replace every row with ``rows``, in one commit carrying ``mark``."""
         with self.marked(mark):

@@ -145,7 +145,8 @@ class TableFeaturesConfig(_Strict):
 class HistoryConfig(_Strict):
     """How the target tables keep what the publisher did (docs/tables.md, "History"): each
     table as ``mode`` says, but those named in ``tables`` (schema.name -> mode). mirror: each
-    key's last image, as PostgreSQL's subscriber; changelog: every change a row, appended."""
+    key's last image, as PostgreSQL's subscriber; soft_delete: a mirror whose deleted rows
+    stay, marked; changelog: every change a row, appended."""
 
     mode: HistoryMode = HistoryMode.MIRROR
     tables: dict[str, HistoryMode] = Field(default_factory=dict)

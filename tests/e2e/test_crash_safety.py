@@ -9,6 +9,7 @@ import deltalake
 import pytest
 
 from apply.changelog import OP
+from apply.soft_delete import DELETED
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
@@ -52,6 +53,7 @@ UPDATE keyed SET v = 'after' WHERE id = 1;
 AFTER_SECOND_CRASH = """
 DELETE FROM bag WHERE a = 42;
 UPDATE keyed SET v = 'after again' WHERE id = 2;
+DELETE FROM keyed WHERE id = 3;
 """
 
 
@@ -60,11 +62,11 @@ LOGGED = Counter(
     [("insert", i) for i in range(1, 201)]
     + [("update", i) for i in range(3, 199, 3)]
     + [("delete", i) for i in range(191, 201)]
-    + [("update", 1), ("update", 2)]
+    + [("update", 1), ("update", 2), ("delete", 3)]
 )
 
 
-@pytest.mark.parametrize("kept", ["default", "deletion-vectors", "changelog"])
+@pytest.mark.parametrize("kept", ["default", "deletion-vectors", "changelog", "soft_delete"])
 def test_kills_at_each_step_of_a_batch_then_restart(
     publisher: PgDatabase,
     spark: Any,
@@ -76,14 +78,19 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     then before the flush is confirmed upstream: the survivor has every row once. With
     deletion vectors on, the keyed table's batches are pgsub's own commits
     (apply/delta/vector_write.py); as a change log (history: changelog), every change is
-    one row of it."""
+    one row of it; kept with soft deletes (history: soft_delete), every row once, the
+    deleted ones marked (the keyless bag stays a mirror)."""
     publisher.execute(KEYED_AND_BAG)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
     features: dict[str, Any] = {
         "deletion_vectors": "always" if kept == "deletion-vectors" else "auto"
     }
-    history = {"tables": {"public.keyed": "changelog" if kept == "changelog" else "mirror"}}
+    history: dict[str, Any] = {
+        "tables": {"public.keyed": "changelog" if kept == "changelog" else "mirror"}
+    }
+    if kept == "soft_delete":  # every table: the keyless bag stays a mirror
+        history = {"mode": "soft_delete"}
     port = write_config(
         config,
         publisher,
@@ -111,6 +118,19 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     wait_confirmed(publisher)
     assert survivor.terminate() == 0, survivor.logs()
 
+    if kept == "soft_delete":
+        with publisher.connect() as conn:
+            bag = str(warehouse / "public" / "bag")
+            assert_delta_equals_publisher(conn, "public.bag", spark, bag)
+            published = dict(conn.execute("SELECT id, v FROM keyed").fetchall())
+        kept_rows = deltalake.DeltaTable(str(warehouse / "public" / "keyed")).to_pyarrow_table()
+        ids = kept_rows["id"].to_pylist()
+        # Every row once, deleted or not; 191-200 came and went within the first batch.
+        assert len(ids) == len(set(ids)) == 190
+        alive = {r["id"]: r["v"] for r in kept_rows.to_pylist() if not r[DELETED]}
+        assert alive == published
+        assert set(ids) - set(alive) == {3}
+        return
     if kept != "changelog":
         assert_keyed_and_bag_equal(publisher, spark, warehouse)
         return
