@@ -27,7 +27,7 @@ import structlog
 
 import apply.binary
 from apply.batch import Batch, ShouldApply, TableWork
-from apply.changelog import HistoryMode, change_rows
+from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.copy_source import CopySource, StagedParts
 from apply.error_context import TransactionError, conflict_of
@@ -107,8 +107,9 @@ class Tables(Protocol):
         """Whether ``table`` is kept as a change log (``history: changelog``)."""
         ...
 
-    def kept_as(self, schema: TargetSchema) -> HistoryMode:
-        """How the table of ``schema`` is kept (``history``)."""
+    def plain_mirror(self, schema: TargetSchema) -> bool:
+        """Whether the table of ``schema`` is kept as PostgreSQL's subscriber keeps it (no
+        change log, no column of pgsub's: ``history``)."""
         ...
 
     def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
@@ -366,7 +367,7 @@ class BatchApplier:
                 if name not in stages:
                     if self.applied_through(name, tx.end_lsn) or not schema.key:
                         return None  # resumes pieces applied before a crash; or a multiset
-                    if self._tables.kept_as(schema) is not HistoryMode.MIRROR:
+                    if not self._tables.plain_mirror(schema):
                         return None  # each piece is a batch: its rows appended, or stamped
                     folder = root / f"{len(stages):04d}"
                     stages[name] = StagedSource(folder, schema)

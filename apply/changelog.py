@@ -68,17 +68,19 @@ _METADATA: Final = (
 
 class HistoryMode(StrEnum):
     MIRROR = "mirror"  # each key's last image, as PostgreSQL's subscriber keeps it
-    SOFT_DELETE = "soft_delete"  # a mirror whose deleted rows stay, marked (apply.soft_delete)
+    SOFT_DELETE = "soft_delete"  # a mirror whose deleted rows stay, marked (apply.stamps)
     CHANGELOG = "changelog"  # every change a row, appended in commit order
 
 
 @dataclass(frozen=True, slots=True)
 class History:
     """How a subscription keeps its tables (config ``history``): ``mode``, but for ``tables``
-    (qualified name -> mode)."""
+    (qualified name -> mode); ``metadata_columns``: a mirror's rows stamped."""
 
     mode: HistoryMode = HistoryMode.MIRROR
     tables: Mapping[str, HistoryMode] = field(default_factory=dict)
+    # Mirrors' rows carry the LSN and time of their last write (``apply.stamps``).
+    metadata_columns: bool = False
 
     def of(self, table: str) -> HistoryMode:
         return self.tables.get(table, self.mode)

@@ -88,7 +88,7 @@ class KeyedNet:
     key_kinds: bytes | None = None
     truncate_tx: int = -1  # index of the last TRUNCATE's transaction in the batch
     # Each transaction of the batch by index: (commit LSN, commit time), set by the applier
-    # for tables that record which change last wrote a row (``apply.soft_delete``).
+    # for tables that record which change last wrote a row (``apply.stamps``).
     commits: tuple[tuple[int, int], ...] = ()
 
     def key_is_binary(self, position: int) -> bool:

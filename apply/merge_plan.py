@@ -24,11 +24,11 @@ it is a target-only predicate, so Delta skips every file whose key range
 transaction, or a batch of recent inserts, then reads a few files instead
 of the whole table.
 
-A soft-delete table's MERGE (``soft``, ``apply.soft_delete``) marks a
-deleted row instead of removing it, counts a marked row as absent (an
+A stamped table's MERGE (``stamping``, ``apply.stamps``) writes every row
+with its change's commit LSN and time; with soft deletes it also marks a
+deleted row instead of removing it, and counts a marked row as absent (an
 insert of its key brings it back, an update or delete of it is skipped as
-a missing row), and stamps every row it writes with its change's commit LSN
-and time.
+a missing row).
 
 A multiset table's MERGE deletes every copy of each row the batch removes
 from and inserts the copies that remain or were added.
@@ -45,8 +45,8 @@ import pyarrow.compute as pc
 
 from apply.changelog import COMMIT_TIME, LSN
 from apply.schema import TargetSchema, quote
-from apply.soft_delete import DELETED
 from apply.source import FIRST, PRESENT, REINSERTED, REMOVE, keep_flag
+from apply.stamps import DELETED, Stamping
 from conflicts.kinds import First
 
 EXPECTS_ABSENT: Final = f"s.{FIRST} IN ('INSERT', 'KEY_UPDATE_NEW')"
@@ -157,10 +157,11 @@ def keyed_merge(
     shape: Shape = Shape(),
     bounds: tuple[int, int] | None = None,
     *,
-    soft: bool = False,
+    stamping: Stamping = Stamping.NONE,
 ) -> MergePlan:
-    """The MERGE of a keyed source; ``soft``: into a soft-delete table (the source stamped by
-    ``apply.soft_delete.stamped``)."""
+    """The MERGE of a keyed source; into a stamped table (``stamping``), a source stamped by
+    ``apply.stamps.stamped``."""
+    soft = stamping.soft
     if not schema.key:
         raise ValueError(f"{schema.table} has no key; use multiset_merge")
     condition = " AND ".join(f"{_target(k)} = {_source(k)}" for k in schema.key)
@@ -186,7 +187,11 @@ def keyed_merge(
                 {quote(schema.key[0]): f"raise_error({kind})"},
             )
         )
-    stamp = {quote(LSN): _source(LSN), quote(COMMIT_TIME): _source(COMMIT_TIME)} if soft else {}
+    stamp = (
+        {quote(LSN): _source(LSN), quote(COMMIT_TIME): _source(COMMIT_TIME)}
+        if stamping.stamps
+        else {}
+    )
     if shape.deletes and soft:
         marked = {quote(DELETED): "true", **stamp}
         clauses.append(Clause(ClauseKind.MATCHED_UPDATE, f"NOT s.{PRESENT} AND {live}", marked))
@@ -199,7 +204,7 @@ def keyed_merge(
         if index in keep:
             value = f"CASE WHEN s.{keep_flag(index)} THEN {_target(column.name)} ELSE {value} END"
         updates[quote(column.name)] = value
-    alive = {quote(DELETED): "false", **stamp} if soft else {}
+    alive = {quote(DELETED): "false", **stamp} if soft else stamp
     if shape.updates:
         # A marked row is absent: only a chain that expects no row (or re-inserts) revives it.
         revives = f"s.{PRESENT} AND ({live} OR {EXPECTS_ABSENT} OR s.{REINSERTED})"

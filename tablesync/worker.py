@@ -32,7 +32,6 @@ from typing import Protocol
 import pyarrow as pa
 import structlog
 
-from apply.changelog import HistoryMode
 from apply.collapse import is_keyed
 from apply.copy_source import CopySource
 from apply.failpoints import failpoint
@@ -187,9 +186,9 @@ class SyncWorker:
         on_executors = context.tables.copy_on_executors
         ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks, on_executors))
         staged = len(ranges) > 1 and server_version >= MIN_SERVER_VERSION
-        # A change log's copy is appended whole (apply.changelog), a soft-delete table's rows
-        # stamped (apply.soft_delete): not staged range by range.
-        mirror = context.tables.kept_as(schema) is HistoryMode.MIRROR
+        # A change log's copy is appended whole (apply.changelog), a stamped table's rows
+        # stamped (apply.stamps): not staged range by range.
+        mirror = context.tables.plain_mirror(schema)
         if staged and schema.key and self._copy_settings.resumable and mirror:
             return RangedCopy(
                 context,

@@ -12,9 +12,10 @@ then cut to what the actions keep (``apply.resolve``) and merged.
 A batch with a TRUNCATE is judged against an empty table and written with
 one overwrite.
 
-A soft-delete table (``soft``, ``apply.soft_delete``) takes the same paths:
-its MERGE marks deleted rows, and its marked rows count as absent wherever
-the table is judged.
+A stamped table (``stamping``, ``apply.stamps``) takes the same paths, its
+rows stamped with their last commit; with soft deletes its MERGE marks
+deleted rows, and its marked rows count as absent wherever the table is
+judged.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ from apply.merge_plan import (
 from apply.records import CommitMark, WriteResult
 from apply.resolve import ORIGIN, looks_up_first, origin_looks_up_first, resolve
 from apply.schema import TargetSchema, quote
-from apply.soft_delete import DELETED, soft_delete_schema, stamped
 from apply.source import FIRST, PRESENT, REINSERTED, KeyedSource, keyed_source
 from apply.staging import StagedSource
+from apply.stamps import DELETED, Stamping, soft_delete_schema, stamped, stamped_schema
 from conflicts.findings import Finding
 from conflicts.kinds import ConflictKind, First, Resolution, judge
 from subscriber.replication.wire import pg_timestamp
@@ -66,11 +67,14 @@ def write_keyed(
     resolutions: Mapping[ConflictKind, Resolution],
     *,
     origins: OriginTracker,
-    soft: bool = False,
+    stamping: Stamping = Stamping.NONE,
 ) -> WriteResult:
     session = target.session
+    soft = stamping.soft
     if net.truncated:
-        return _write_truncated(target, schema, net, mark, resolutions, origins=origins, soft=soft)
+        return _write_truncated(
+            target, schema, net, mark, resolutions, origins=origins, stamping=stamping
+        )
     first = looks_up_first(resolutions) or any(
         r.first is First.KEY_UPDATE_OLD for r in net.rows.values()
     )
@@ -78,9 +82,11 @@ def write_keyed(
     if (first or origin_first) and origins.has_new_commits(session):
         origins.catch_up(session)  # the lookup judges against every other writer's rows
     if first or (origin_first and origins.foreign):
-        return _write_looked_up(target, schema, net, mark, resolutions, origins=origins, soft=soft)
+        return _write_looked_up(
+            target, schema, net, mark, resolutions, origins=origins, stamping=stamping
+        )
     # The default path: the MERGE judges, and is looked at after only when it must be.
-    result, source = merge_net(target, schema, net, mark, resolutions, soft=soft)
+    result, source = merge_net(target, schema, net, mark, resolutions, stamping=stamping)
     origins.committed(session, result.version)
     if not origins.foreign and _conflict_free(result, source.table, soft):
         return result  # the conflict-free path: nothing more to look at
@@ -119,15 +125,15 @@ def _write_looked_up(
     resolutions: Mapping[ConflictKind, Resolution],
     *,
     origins: OriginTracker,
-    soft: bool,
+    stamping: Stamping,
 ) -> WriteResult:
     """Judge the batch's keys against the table first, then MERGE what the actions keep."""
-    before = live(target.read(), soft)
+    before = live(target.read(), stamping.soft)
     findings = find_keyed(target.session, schema, net, before, origins.foreign)
     resolved = resolve(net, findings, resolutions)
     if resolved.stop is not None:
         raise ConflictError(resolved.stop.kind, schema.table, list(resolved.findings))
-    result, _ = merge_net(target, schema, resolved.net, mark, resolutions, soft=soft)
+    result, _ = merge_net(target, schema, resolved.net, mark, resolutions, stamping=stamping)
     origins.committed(target.session, result.version)
     _prune_replaced(origins, target, resolved.findings)
     return replace(result, conflicts=resolved.findings)
@@ -140,23 +146,24 @@ def merge_net(
     mark: CommitMark,
     resolutions: Mapping[ConflictKind, Resolution],
     *,
-    soft: bool = False,
+    stamping: Stamping = Stamping.NONE,
 ) -> tuple[WriteResult, KeyedSource]:
     """The MERGE of ``net`` alone: no lookup before, no look at its metrics after."""
     source = keyed_source(net, schema)
-    if soft:
+    if stamping.stamps:
         source = replace(source, table=stamped(source.table, list(net.rows.values()), net.commits))
     stops = on_exists(
         resolutions[ConflictKind.INSERT_EXISTS] is Resolution.ERROR,
         resolutions[ConflictKind.UPDATE_EXISTS] is Resolution.ERROR,
     )
     with target.marked(mark):
-        frame = target.frame(source.table, soft_delete_schema(schema) if soft else schema)
+        frame = target.frame(source.table, stamped_schema(schema, stamping))
         if source.moved:
-            frame = fill_moved(frame, schema, source.keep_columns, live(target.read(), soft))
+            existing = live(target.read(), stamping.soft)
+            frame = fill_moved(frame, schema, source.keep_columns, existing)
         bounds = key_bounds(source.table, schema.key[0])
         shape = shape_of(source.table)
-        plan = keyed_merge(schema, source.keep_columns, stops, shape, bounds, soft=soft)
+        plan = keyed_merge(schema, source.keep_columns, stops, shape, bounds, stamping=stamping)
         if not plan.clauses:  # the actions skipped every change: nothing to write
             return WriteResult(schema.table, None), source
         return target.merge(schema, frame, plan, reads_target=source.moved), source
@@ -170,7 +177,7 @@ def _write_truncated(
     resolutions: Mapping[ConflictKind, Resolution],
     *,
     origins: OriginTracker,
-    soft: bool,
+    stamping: Stamping,
 ) -> WriteResult:
     """A batch with a TRUNCATE: its chains are judged against an empty table. A soft-delete
     table keeps its rows, marked deleted by the TRUNCATE, beside the batch's."""
@@ -187,12 +194,14 @@ def _write_truncated(
         table[FIRST], pa.array([First.INSERT.value, First.KEY_UPDATE_NEW.value])
     )
     keep = pc.and_(table[PRESENT], pc.or_(expects_absent, table[REINSERTED]))
-    if soft:
-        rows = stamped(table, list(resolved.net.rows.values()), resolved.net.commits).filter(keep)
-        result = _overwrite_soft(target, schema, resolved.net, rows, mark)
+    if stamping.stamps:
+        table = stamped(table, list(resolved.net.rows.values()), resolved.net.commits)
+    if stamping.soft:
+        result = _overwrite_soft(target, schema, resolved.net, table.filter(keep), mark)
     else:
-        rows = table.filter(keep).select([c.name for c in schema.columns])
-        result = target.overwrite(schema, rows, mark)
+        stored = stamped_schema(schema, stamping)
+        rows = table.filter(keep).select([c.name for c in stored.columns])
+        result = target.overwrite(stored, rows, mark)
     origins.rewritten(result.version)
     return replace(result, conflicts=resolved.findings)
 

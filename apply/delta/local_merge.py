@@ -26,9 +26,10 @@ overwritten in one commit with the same mark, which pgsub writes itself
 where the table's protocol allows (``apply.delta.overwrite``): 8 ms a table
 of 2,000 rows against the MERGE's 35 (``benchmarks.local_merge_bench``).
 
-A soft-delete table (``apply.soft_delete``) takes steps 1-3, with its
-marked rows counted as absent in the lookup and the soft-delete MERGE plan;
-never the rewrite or the deletion vector path.
+A stamped table (``apply.stamps``: metadata columns, soft deletes) takes
+steps 1-3 with its source stamped (and, with soft deletes, its marked rows
+counted as absent in the lookup); never the rewrite or the deletion vector
+path, which do not stamp rows.
 
 None from ``LocalMerges.merge`` means "take Spark's path", and nothing was
 written. Left to Spark: a TRUNCATE in the batch, an update that moved a
@@ -67,8 +68,8 @@ from apply.merge_plan import (
 )
 from apply.records import CommitMark, WriteResult
 from apply.rewrite import found_as_expected, rewritten
-from apply.soft_delete import DELETED, soft_delete_schema, stamped
 from apply.source import KeyedSource, keyed_source
+from apply.stamps import DELETED, Stamping, stamped, stamped_schema
 
 if TYPE_CHECKING:
     import deltalake
@@ -113,11 +114,11 @@ class LocalMerges:
         net: KeyedNet,
         mark: CommitMark,
         *,
-        soft: bool = False,
+        stamping: Stamping = Stamping.NONE,
     ) -> WriteResult | None:
         """``net`` merged into the table at ``path`` by delta-rs, in one commit carrying
         ``mark``; None when the batch must take Spark's path (nothing was written).
-        ``soft``: a soft-delete table."""
+        ``stamping``: what the table's rows carry (``apply.stamps``)."""
         import deltalake
 
         if net.truncated or any(row.toast_key is not None for row in net.rows.values()):
@@ -125,10 +126,16 @@ class LocalMerges:
         try:
             open_table = self._table(folder(path))
             done = open_table.done(mark.txn[0])
-            if not soft and vector_writable(open_table.table, schema):
+            if not stamping.stamps and vector_writable(open_table.table, schema):
                 return self._write_by_vectors(open_table, schema, net, mark, done)
             written = merge_into(
-                open_table, schema, net, mark, done=done, max_bytes=self.max_bytes, soft=soft
+                open_table,
+                schema,
+                net,
+                mark,
+                done=done,
+                max_bytes=self.max_bytes,
+                stamping=stamping,
             )
         except CommitRacedError:
             self.forget(path)
@@ -222,7 +229,7 @@ def merge_into(
     *,
     done: int | None,
     max_bytes: int = LOCAL_MERGE_MAX_BYTES,
-    soft: bool = False,
+    stamping: Stamping = Stamping.NONE,
 ) -> WriteResult | None:
     """``net`` merged into ``table`` (at its latest commit, of at most ``max_bytes`` of
     Parquet; rewritten whole up to ``REWRITE_MAX_BYTES``, read at the call);
@@ -232,23 +239,25 @@ def merge_into(
     app_id, version = mark.txn
     if done is not None and done >= version:
         return WriteResult(schema.table, None)  # committed before: Delta's txn says so
-    size = _fitting_size(open_table, soft_delete_schema(schema) if soft else schema, max_bytes)
+    size = _fitting_size(open_table, stamped_schema(schema, stamping), max_bytes)
     if size is None:
         return None
     source = keyed_source(net, schema)
-    if soft:
+    if stamping.stamps:
         source = replace(source, table=stamped(source.table, list(net.rows.values()), net.commits))
     try:
-        if size <= REWRITE_MAX_BYTES and not soft:
+        if size <= REWRITE_MAX_BYTES and not stamping.stamps:
             return _rewrite(open_table, schema, source, mark)
         table = open_table.synced()
-        if _conflicts(table, schema, source.table, soft):
+        if _conflicts(table, schema, source.table, stamping.soft):
             return None
     except pa.ArrowException:  # a key type pyarrow cannot join on
         return None
     bounds = key_bounds(source.table, schema.key[0])
     shape = shape_of(source.table)
-    plan = keyed_merge(schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, soft=soft)
+    plan = keyed_merge(
+        schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, stamping=stamping
+    )
     metrics = _merge(table, source.table, plan, mark)
     counts = (
         metrics.get("num_target_rows_inserted", 0),
@@ -256,7 +265,7 @@ def merge_into(
         metrics.get("num_target_rows_deleted", 0),
     )
     expected = expected_counts(source.table)
-    if soft:  # a revived or marked row is an update
+    if stamping.soft:  # a revived or marked row is an update
         expected = (counts[0], expected_touched(source.table) - counts[0], 0)
     if counts != expected:
         # Only another writer between the lookup and the commit can make this happen.

@@ -59,10 +59,9 @@ from apply.records import (
     within_from_metadata,
 )
 from apply.schema import Evolution, TargetSchema, quote
-from apply.soft_delete import copied as soft_copied
-from apply.soft_delete import kept_as as soft_kept_as
-from apply.soft_delete import soft_delete_schema
 from apply.staging import StagedSource
+from apply.stamps import PLAIN, Keeping, stamped_schema
+from apply.stamps import copied as stamped_copy
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
@@ -206,7 +205,7 @@ class DeltaTables:
         False: the caller records the creation (``remember_created``), with others
         in one write, before anything may depend on it.
         """
-        schema = self._stored(schema)
+        schema = self._keeping(schema).stored(schema)
         with self._lock:
             if self._schemas.get(schema.table) == schema:
                 return None
@@ -241,8 +240,8 @@ class DeltaTables:
                 )
             # A table made again after it was deleted is made by Spark: this process's Spark
             # may hold the deleted table's log, and sees a new one only through its own CREATE.
-            kept = self._kept(schema)
-            if kept is not self.history.of(schema.table):
+            keeping = self._keeping(schema)
+            if keeping.mode is not keeping.configured:
                 log.warning(
                     "target table kept as a mirror: a soft_delete table needs a key",
                     subscription=self.subscription,
@@ -251,7 +250,9 @@ class DeltaTables:
                     hint="give the table a primary key, then `pgsub resync` it; or keep it as "
                     "a mirror in history.tables to silence this",
                 )
-            self._definition.create(self.session(), schema, path, kept, by_spark=created_before)
+            self._definition.create(
+                self.session(), schema, path, keeping.mode, by_spark=created_before
+            )
             self._local_merges.forget(path)
             self._appends.forget(path)
             with self._lock:
@@ -260,29 +261,17 @@ class DeltaTables:
             if remember:
                 self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
-        return self._definition.evolve(self.session(), schema, path, self._kept(schema))
+        return self._definition.evolve(self.session(), schema, path, self._keeping(schema).mode)
 
     def appends_changes(self, table: str) -> bool:
         return table != MESSAGES_TABLE and self.history.of(table) is HistoryMode.CHANGELOG
 
-    def kept_as(self, schema: TargetSchema) -> HistoryMode:
-        """How the table of ``schema`` is kept (``history``; soft deletes need a key)."""
-        return self._kept(schema)
+    def plain_mirror(self, schema: TargetSchema) -> bool:
+        return self._keeping(schema).plain
 
-    def _kept(self, schema: TargetSchema) -> HistoryMode:
-        if schema.table == MESSAGES_TABLE:
-            return HistoryMode.MIRROR
-        return soft_kept_as(self.history.of(schema.table), schema)
-
-    def _soft(self, schema: TargetSchema) -> bool:
-        return self._kept(schema) is HistoryMode.SOFT_DELETE
-
-    def _stored(self, schema: TargetSchema) -> TargetSchema:
-        """The Delta table's layout for a publisher table of ``schema``."""
-        kept = self._kept(schema)
-        if kept is HistoryMode.CHANGELOG:
-            return changelog_schema(schema)
-        return soft_delete_schema(schema) if kept is HistoryMode.SOFT_DELETE else schema
+    def _keeping(self, schema: TargetSchema) -> Keeping:
+        """How the table of ``schema`` is kept (``history``, ``apply.stamps``)."""
+        return PLAIN if schema.table == MESSAGES_TABLE else Keeping.of(self.history, schema)
 
     def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
         target, stored = self.target(schema.table), changelog_schema(schema)
@@ -336,7 +325,7 @@ class DeltaTables:
                 self._schemas.pop(schema.table, None)  # the next attempt looks at it again
             kind = conflict_in(str(exc))
             if kind is not None and isinstance(net, KeyedNet):
-                soft = self._soft(schema)
+                soft = self._keeping(schema).stamping.soft
                 raise raised_conflict(target, schema, net, kind, soft=soft) from None
             raise TargetTableError(
                 f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
@@ -387,18 +376,22 @@ class DeltaTables:
         resolutions: Mapping[ConflictKind, Resolution],
     ) -> WriteResult:
         if isinstance(net, KeyedNet):
-            soft = self._soft(schema)
+            stamps = self._keeping(schema).stamping
             if self._merges_locally(target):
-                written = self._local_merges.merge(target.path, schema, net, mark, soft=soft)
+                written = self._local_merges.merge(target.path, schema, net, mark, stamping=stamps)
                 # A table too big for delta-rs that gains deletion vectors now is written by
                 # pgsub's own path (apply.delta.vector_write) from this batch on.
                 if written is None and self._check_size(target):
-                    written = self._local_merges.merge(target.path, schema, net, mark, soft=soft)
+                    written = self._local_merges.merge(
+                        target.path, schema, net, mark, stamping=stamps
+                    )
                 if written is not None:
                     return written
             self._check_size(target)
             origins = self._tracker(schema.table, target.path)
-            return write_keyed(target, schema, net, mark, resolutions, origins=origins, soft=soft)
+            return write_keyed(
+                target, schema, net, mark, resolutions, origins=origins, stamping=stamps
+            )
         self._check_size(target)
         return write_multiset(target, schema, net, mark, resolutions)
 
@@ -490,15 +483,16 @@ class DeltaTables:
         """
         target = self.target(schema.table)
         mode: WriteMode = "overwrite"
-        soft = self._soft(schema)
+        stamps = self._keeping(schema).stamping
         if self.appends_changes(schema.table):  # a truncate row, then the copy's rows
             source, schema, mode = (
                 copied(source, schema, mark.lsn),
                 changelog_schema(schema),
                 "append",
             )
-        elif soft:  # alive, last written at the copy's LSN
-            source, schema = soft_copied(source, schema, mark.lsn), soft_delete_schema(schema)
+        elif stamps.stamps:  # alive, last written at the copy's LSN
+            source = stamped_copy(source, schema, mark.lsn, stamps)
+            schema = stamped_schema(schema, stamps)
         with self.exclusive(schema.table):
             if (
                 self._on_local_disk
@@ -509,7 +503,7 @@ class DeltaTables:
                 # A big table gains deletion vectors now, before READY, and its key index is
                 # read: not in its first batch while its changes wait (seconds each).
                 self._check_size(target)
-                if self._merges_locally(target) and mode == "overwrite" and not soft:
+                if self._merges_locally(target) and mode == "overwrite" and not stamps.stamps:
                     self._local_merges.warm(target.path, schema)
                 return copied_rows
             return copy_into(target, schema, source, mark, staging, mode=mode)

@@ -150,9 +150,11 @@ class HistoryConfig(_Strict):
 
     mode: HistoryMode = HistoryMode.MIRROR
     tables: dict[str, HistoryMode] = Field(default_factory=dict)
+    # true: a mirror's rows carry _pgsub_lsn and _pgsub_commit_time of their last write
+    metadata_columns: bool = False
 
     def history(self) -> History:
-        return History(self.mode, dict(self.tables))
+        return History(self.mode, dict(self.tables), self.metadata_columns)
 
 
 class HeartbeatConfig(_Strict):

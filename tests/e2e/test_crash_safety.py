@@ -9,7 +9,7 @@ import deltalake
 import pytest
 
 from apply.changelog import OP
-from apply.soft_delete import DELETED
+from apply.stamps import DELETED
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until

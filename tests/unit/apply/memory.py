@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from apply.changelog import HistoryMode
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import StagedParts
 from apply.errors import ConflictError
@@ -110,8 +109,8 @@ class MemoryTables:
     def appends_changes(self, table: str) -> bool:
         return table in self.change_logs
 
-    def kept_as(self, schema: TargetSchema) -> HistoryMode:
-        return HistoryMode.CHANGELOG if schema.table in self.change_logs else HistoryMode.MIRROR
+    def plain_mirror(self, schema: TargetSchema) -> bool:
+        return schema.table not in self.change_logs
 
     def append_changes(self, schema: TargetSchema, rows: Any, mark: CommitMark) -> WriteResult:
         self.logged.setdefault(schema.table, []).extend(rows.to_pylist())

@@ -1,4 +1,5 @@
-"""A soft-delete table's layout, stamps and MERGE plan (``history: soft_delete``)."""
+"""Stamped tables' layouts, stamps and MERGE plans: a mirror's metadata columns
+(``history.metadata_columns``) and soft deletes (``history: soft_delete``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,17 @@ from apply.collapse import KeyedNet, collapse
 from apply.copy_source import CopySource
 from apply.merge_plan import ClauseKind, expected_touched, keyed_merge, merge_sql
 from apply.schema import target_schema
-from apply.soft_delete import DELETED, copied, kept_as, soft_delete_schema, stamped
 from apply.source import keyed_source
+from apply.stamps import (
+    DELETED,
+    Stamping,
+    copied,
+    kept_as,
+    soft_delete_schema,
+    stamped,
+    stamped_schema,
+    stamping,
+)
 from apply.transactions import RemoteTransaction
 from subscriber.replication.lsn import Lsn
 from tests.unit.apply.builders import batch, dele, ins, relation, trunc, tx, upd
@@ -66,7 +76,7 @@ def test_the_truncate_is_remembered_by_its_transaction() -> None:
 
 
 def test_the_merge_marks_deletes_and_treats_marked_rows_as_absent() -> None:
-    plan = keyed_merge(SCHEMA, (), soft=True)
+    plan = keyed_merge(SCHEMA, (), stamping=Stamping.SOFT_DELETE)
     kinds = [c.kind for c in plan.clauses]
     assert ClauseKind.MATCHED_DELETE not in kinds  # a delete is an update of the mark
     raising, marking, updating, inserting = plan.clauses
@@ -93,10 +103,35 @@ def test_a_conflict_free_merge_touches_every_present_chain_and_every_expected_de
 
 def test_copied_rows_are_alive_at_the_copy_lsn() -> None:
     block = pa.table({"id": pa.array([1, 2], pa.int32()), "v": ["a", "b"]})
-    source = copied(CopySource.in_memory([block]), SCHEMA, Lsn(500))
+    source = copied(CopySource.in_memory([block]), SCHEMA, Lsn(500), Stamping.SOFT_DELETE)
     rows = [r for b in source.blocks() for r in b.to_pylist()]
     assert rows == [
         {"id": 1, "v": "a", DELETED: False, LSN: 500, COMMIT_TIME: None},
         {"id": 2, "v": "b", DELETED: False, LSN: 500, COMMIT_TIME: None},
     ]
     assert [r for b in source.read(None) for r in b.to_pylist()] == rows
+
+
+def test_metadata_columns_stamp_a_mirror_s_rows_and_deletes_still_delete() -> None:
+    assert stamping(HistoryMode.MIRROR, SCHEMA, True) is Stamping.LAST_WRITE
+    assert stamping(HistoryMode.MIRROR, SCHEMA, False) is Stamping.NONE
+    assert stamping(HistoryMode.SOFT_DELETE, SCHEMA, False) is Stamping.SOFT_DELETE
+    assert stamping(HistoryMode.MIRROR, BAG, True) is Stamping.NONE  # no key: plain
+    assert stamping(HistoryMode.CHANGELOG, SCHEMA, True) is Stamping.NONE
+    stored = stamped_schema(SCHEMA, Stamping.LAST_WRITE)
+    assert [c.name for c in stored.columns] == ["id", "v", LSN, COMMIT_TIME]
+    plan = keyed_merge(SCHEMA, (), stamping=Stamping.LAST_WRITE)
+    assert [c.kind for c in plan.clauses] == [
+        ClauseKind.MATCHED_UPDATE,  # insert_exists raises
+        ClauseKind.MATCHED_DELETE,
+        ClauseKind.MATCHED_UPDATE,
+        ClauseKind.NOT_MATCHED_INSERT,
+    ]
+    for clause in (plan.clauses[2], plan.clauses[3]):
+        assert clause.assignments["`_pgsub_commit_time`"] == "s.`_pgsub_commit_time`"
+        assert "`_pgsub_deleted`" not in clause.assignments
+    block = pa.table({"id": pa.array([1], pa.int32()), "v": ["a"]})
+    source = copied(CopySource.in_memory([block]), SCHEMA, Lsn(7), Stamping.LAST_WRITE)
+    assert [r for b in source.blocks() for r in b.to_pylist()] == [
+        {"id": 1, "v": "a", LSN: 7, COMMIT_TIME: None}
+    ]

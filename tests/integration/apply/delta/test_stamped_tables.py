@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from apply.changelog import COMMIT_TIME, LSN
-from apply.soft_delete import DELETED
+from apply.stamps import DELETED
 from subscriber.runtime import admin
 from subscriber.runtime.config import Config
 from tests.support.pgcluster import wait_until
@@ -38,6 +38,18 @@ def rows(path: str) -> dict[int, dict[str, Any]]:
     import deltalake
 
     return {r["id"]: r for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()}
+
+
+def merged_by(path: str) -> set[str]:
+    """The engines of the table's MERGE commits (``delta-rs``, ``Apache-Spark``)."""
+    import deltalake
+
+    infos = deltalake.DeltaTable(path).history()
+    return {
+        str(c.get("engineInfo")).split(":")[0].split("/")[0]
+        for c in infos
+        if c.get("operation") == "MERGE"
+    }
 
 
 def state(path: str) -> dict[int, tuple[str | None, bool]]:
@@ -98,6 +110,7 @@ def test_a_soft_delete_table_keeps_deleted_rows_marked(
         assert got[1]["big"] == BIG  # kept from the target: the update did not send it
         assert got[3][LSN] > before_deletes >= got[2][LSN] > copy_lsn
         assert got[10][LSN] > got[3][LSN]
+        assert merged_by(path) == {"delta-rs" if written_by == "delta-rs" else "Apache-Spark"}
         assert all(got[i][COMMIT_TIME] is not None for i in (2, 3, 10, 20))
         rep.assert_equal("public.u", key=("id",))  # the other table stays a plain mirror
 
@@ -146,3 +159,52 @@ def test_a_soft_delete_table_keeps_deleted_rows_marked(
             timeout=120,
             what="the resync's copy",
         )
+
+
+@pytest.mark.parametrize("written_by", ["delta-rs", "spark"])
+def test_metadata_columns_stamp_each_row_of_a_mirror_with_its_last_write(
+    publisher: PgDatabase, spark: Any, warehouse: Path, written_by: str
+) -> None:
+    """``history.metadata_columns``: turned on for a mirror that exists (its rows before have
+    no stamp), then every write stamps its rows; deletes delete; a keyless table stays
+    plain."""
+    publisher.execute(SCHEMA + "; CREATE TABLE bag (a int, b text)")
+    publisher.execute("ALTER TABLE bag REPLICA IDENTITY FULL; ALTER PUBLICATION pub ADD TABLE bag")
+    features = {"change_data_feed": written_by == "spark"}
+    with Replication(publisher, spark, warehouse, copy_data=True, table_features=features) as rep:
+        rep.caught_up()
+    stamped = {"metadata_columns": True}
+    with Replication(
+        publisher,
+        spark,
+        warehouse,
+        history=stamped,
+        table_features=features,
+        batch={"max_delay": "300ms"},
+    ) as rep:
+        path = rep.path("public.t")
+        before = current_lsn(publisher)
+        publisher.execute("UPDATE t SET v = 'uno' WHERE id = 1")  # big: unchanged TOAST
+        publisher.execute("INSERT INTO bag VALUES (1, 'x')")
+        rep.caught_up()
+        got = rows(path)
+        assert got[1][LSN] > before and got[1][COMMIT_TIME] is not None
+        assert got[1]["big"] == BIG
+        assert got[2][LSN] is None and got[10][LSN] is None  # written before the columns
+        publisher.execute("UPDATE t SET id = 20 WHERE id = 2")
+        publisher.execute("DELETE FROM t WHERE id = 10")
+        rep.caught_up()
+        got = rows(path)
+        assert sorted(got) == [1, 20] and got[20][LSN] > got[1][LSN]
+        assert merged_by(path) == {"delta-rs" if written_by == "delta-rs" else "Apache-Spark"}
+        publisher.execute("BEGIN; TRUNCATE t; INSERT INTO t VALUES (5, 'five'); COMMIT")
+        publisher.execute("INSERT INTO t VALUES (6, 'six')")
+        rep.caught_up()
+        got = rows(path)
+        assert {i: r["v"] for i, r in got.items()} == {5: "five", 6: "six"}
+        assert got[6][LSN] > got[5][LSN] > before
+        assert DELETED not in got[5]
+        import deltalake
+
+        bag = deltalake.DeltaTable(rep.path("public.bag")).to_pyarrow_table()
+        assert bag.column_names == ["a", "b"] and bag.num_rows == 1
