@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 from apply.changelog import COMMIT_TIME, LSN
 from apply.schema import TargetSchema, quote
 from apply.source import FIRST, PRESENT, REINSERTED, REMOVE, keep_flag
-from apply.stamps import DELETED, Stamping
+from apply.stamps import DELETED, Stamping, soft_delete_schema
 from conflicts.kinds import First
 
 EXPECTS_ABSENT: Final = f"s.{FIRST} IN ('INSERT', 'KEY_UPDATE_NEW')"
@@ -57,6 +57,7 @@ class ClauseKind(Enum):
     MATCHED_UPDATE = "matched_update"
     MATCHED_DELETE = "matched_delete"
     NOT_MATCHED_INSERT = "not_matched_insert"
+    NOT_MATCHED_BY_SOURCE_UPDATE = "not_matched_by_source_update"
 
 
 class OnExists(Enum):
@@ -222,6 +223,25 @@ def keyed_merge(
     return MergePlan(condition, tuple(clauses))
 
 
+def soft_resync_merge(schema: TargetSchema, lsn: int) -> MergePlan:
+    """A soft-delete table copied again (``pgsub resync``) from a source of its stored
+    columns (``apply.stamps.copied``): the copy's rows replace theirs, alive; a row the copy
+    lacks is marked deleted at the copy's ``lsn`` (its time unknown); a row deleted before
+    keeps its mark."""
+    stored = soft_delete_schema(schema)
+    condition = " AND ".join(f"{_target(k)} = {_source(k)}" for k in schema.key)
+    every = {quote(c.name): _source(c.name) for c in stored.columns}
+    gone = {quote(DELETED): "true", quote(LSN): str(int(lsn)), quote(COMMIT_TIME): "NULL"}
+    return MergePlan(
+        condition,
+        (
+            Clause(ClauseKind.MATCHED_UPDATE, None, every),
+            Clause(ClauseKind.NOT_MATCHED_INSERT, None, every),
+            Clause(ClauseKind.NOT_MATCHED_BY_SOURCE_UPDATE, f"NOT {_target(DELETED)}", gone),
+        ),
+    )
+
+
 def multiset_merge(schema: TargetSchema) -> MergePlan:
     """Delete every copy of the rows marked ``REMOVE``; insert the other source rows."""
     same_row = " AND ".join(f"{_target(c.name)} <=> {_source(c.name)}" for c in schema.columns)
@@ -249,6 +269,9 @@ def merge_sql(plan: MergePlan, target: str, source: str) -> str:
             parts.append(f"WHEN MATCHED{when} THEN UPDATE SET {settings}")
         elif clause.kind is ClauseKind.MATCHED_DELETE:
             parts.append(f"WHEN MATCHED{when} THEN DELETE")
+        elif clause.kind is ClauseKind.NOT_MATCHED_BY_SOURCE_UPDATE:
+            settings = ", ".join(f"{c} = {v}" for c, v in clause.assignments.items())
+            parts.append(f"WHEN NOT MATCHED BY SOURCE{when} THEN UPDATE SET {settings}")
         else:
             columns = ", ".join(clause.assignments)
             values = ", ".join(clause.assignments.values())

@@ -14,6 +14,10 @@ carrying the copy's mark (idempotent-write id and ``userMetadata``):
   tasks read the table's CTID ranges on the executors, one task per
   range, and one Spark write commits them: no row passes through the
   daemon.
+
+The Spark ways may land the rows by a MERGE instead (``plan``): a
+soft-delete table copied again keeps the rows it marked deleted
+(``apply.merge_plan.soft_resync_merge``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from apply.delta import sql as delta_sql
 from apply.delta.local_tables import as_table_holds, held_schema, marked
 from apply.delta.session import SparkErrors, runs_here, struct
 from apply.errors import TargetTableError
+from apply.merge_plan import MergePlan
 from apply.records import CommitMark
 from apply.schema import TargetSchema
 from apply.source import empty as source_empty
@@ -84,9 +89,10 @@ def copy_into(
     staging: Path,
     *,
     mode: WriteMode = "overwrite",
+    plan: MergePlan | None = None,
 ) -> tuple[int, int | None]:
     """Replace the table's rows with ``source``'s (the initial copy; ``mode`` append: add
-    them to a change log table); (rows, version).
+    them to a change log table; ``plan``: merge them by it); (rows, version).
 
     With a local Spark the blocks are read here and staged as Parquet files
     (written by pyarrow, one block in memory at a time), then land in one
@@ -95,8 +101,9 @@ def copy_into(
     """
     try:
         if runs_here(target.session):
-            return _copy_staged(target, schema, source.blocks(), mark, staging, mode=mode)
-        return copy_on_executors(target, schema, source, mark, mode=mode)
+            blocks = source.blocks()
+            return _copy_staged(target, schema, blocks, mark, staging, mode=mode, plan=plan)
+        return copy_on_executors(target, schema, source, mark, mode=mode, plan=plan)
     except SparkErrors as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
 
@@ -109,6 +116,7 @@ def _copy_staged(
     staging: Path,
     *,
     mode: WriteMode,
+    plan: MergePlan | None,
 ) -> tuple[int, int | None]:
     import pyarrow.parquet as pq
 
@@ -124,6 +132,8 @@ def _copy_staged(
                 frame = session.read.schema(struct(schema.ddl())).parquet(str(staging))
             else:
                 frame = target.frame(source_empty(schema), schema)
+            if plan is not None:  # staged files: read twice, the same rows
+                return rows, target.merge(schema, frame, plan).version
             frame.write.format("delta").mode(mode).save(target.path)
             return rows, target.committed_version()
     finally:
@@ -137,9 +147,11 @@ def copy_on_executors(
     mark: CommitMark,
     *,
     mode: WriteMode = "overwrite",
+    plan: MergePlan | None = None,
 ) -> tuple[int, int | None]:
     """One Spark job, a task per part, each reading its part on an executor; its rows are
-    written in one commit carrying ``mark``. A failed task is retried by Spark."""
+    written (``plan``: merged) in one commit carrying ``mark``. A failed task is retried by
+    Spark."""
     session = target.session
     arrow = arrow_schema(schema.columns)
     parts, read = list(source.parts), source.read
@@ -153,11 +165,14 @@ def copy_on_executors(
 
     frame = session.range(0, len(parts), 1, len(parts)).mapInArrow(task, struct(schema.ddl()))
     with target.marked(mark):
-        frame.write.format("delta").mode(mode).save(target.path)
-        version = target.committed_version()
+        if plan is None:
+            frame.write.format("delta").mode(mode).save(target.path)
+            version = target.committed_version()
+        else:  # read from the publisher: copied once by Delta, not read twice
+            version = target.merge(schema, frame, plan, reads_target=True).version
     if version is None:  # Delta skipped the write: this mark's copy was committed before
         return 0, None
     # The rows the commit wrote, from its own metrics (a Spark Connect client has no
     # accumulators).
     metrics = delta_sql.commit_metrics(session, target.path, version)
-    return int(metrics.get("numOutputRows") or 0), version
+    return int(metrics.get("numSourceRows" if plan else "numOutputRows") or 0), version

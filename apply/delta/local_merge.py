@@ -390,6 +390,8 @@ def _merge(
             merger = merger.when_matched_update(clause.assignments, clause.condition)
         elif clause.kind is ClauseKind.MATCHED_DELETE:
             merger = merger.when_matched_delete(clause.condition)
+        elif clause.kind is ClauseKind.NOT_MATCHED_BY_SOURCE_UPDATE:
+            merger = merger.when_not_matched_by_source_update(clause.assignments, clause.condition)
         else:
             merger = merger.when_not_matched_insert(clause.assignments, clause.condition)
     return {k: int(v) for k, v in merger.execute().items() if isinstance(v, int)}

@@ -49,7 +49,7 @@ from apply.delta.target import TargetTable
 from apply.errors import ConflictError, TargetTableError
 from apply.features import PORTABLE, FeatureMode, TableFeatures
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
-from apply.merge_plan import conflict_in
+from apply.merge_plan import conflict_in, soft_resync_merge
 from apply.records import (
     MESSAGES_TABLE,
     CommitMark,
@@ -490,7 +490,10 @@ class DeltaTables:
                 changelog_schema(schema),
                 "append",
             )
-        elif stamps.stamps:  # alive, last written at the copy's LSN
+        plan = None
+        if stamps.soft and self._holds_rows(target):  # a resync keeps what it marked deleted
+            plan = soft_resync_merge(schema, int(mark.lsn))
+        if stamps.stamps:  # alive, last written at the copy's LSN
             source = stamped_copy(source, schema, mark.lsn, stamps)
             schema = stamped_schema(schema, stamps)
         with self.exclusive(schema.table):
@@ -498,6 +501,7 @@ class DeltaTables:
                 self._on_local_disk
                 and runs_here(target.session)
                 and delta_rs_can_write(target.path)
+                and plan is None
             ):
                 copied_rows = write_once(target, schema, source.blocks(), mark, mode=mode), None
                 # A big table gains deletion vectors now, before READY, and its key index is
@@ -506,7 +510,14 @@ class DeltaTables:
                 if self._merges_locally(target) and mode == "overwrite" and not stamps.stamps:
                     self._local_merges.warm(target.path, schema)
                 return copied_rows
-            return copy_into(target, schema, source, mark, staging, mode=mode)
+            return copy_into(target, schema, source, mark, staging, mode=mode, plan=plan)
+
+    def _holds_rows(self, target: TargetTable) -> bool:
+        """Whether the table has data files (a table copied before: a resync)."""
+        if not self.exists(target.table):
+            return False
+        _, size, _ = detail(target.session, target.path)
+        return size > 0
 
     def staged_copy(self, schema: TargetSchema) -> StagedCopy:
         folder = f"_pgsub/copy_staging/{self.subscription}/{table_folder(schema.table)}"

@@ -151,14 +151,28 @@ def test_a_soft_delete_table_keeps_deleted_rows_marked(
         rep.caught_up()
         assert state(path)[5] == ("five", True) and state(path)[6] == ("six", False)
 
-        # A resync copies the table again: the rows the publisher has, alive.
+        # A resync copies the table again: the rows the publisher has, alive; the rows it
+        # marked deleted stay; a row the copy lacks (another writer's) is marked at its LSN.
+        spark.sql(f"INSERT INTO delta.`{path}` (id, v, {DELETED}) VALUES (99, 'stray', false)")
+        marked = rows(path)
         config = Config(warehouse=str(warehouse), subscriptions=[rep.config])
         admin.resync(config, rep.config, ["public.t"])
-        wait_until(
-            lambda: state(path) == {1: ("back", False), 5: ("cinq", False), 6: ("six", False)},
-            timeout=120,
-            what="the resync's copy",
-        )
+        resynced = {
+            1: ("back", False),
+            2: ("two", True),
+            3: ("three", True),
+            5: ("cinq", False),
+            6: ("six", False),
+            10: ("ten again", True),
+            20: ("two", True),
+            99: ("stray", True),
+        }
+        wait_until(lambda: state(path) == resynced, timeout=120, what="the resync's copy")
+        again = rows(path)
+        copy_lsn = again[1][LSN]
+        assert copy_lsn > marked[6][LSN] and again[5][LSN] == again[6][LSN] == copy_lsn
+        assert again[99][LSN] == copy_lsn and again[99][COMMIT_TIME] is None
+        assert all(again[i][LSN] == marked[i][LSN] for i in (2, 3, 10, 20))  # deleted before
 
 
 @pytest.mark.parametrize("written_by", ["delta-rs", "spark"])
