@@ -11,7 +11,13 @@ import pytest
 from apply.changelog import COMMIT_TIME, LSN, HistoryMode, ReservedColumnError
 from apply.collapse import KeyedNet, collapse
 from apply.copy_source import CopySource
-from apply.merge_plan import ClauseKind, expected_touched, keyed_merge, merge_sql
+from apply.merge_plan import (
+    ClauseKind,
+    expected_touched,
+    keyed_merge,
+    merge_sql,
+    soft_resync_merge,
+)
 from apply.schema import target_schema
 from apply.source import keyed_source
 from apply.stamps import (
@@ -135,3 +141,13 @@ def test_metadata_columns_stamp_a_mirror_s_rows_and_deletes_still_delete() -> No
     assert [r for b in source.blocks() for r in b.to_pylist()] == [
         {"id": 1, "v": "a", LSN: 7, COMMIT_TIME: None}
     ]
+
+
+def test_a_resync_merges_the_copy_and_marks_what_it_lacks_at_its_lsn() -> None:
+    sql = merge_sql(soft_resync_merge(SCHEMA, 500), "t", "s")
+    assert "WHEN MATCHED THEN UPDATE SET `id` = s.`id`" in sql
+    assert "`_pgsub_deleted` = s.`_pgsub_deleted`" in sql  # the copy's rows: alive
+    assert (
+        "WHEN NOT MATCHED BY SOURCE AND (NOT t.`_pgsub_deleted`) THEN UPDATE SET "
+        "`_pgsub_deleted` = true, `_pgsub_lsn` = 500, `_pgsub_commit_time` = NULL"
+    ) in sql
