@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from apply.columnar import arrow_schema
-from apply.delta.local_tables import as_table_holds, delta_rs_writes, held_schema, marked
+from apply.delta.local_tables import (
+    as_table_holds,
+    delta_rs_writes,
+    folder,
+    held_schema,
+    marked,
+    no_checkpoint,
+)
+from apply.delta.overwrite import keep_log
 from apply.delta.session import SparkErrors, arrow_frame
 from apply.errors import TargetTableError
 from apply.records import CommitMark, WriteResult
@@ -63,8 +71,15 @@ class LocalAppends:
             if done is not None and done >= version:
                 return WriteResult(schema.table, None)
             rows = as_table_holds(rows.cast(arrow_schema(schema.columns)), held_schema(table))
-            deltalake.write_deltalake(table, rows, mode="append", commit_properties=marked(mark))
+            deltalake.write_deltalake(
+                table,
+                rows,
+                mode="append",
+                commit_properties=marked(mark),
+                post_commithook_properties=no_checkpoint(),
+            )
             table.update_incremental()
+            keep_log(table, folder(target.path))
             return WriteResult(schema.table, table.version(), inserted=rows.num_rows)
         except (deltalake.exceptions.DeltaError, OSError) as exc:
             self.forget(target.path)

@@ -51,9 +51,15 @@ from apply.collapse import KeyedNet
 from apply.columnar import arrow_schema
 from apply.delta.key_index import KeyIndex, lookup_keys
 from apply.delta.live_files import LiveFiles
-from apply.delta.local_tables import delta_rs_writes, folder, marked
+from apply.delta.local_tables import delta_rs_writes, folder, marked, no_checkpoint
 from apply.delta.open_table import OpenTable
-from apply.delta.overwrite import CommitRacedError, checkpoint_due, hand_writable, overwrite
+from apply.delta.overwrite import (
+    CommitRacedError,
+    checkpoint_due,
+    hand_writable,
+    keep_log,
+    overwrite,
+)
 from apply.delta.vector_write import VectorTable, vector_writable, write_by_vectors
 from apply.errors import TargetTableError
 from apply.merge_plan import (
@@ -259,6 +265,7 @@ def merge_into(
         schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, stamping=stamping
     )
     metrics = _merge(table, source.table, plan, mark)
+    keep_log(table, open_table.local)
     counts = (
         metrics.get("num_target_rows_inserted", 0),
         metrics.get("num_target_rows_updated", 0),
@@ -317,10 +324,9 @@ def _rewrite(
     if hand_writable(open_table.table, rows):
         own = overwrite(open_table.local, open_table.version, live, rows, mark)
         open_table.wrote(app_id, version, own)
-        if checkpoint_due(open_table.version, open_table.table.metadata().configuration):
-            table = open_table.synced()
-            table.create_checkpoint()
-            table.cleanup_metadata()
+        configuration = open_table.table.metadata().configuration
+        if checkpoint_due(open_table.version, configuration, open_table.local):
+            keep_log(open_table.synced(), open_table.local)
         return WriteResult(schema.table, open_table.version, *counts)
     table = open_table.synced()
     deltalake.write_deltalake(
@@ -328,7 +334,9 @@ def _rewrite(
         rows,
         mode="overwrite",
         commit_properties=marked(mark),
+        post_commithook_properties=no_checkpoint(),
     )
+    keep_log(table, open_table.local)
     open_table.wrote(app_id, version)
     return WriteResult(schema.table, table.version(), *counts)
 
@@ -384,6 +392,7 @@ def _merge(
         target_alias="t",
         streamed_exec=False,  # a small source, read twice: its key range prunes files
         commit_properties=marked(mark),
+        post_commithook_properties=no_checkpoint(),
     )
     for clause in plan.clauses:
         if clause.kind is ClauseKind.MATCHED_UPDATE:

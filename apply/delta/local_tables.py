@@ -120,6 +120,14 @@ def marked(mark: CommitMark) -> deltalake.CommitProperties:
     )
 
 
+def no_checkpoint() -> deltalake.PostCommitHookProperties:
+    """delta-rs's own checkpoint after a commit, off: pgsub makes it at a version of the
+    table's own (``apply.delta.overwrite.keep_log``)."""
+    import deltalake
+
+    return deltalake.PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+
+
 def as_table_holds(rows: pa.Table, held: pa.Schema) -> pa.Table:
     """``rows`` with a NULL column for each of ``held``'s (a table's) they lack: columns the
     publisher no longer sends, which the table keeps (delta-rs refuses rows without them)."""

@@ -15,7 +15,11 @@ commit of an overwrite is the simplest the protocol has, so pgsub writes it:
    with its ``userMetadata``;
 3. every ``delta.checkpointInterval`` commits (100 unless set), a
    checkpoint and the removal of expired log files, by delta-rs
-   (``checkpoint_due``; the caller makes them).
+   (``keep_log``; the caller asks for them). Each table checkpoints at
+   versions of its own (``checkpoint_due``): the tables one batch writes
+   reach the same version together, and 200 checkpoints in one batch
+   stalled it 6 s where a batch took 0.7 (docs/performance.md, "Many
+   tables").
 
 Only for a table whose protocol asks nothing more of a writer
 (``hand_writable``): no column invariants, not append-only, no table
@@ -30,6 +34,7 @@ import json
 import os
 import time
 import uuid
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -150,10 +155,22 @@ def opening_actions(
     ]
 
 
-def checkpoint_due(version: int, properties: Mapping[str, str]) -> bool:
-    """Whether the table's ``version`` is one its checkpoint interval asks a checkpoint at."""
-    interval = int(properties.get("delta.checkpointInterval") or _CHECKPOINT_INTERVAL)
-    return version % max(interval, 1) == 0
+def checkpoint_due(version: int, properties: Mapping[str, str], local: str) -> bool:
+    """Whether the table at ``local`` checkpoints at ``version``: once every checkpoint
+    interval, at a version shifted by an amount of its own (from its folder's name), so that
+    tables written by the same batches do not all checkpoint in one. A reader may find a
+    checkpoint at any version."""
+    interval = max(int(properties.get("delta.checkpointInterval") or _CHECKPOINT_INTERVAL), 1)
+    shift = zlib.crc32(local.rstrip("/").encode()) % interval
+    return (version + shift) % interval == 0
+
+
+def keep_log(table: deltalake.DeltaTable, local: str) -> None:
+    """After a commit pgsub made (by hand, or by delta-rs with ``NO_CHECKPOINT``): the
+    table's checkpoint, and the removal of its expired log files, if its version is due."""
+    if checkpoint_due(table.version(), table.metadata().configuration, local):
+        table.create_checkpoint()
+        table.cleanup_metadata()
 
 
 def commit(log: Path, version: int, actions: list[dict[str, object]]) -> None:

@@ -57,7 +57,7 @@ from apply.delta import deletion_vectors
 from apply.delta.deletion_vectors import Descriptor
 from apply.delta.key_index import Alive, KeyIndex, Match
 from apply.delta.live_files import LiveFiles, VectorFile
-from apply.delta.overwrite import CommitRacedError, checkpoint_due, commit, opening_actions
+from apply.delta.overwrite import CommitRacedError, commit, keep_log, opening_actions
 from apply.maintenance_policy import PURGE_ABOVE
 from apply.merge_plan import expected_counts
 from apply.rewrite import found_as_expected, kept_values
@@ -180,9 +180,7 @@ def write_by_vectors(
         state.index.added(written.new_file, new_rows)
     table = open_table.synced()
     open_table.wrote(app_id, batch_version)
-    if checkpoint_due(version, table.metadata().configuration):
-        table.create_checkpoint()
-        table.cleanup_metadata()
+    keep_log(table, open_table.local)
     return WriteResult(schema.table, version, *counts)
 
 
