@@ -219,7 +219,7 @@ def _overwrite_soft(
     written = written.select([c.name for c in stored.columns])
     lsn, time = net.commits[net.truncate_tx]
     was_live = fn.col(quote(DELETED)) == fn.lit(False)
-    before = target.read().select(*[quote(c.name) for c in stored.columns])
+    before = target.read()  # every column it keeps: one the publisher dropped too
     marked = (
         before.withColumn(LSN, fn.when(was_live, fn.lit(lsn)).otherwise(fn.col(quote(LSN))))
         .withColumn(
@@ -231,7 +231,8 @@ def _overwrite_soft(
     fresh = target.frame(written, stored)
     keys = [quote(k) for k in schema.key]
     kept = marked.join(fresh.select(*keys), on=list(schema.key), how="left_anti")
-    return target.overwrite_frame(stored, kept.unionByName(fresh), mark, rows.num_rows)
+    everything = kept.unionByName(fresh, allowMissingColumns=True)
+    return target.overwrite_frame(stored, everything, mark, rows.num_rows)
 
 
 def _prune_replaced(
