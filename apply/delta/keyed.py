@@ -33,7 +33,7 @@ from apply.delta.findings import find_keyed
 from apply.delta.moved import fill_moved
 from apply.delta.origins import OriginTracker
 from apply.delta.session import SparkErrors
-from apply.errors import ConflictError
+from apply.errors import ConflictError, TargetTableError
 from apply.merge_plan import (
     conflict_in,
     expected_counts,
@@ -241,6 +241,18 @@ def _prune_replaced(
     """The batch wrote over other writers' rows: some of their versions may be gone."""
     if any(ConflictKind(f.kind) in ORIGIN for f in findings):
         origins.prune(target.session)
+
+
+def staged_keys_unique(target: TargetTable, stage: StagedSource) -> bool:
+    """Whether no key has rows in two of a large transaction's staged pieces (one Spark job):
+    then ``write_staged`` may MERGE them at once."""
+    frame = target.staged(stage.directory, stage.columns, stage.schema)
+    keys = [quote(k) for k in stage.schema.key]
+    try:
+        row = frame.selectExpr("count(*) AS n", f"count(DISTINCT {', '.join(keys)}) AS d").first()
+    except SparkErrors as exc:
+        raise TargetTableError(f"cannot read the staged rows of {target.table}: {exc}") from exc
+    return row is not None and int(row["n"]) == int(row["d"])
 
 
 def write_staged(

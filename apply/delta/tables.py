@@ -36,7 +36,7 @@ from apply.delta import sql as delta_sql
 from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import WriteMode, copy_into, write_once
 from apply.delta.definition import TableDefinition, gain_by_size
-from apply.delta.keyed import raised_conflict, write_keyed, write_staged
+from apply.delta.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
 from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
 from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table
 from apply.delta.maintenance import Grown, Tended, detail, tend
@@ -58,7 +58,7 @@ from apply.records import (
     lsn_from_metadata,
     within_from_metadata,
 )
-from apply.schema import Evolution, TargetSchema, quote
+from apply.schema import Evolution, TargetSchema
 from apply.staging import StagedSource
 from apply.stamps import PLAIN, Keeping, stamped_schema
 from apply.stamps import copied as stamped_copy
@@ -333,16 +333,7 @@ class DeltaTables:
 
     def staged_keys_unique(self, stage: StagedSource) -> bool:
         """Whether no key has rows in two of the staged pieces (one Spark job)."""
-        target = self.target(stage.schema.table)
-        frame = target.staged(stage.directory, stage.columns, stage.schema)
-        keys = [quote(k) for k in stage.schema.key]
-        try:
-            row = frame.selectExpr(
-                "count(*) AS n", f"count(DISTINCT {', '.join(keys)}) AS d"
-            ).first()
-        except SparkErrors as exc:
-            raise TargetTableError(f"cannot read the staged rows of {target.table}: {exc}") from exc
-        return row is not None and int(row["n"]) == int(row["d"])
+        return staged_keys_unique(self.target(stage.schema.table), stage)
 
     def write_staged(
         self,
