@@ -41,6 +41,7 @@ from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
 from apply.typemap import TypeLookup, resolve
+from apply.versions import Conflicted, findings
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from conflicts.reporter import ConflictReporter
@@ -110,6 +111,23 @@ class Tables(Protocol):
     def plain_mirror(self, schema: TargetSchema) -> bool:
         """Whether the table of ``schema`` is kept as PostgreSQL's subscriber keeps it (no
         change log, no column of pgsub's: ``history``)."""
+        ...
+
+    def keeps_versions(self, schema: TargetSchema) -> bool:
+        """Whether the table of ``schema`` is kept as versions (``history: scd2``)."""
+        ...
+
+    def write_versions(
+        self,
+        schema: TargetSchema,
+        changes: pa.Table,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+        witness: Callable[[Sequence[Conflicted]], list[Finding]],
+    ) -> WriteResult:
+        """A batch's change rows (``apply.changelog.change_rows``) as versions of the table
+        (``apply.versions``), in one commit marked ``mark`` (made once); ``witness`` turns
+        the conflicts met into reports."""
         ...
 
     def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
@@ -243,16 +261,9 @@ class BatchApplier:
             mark = self._mark(batch, name)
             try:
                 schema = self._schema(table_work)
-                if self._tables.appends_changes(name):
-                    rows = change_rows(self._readable(table_work), schema, batch)
-                    write = partial(self._tables.append_changes, schema, rows, mark)
-                else:
-                    net = self._net(table_work)
-                    if _nothing_to_do(net):
-                        continue
-                    if isinstance(net, KeyedNet):
-                        net.commits = commits  # a soft-delete table stamps rows with them
-                    write = partial(self._tables.write, schema, net, mark, self._resolutions)
+                write = self._writer(table_work, schema, batch, mark, commits)
+                if write is None:
+                    continue
             except Exception as exc:
                 cause = _as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, None, batch) from exc
@@ -283,6 +294,32 @@ class BatchApplier:
         if messages is not None:
             results.append(self._write_messages(batch, messages))
         return BatchResult(batch.end_lsn, tuple(results))
+
+    def _writer(
+        self,
+        work: TableWork,
+        schema: TargetSchema,
+        batch: Batch,
+        mark: CommitMark,
+        commits: tuple[tuple[int, int], ...],
+    ) -> Callable[[], WriteResult] | None:
+        """The write of ``work`` to its table, kept as its history says; None: nothing to do."""
+        if self._tables.appends_changes(work.name):
+            rows = change_rows(self._readable(work), schema, batch)
+            return partial(self._tables.append_changes, schema, rows, mark)
+        if self._tables.keeps_versions(schema):
+            readable = self._readable(work)
+            rows = change_rows(readable, schema, batch)
+            witness = partial(findings, readable, schema)
+            return partial(
+                self._tables.write_versions, schema, rows, mark, self._resolutions, witness
+            )
+        net = self._net(work)
+        if _nothing_to_do(net):
+            return None
+        if isinstance(net, KeyedNet):
+            net.commits = commits  # a stamped table stamps rows with them
+        return partial(self._tables.write, schema, net, mark, self._resolutions)
 
     def _messages(self, batch: Batch) -> pa.Table | None:
         """The batch's logical decoding messages the messages table does not have yet."""

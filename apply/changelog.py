@@ -70,6 +70,7 @@ class HistoryMode(StrEnum):
     MIRROR = "mirror"  # each key's last image, as PostgreSQL's subscriber keeps it
     SOFT_DELETE = "soft_delete"  # a mirror whose deleted rows stay, marked (apply.stamps)
     CHANGELOG = "changelog"  # every change a row, appended in commit order
+    SCD2 = "scd2"  # a row per version of each key, valid from / to (apply.versions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from and inserts the copies that remain or were added.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import Enum
 from typing import Final
 
@@ -47,6 +48,7 @@ from apply.changelog import COMMIT_TIME, LSN
 from apply.schema import TargetSchema, quote
 from apply.source import FIRST, PRESENT, REINSERTED, REMOVE, keep_flag
 from apply.stamps import DELETED, Stamping, soft_delete_schema
+from apply.versions import CURRENT, VALID_FROM, VALID_TO, VALID_TO_TIME, versions_schema
 from conflicts.kinds import First
 
 EXPECTS_ABSENT: Final = f"s.{FIRST} IN ('INSERT', 'KEY_UPDATE_NEW')"
@@ -238,6 +240,77 @@ def soft_resync_merge(schema: TargetSchema, lsn: int) -> MergePlan:
             Clause(ClauseKind.MATCHED_UPDATE, None, every),
             Clause(ClauseKind.NOT_MATCHED_INSERT, None, every),
             Clause(ClauseKind.NOT_MATCHED_BY_SOURCE_UPDATE, f"NOT {_target(DELETED)}", gone),
+        ),
+    )
+
+
+def versions_merge(
+    schema: TargetSchema, truncated: tuple[int, datetime | None] | None, *, closes: bool
+) -> MergePlan:
+    """Close the table's versions the source closes (its rows whose ``_pgsub_current`` is
+    NULL, matched on the key and ``_pgsub_valid_from_lsn``), insert the others; with
+    ``truncated``, close every other current version at the TRUNCATE."""
+    stored = versions_schema(schema)
+    target, source = "t.", "s."
+    same = [f"{target}{quote(k)} = {source}{quote(k)}" for k in schema.key]
+    from_ = f"{target}{quote(VALID_FROM)} = {source}{quote(VALID_FROM)}"
+    condition = " AND ".join(
+        [f"{source}{quote(CURRENT)} IS NULL", f"{target}{quote(CURRENT)}", *same, from_]
+    )
+    clauses = []
+    if closes:
+        # A version opened by a piece of this transaction (a spooled one applied in pieces).
+        clauses.append(
+            Clause(
+                ClauseKind.MATCHED_DELETE,
+                f"{target}{quote(VALID_FROM)} = {source}{quote(VALID_TO)}",
+            )
+        )
+        closing = {
+            quote(VALID_TO): f"{source}{quote(VALID_TO)}",
+            quote(VALID_TO_TIME): f"{source}{quote(VALID_TO_TIME)}",
+            quote(CURRENT): "false",
+        }
+        clauses.append(Clause(ClauseKind.MATCHED_UPDATE, None, closing))
+    clauses.append(
+        Clause(
+            ClauseKind.NOT_MATCHED_INSERT,
+            f"{source}{quote(CURRENT)} IS NOT NULL",
+            {quote(c.name): f"{source}{quote(c.name)}" for c in stored.columns},
+        )
+    )
+    if truncated is not None:
+        lsn, time = truncated
+        at = "NULL" if time is None else f"TIMESTAMP '{time.isoformat()}'"
+        clauses.append(
+            Clause(
+                ClauseKind.NOT_MATCHED_BY_SOURCE_UPDATE,
+                f"{target}{quote(CURRENT)}",
+                {quote(VALID_TO): str(int(lsn)), quote(VALID_TO_TIME): at, quote(CURRENT): "false"},
+            )
+        )
+    return MergePlan(condition, tuple(clauses))
+
+
+def versions_resync_merge(schema: TargetSchema, lsn: int) -> MergePlan:
+    """A versions table copied again (``pgsub resync``) from a source of its stored columns
+    (``copied``): every current version is closed at the copy's ``lsn`` (its time unknown),
+    and every row of the copy opens a version there."""
+    stored = versions_schema(schema)
+    closing = {
+        quote(VALID_TO): str(int(lsn)),
+        quote(VALID_TO_TIME): "NULL",
+        quote(CURRENT): "false",
+    }
+    return MergePlan(
+        "false",
+        (
+            Clause(
+                ClauseKind.NOT_MATCHED_INSERT,
+                None,
+                {quote(c.name): f"s.{quote(c.name)}" for c in stored.columns},
+            ),
+            Clause(ClauseKind.NOT_MATCHED_BY_SOURCE_UPDATE, f"t.{quote(CURRENT)}", closing),
         ),
     )
 

@@ -46,6 +46,7 @@ from apply.columnar import arrow_schema
 from apply.copy_source import CopySource
 from apply.schema import TargetColumn, TargetSchema
 from apply.typemap import BOOL, INT8, TIMESTAMPTZ, ColumnType
+from apply.versions import versions_schema
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.wire import pg_timestamp
 
@@ -76,15 +77,16 @@ class Stamping(Enum):
 
 
 def kept_as(mode: HistoryMode, schema: TargetSchema) -> HistoryMode:
-    """How a table of ``schema`` configured as ``mode`` is kept: soft deletes need a key."""
-    if mode is HistoryMode.SOFT_DELETE and not schema.key:
+    """How a table of ``schema`` configured as ``mode`` is kept: soft deletes and versions
+    need a key."""
+    if mode in (HistoryMode.SOFT_DELETE, HistoryMode.SCD2) and not schema.key:
         return HistoryMode.MIRROR
     return mode
 
 
 def stamping(mode: HistoryMode, schema: TargetSchema, metadata_columns: bool) -> Stamping:
     """What the rows of a table of ``schema``, kept as ``mode``, carry."""
-    if not schema.key or mode is HistoryMode.CHANGELOG:
+    if not schema.key or mode in (HistoryMode.CHANGELOG, HistoryMode.SCD2):
         return Stamping.NONE
     if mode is HistoryMode.SOFT_DELETE:
         return Stamping.SOFT_DELETE
@@ -115,6 +117,8 @@ class Keeping:
         """The Delta table's layout for a publisher table of ``schema``."""
         if self.mode is HistoryMode.CHANGELOG:
             return changelog_schema(schema)
+        if self.mode is HistoryMode.SCD2:
+            return versions_schema(schema)
         return stamped_schema(schema, self.stamping)
 
 

@@ -264,7 +264,7 @@ def merge_into(
     plan = keyed_merge(
         schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, stamping=stamping
     )
-    metrics = _merge(table, source.table, plan, mark)
+    metrics = run_merge(table, source.table, plan, mark)
     keep_log(table, open_table.local)
     counts = (
         metrics.get("num_target_rows_inserted", 0),
@@ -381,7 +381,7 @@ def _conflicts(
     return not found_as_expected(local, source, keys)
 
 
-def _merge(
+def run_merge(
     table: deltalake.DeltaTable, source: pa.Table, plan: MergePlan, mark: CommitMark
 ) -> dict[str, int]:
     """``plan`` (the SQL conditions and values Spark's MERGE takes) run by delta-rs."""

@@ -46,10 +46,11 @@ from apply.delta.origins import OriginTracker
 from apply.delta.session import SparkErrors, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
 from apply.delta.target import TargetTable
+from apply.delta.versions import Witness, write_versions
 from apply.errors import ConflictError, TargetTableError
 from apply.features import PORTABLE, FeatureMode, TableFeatures
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
-from apply.merge_plan import conflict_in, soft_resync_merge
+from apply.merge_plan import conflict_in, soft_resync_merge, versions_resync_merge
 from apply.records import (
     MESSAGES_TABLE,
     CommitMark,
@@ -62,6 +63,8 @@ from apply.schema import Evolution, TargetSchema
 from apply.staging import StagedSource
 from apply.stamps import PLAIN, Keeping, stamped_schema
 from apply.stamps import copied as stamped_copy
+from apply.versions import copied as versions_copied
+from apply.versions import versions_schema
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
@@ -243,7 +246,7 @@ class DeltaTables:
             keeping = self._keeping(schema)
             if keeping.mode is not keeping.configured:
                 log.warning(
-                    "target table kept as a mirror: a soft_delete table needs a key",
+                    f"target table kept as a mirror: a {keeping.configured} table needs a key",
                     subscription=self.subscription,
                     table=schema.table,
                     replica_identity="FULL or none",
@@ -269,6 +272,9 @@ class DeltaTables:
     def plain_mirror(self, schema: TargetSchema) -> bool:
         return self._keeping(schema).plain
 
+    def keeps_versions(self, schema: TargetSchema) -> bool:
+        return self._keeping(schema).mode is HistoryMode.SCD2
+
     def _keeping(self, schema: TargetSchema) -> Keeping:
         """How the table of ``schema`` is kept (``history``, ``apply.stamps``)."""
         return PLAIN if schema.table == MESSAGES_TABLE else Keeping.of(self.history, schema)
@@ -284,6 +290,29 @@ class DeltaTables:
         except SparkErrors as exc:
             raise TargetTableError(
                 f"appending to {schema.table} at {target.path} at LSN {mark.lsn} failed: {exc}"
+            ) from exc
+
+    def write_versions(
+        self,
+        schema: TargetSchema,
+        changes: pa.Table,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+        witness: Witness,
+    ) -> WriteResult:
+        target = self.target(schema.table)
+        try:
+            with self.exclusive(schema.table):
+                local = self._merges_locally(target) and delta_rs_can_write(target.path)
+                if not local:
+                    self._check_size(target)
+                return write_versions(
+                    target, schema, changes, mark, resolutions, witness, by_delta_rs=local
+                )
+        except SparkErrors as exc:
+            raise TargetTableError(
+                f"writing the versions of {schema.table} to {target.path} at LSN {mark.lsn} "
+                f"failed: {exc}"
             ) from exc
 
     def remember_created(self, tables: list[str]) -> None:
@@ -484,6 +513,10 @@ class DeltaTables:
         plan = None
         if stamps.soft and self._holds_rows(target):  # a resync keeps what it marked deleted
             plan = soft_resync_merge(schema, int(mark.lsn))
+        if self.keeps_versions(schema):  # first versions; a resync closes the current ones
+            if self._holds_rows(target):
+                plan = versions_resync_merge(schema, int(mark.lsn))
+            source, schema = versions_copied(source, schema, mark.lsn), versions_schema(schema)
         if stamps.stamps:  # alive, last written at the copy's LSN
             source = stamped_copy(source, schema, mark.lsn, stamps)
             schema = stamped_schema(schema, stamps)

@@ -8,7 +8,7 @@ already there raises ``ConflictError`` as the MERGE's ``raise_error`` does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,15 @@ from apply.errors import ConflictError
 from apply.records import CommitMark, Within, WriteResult
 from apply.schema import Evolution, TargetSchema
 from apply.staging import StagedSource
+from apply.versions import (
+    CURRENT,
+    VALID_FROM,
+    VALID_TO,
+    VALID_TO_TIME,
+    Conflicted,
+    touched_keys,
+    versioned,
+)
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
@@ -32,6 +41,8 @@ class MemoryTables:
         self.messages: list[dict[str, Any]] = []
         self.change_logs: set[str] = set()  # tables kept as change logs
         self.logged: dict[str, list[dict[str, Any]]] = {}  # their rows
+        self.version_tables: set[str] = set()  # tables kept as versions (scd2)
+        self.versions: dict[str, list[dict[str, Any]]] = {}  # their rows
         self.reads = 0
 
     def applied_lsn(self, table: str) -> Lsn:
@@ -110,7 +121,40 @@ class MemoryTables:
         return table in self.change_logs
 
     def plain_mirror(self, schema: TargetSchema) -> bool:
-        return schema.table not in self.change_logs
+        return schema.table not in self.change_logs and not self.keeps_versions(schema)
+
+    def keeps_versions(self, schema: TargetSchema) -> bool:
+        return schema.table in self.version_tables and bool(schema.key)
+
+    def write_versions(
+        self,
+        schema: TargetSchema,
+        changes: Any,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+        witness: Callable[[Sequence[Conflicted]], list[Finding]],
+    ) -> WriteResult:
+        """``apply.versions`` over a list of rows: the Delta writer's lookup and MERGE."""
+        kept = self.versions.setdefault(schema.table, [])
+        keys = set(touched_keys(changes, schema))
+        current = [v for v in kept if v[CURRENT] and tuple(v[k] for k in schema.key) in keys]
+        out = versioned(changes, schema, current, resolutions)
+        found = witness(out.conflicts)
+        if out.stop is not None:
+            raise ConflictError(out.stop.kind.value, schema.table, found)
+        closing = {(tuple(c[k] for k in schema.key), c[VALID_FROM]): c for c in out.closes}
+        for version in kept:
+            close = closing.get((tuple(version[k] for k in schema.key), version[VALID_FROM]))
+            if close is None and out.truncated is not None and version[CURRENT]:
+                close = {VALID_TO: out.truncated[0], VALID_TO_TIME: out.truncated[1]}
+            if close is not None and version[CURRENT]:
+                version |= {VALID_TO: close[VALID_TO], VALID_TO_TIME: close[VALID_TO_TIME]}
+                version[CURRENT] = False
+        kept[:] = [v for v in kept if v[VALID_TO] != v[VALID_FROM]] + out.opens
+        self.lsn[schema.table] = mark.lsn
+        self.within[schema.table] = mark.within
+        self.commits.append((schema.table, mark))
+        return WriteResult(schema.table, len(self.commits), conflicts=tuple(found))
 
     def append_changes(self, schema: TargetSchema, rows: Any, mark: CommitMark) -> WriteResult:
         self.logged.setdefault(schema.table, []).extend(rows.to_pylist())

@@ -1,0 +1,146 @@
+"""Writes to a table kept as versions (``history: scd2``, ``apply.versions``).
+
+A batch is written in two steps: the current versions of the keys its
+changes name are looked up (by delta-rs on a local warehouse it may
+write, by Spark otherwise), the change rows are turned into versions
+against them, and one MERGE marked with the batch's mark closes the
+versions the batch replaced and inserts the new ones (by the same engine).
+A batch already committed for its mark (a resend after a crash) is not
+written again: delta-rs looks the mark's idempotent-write id up first, and
+Spark's ``txnAppId`` refuses the commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from apply.columnar import arrow_schema
+from apply.delta.local_merge import run_merge
+from apply.delta.local_tables import folder
+from apply.delta.overwrite import keep_log
+from apply.errors import ConflictError, TargetTableError
+from apply.merge_plan import versions_merge
+from apply.records import CommitMark, WriteResult
+from apply.schema import TargetSchema, quote
+from apply.versions import (
+    CURRENT,
+    Conflicted,
+    Key,
+    Row,
+    touched_keys,
+    versioned,
+    versions_schema,
+    versions_source,
+)
+from conflicts.findings import Finding
+from conflicts.kinds import ConflictKind, Resolution
+
+if TYPE_CHECKING:
+    import deltalake
+
+    from apply.delta.target import TargetTable
+
+# The conflicts a batch's versions met, as the applier reports them.
+Witness = Callable[[Sequence[Conflicted]], list[Finding]]
+
+
+def write_versions(  # noqa: PLR0917 - the batch's write, as write_keyed's
+    target: TargetTable,
+    schema: TargetSchema,
+    changes: pa.Table,
+    mark: CommitMark,
+    resolutions: Mapping[ConflictKind, Resolution],
+    witness: Witness,
+    *,
+    by_delta_rs: bool,
+) -> WriteResult:
+    """The change rows ``changes`` (``apply.changelog.change_rows``) as versions of the table
+    of ``schema``, in one commit carrying ``mark``."""
+    stored = versions_schema(schema)
+    table = None
+    if by_delta_rs:
+        table = _opened(target.path)
+        done = table.transaction_version(mark.txn[0])
+        if done is not None and done >= mark.txn[1]:
+            return WriteResult(schema.table, None)  # committed before: Delta's txn says so
+    keys = touched_keys(changes, schema)
+    current = _current(target, schema, stored, keys, table) if keys else []
+    out = versioned(changes, schema, current, resolutions)
+    findings = witness(out.conflicts)
+    if out.stop is not None:
+        raise ConflictError(out.stop.kind.value, schema.table, findings)
+    if not out.closes and not out.opens and out.truncated is None:
+        return WriteResult(schema.table, None, conflicts=tuple(findings))
+    source = versions_source(out, schema)
+    plan = versions_merge(schema, out.truncated, closes=bool(out.closes))
+    if table is not None:
+        import deltalake
+
+        try:
+            metrics = run_merge(table, source, plan, mark)
+        except deltalake.exceptions.DeltaError as exc:
+            raise TargetTableError(
+                f"writing the versions of {schema.table} to {target.path} at LSN {mark.lsn} "
+                f"through delta-rs failed: {exc}"
+            ) from exc
+        keep_log(table, folder(target.path))
+        return WriteResult(
+            schema.table,
+            table.version(),
+            inserted=metrics.get("num_target_rows_inserted", 0),
+            updated=metrics.get("num_target_rows_updated", 0),
+            deleted=metrics.get("num_target_rows_deleted", 0),
+            conflicts=tuple(findings),
+        )
+    with target.marked(mark):
+        result = target.merge(stored, target.frame(source, stored), plan)
+    return WriteResult(
+        result.table,
+        result.version,
+        result.inserted,
+        result.updated,
+        result.deleted,
+        conflicts=tuple(findings),
+    )
+
+
+def _opened(path: str) -> deltalake.DeltaTable:
+    import deltalake
+
+    try:
+        return deltalake.DeltaTable(folder(path))
+    except (deltalake.exceptions.DeltaError, OSError) as exc:
+        raise TargetTableError(f"cannot open the versions table at {path}: {exc}") from exc
+
+
+def _current(
+    target: TargetTable,
+    schema: TargetSchema,
+    stored: TargetSchema,
+    keys: list[Key],
+    table: deltalake.DeltaTable | None,
+) -> list[Row]:
+    """The current versions of ``keys`` in the table, as rows of ``stored``."""
+    names = [c.name for c in stored.columns]
+    key_rows = pa.Table.from_pylist(
+        [dict(zip(schema.key, key, strict=True)) for key in keys],
+        schema=arrow_schema([schema.column(k) for k in schema.key]),
+    )
+    if table is not None:
+        import pyarrow.dataset as ds
+
+        first = schema.key[0]
+        wanted = (ds.field(CURRENT) == pa.scalar(True)) & ds.field(first).isin(key_rows[first])
+        held = table.to_pyarrow_dataset()
+        present = [name for name in names if name in held.schema.names]
+        rows: list[Row] = held.to_table(columns=present, filter=wanted).to_pylist()
+        return rows
+    frame = target.frame(key_rows, schema)
+    read = target.read()
+    present = [quote(name) for name in names if name in read.columns]
+    found = read.where(quote(CURRENT)).join(frame, on=list(schema.key), how="left_semi")
+    looked_up: list[Row] = found.select(*present).toArrow().to_pylist()
+    return looked_up
