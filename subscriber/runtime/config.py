@@ -146,7 +146,8 @@ class HistoryConfig(_Strict):
     """How the target tables keep what the publisher did (docs/tables.md, "History"): each
     table as ``mode`` says, but those named in ``tables`` (schema.name -> mode). mirror: each
     key's last image, as PostgreSQL's subscriber; soft_delete: a mirror whose deleted rows
-    stay, marked; changelog: every change a row, appended."""
+    stay, marked; changelog: every change a row, appended; scd2: a row per version of each
+    key, valid from / to."""
 
     mode: HistoryMode = HistoryMode.MIRROR
     tables: dict[str, HistoryMode] = Field(default_factory=dict)

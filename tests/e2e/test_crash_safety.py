@@ -10,6 +10,7 @@ import pytest
 
 from apply.changelog import OP
 from apply.stamps import DELETED
+from apply.versions import CURRENT, VALID_FROM
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
@@ -66,7 +67,9 @@ LOGGED = Counter(
 )
 
 
-@pytest.mark.parametrize("kept", ["default", "deletion-vectors", "changelog", "soft_delete"])
+@pytest.mark.parametrize(
+    "kept", ["default", "deletion-vectors", "changelog", "soft_delete", "scd2"]
+)
 def test_kills_at_each_step_of_a_batch_then_restart(
     publisher: PgDatabase,
     spark: Any,
@@ -79,7 +82,8 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     deletion vectors on, the keyed table's batches are pgsub's own commits
     (apply/delta/vector_write.py); as a change log (history: changelog), every change is
     one row of it; kept with soft deletes (history: soft_delete), every row once, the
-    deleted ones marked (the keyless bag stays a mirror)."""
+    deleted ones marked (the keyless bag stays a mirror); kept as versions (history:
+    scd2), every committed version once."""
     publisher.execute(KEYED_AND_BAG)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
@@ -89,8 +93,8 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     history: dict[str, Any] = {
         "tables": {"public.keyed": "changelog" if kept == "changelog" else "mirror"}
     }
-    if kept == "soft_delete":  # every table: the keyless bag stays a mirror
-        history = {"mode": "soft_delete"}
+    if kept in ("soft_delete", "scd2"):  # every table: the keyless bag stays a mirror
+        history = {"mode": kept}
     port = write_config(
         config,
         publisher,
@@ -131,6 +135,9 @@ def test_kills_at_each_step_of_a_batch_then_restart(
         assert alive == published
         assert set(ids) - set(alive) == {3}
         return
+    if kept == "scd2":
+        assert_scd2_kept_once(publisher, spark, warehouse)
+        return
     if kept != "changelog":
         assert_keyed_and_bag_equal(publisher, spark, warehouse)
         return
@@ -138,6 +145,21 @@ def test_kills_at_each_step_of_a_batch_then_restart(
         assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
     logged = deltalake.DeltaTable(str(warehouse / "public" / "keyed")).to_pyarrow_table()
     assert Counter(zip(logged[OP].to_pylist(), logged["id"].to_pylist(), strict=True)) == LOGGED
+
+
+def assert_scd2_kept_once(publisher: PgDatabase, spark: Any, warehouse: Path) -> None:
+    """Each committed version of the keyed table once: the workload is one transaction (190
+    versions; 191-200 came and went in it, never seen), then 1 and 2 updated after."""
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+        published = dict(conn.execute("SELECT id, v FROM keyed").fetchall())
+    kept = deltalake.DeltaTable(str(warehouse / "public" / "keyed")).to_pyarrow_table()
+    versions = kept.to_pylist()
+    starts = [(r["id"], r[VALID_FROM]) for r in versions]
+    assert len(starts) == len(set(starts)) == 190 + 2
+    assert {r["id"]: r["v"] for r in versions if r[CURRENT]} == published
+    assert sum(1 for r in versions if r[CURRENT]) == len(published)
+    assert [r[CURRENT] for r in versions if r["id"] == 3] == [False]  # deleted after
 
 
 BIG = """

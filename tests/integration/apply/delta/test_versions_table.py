@@ -140,3 +140,36 @@ def test_a_versions_table_keeps_every_committed_version_of_each_key(
         six = [r for r in again if r["id"] == 6]
         assert [r[CURRENT] for r in six] == [False, True] and six[0][VALID_TO] == copy_lsn
         assert len(again) == len(before) + 2
+
+
+def test_a_transaction_applied_in_pieces_leaves_one_version_per_key(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """A transaction larger than a batch is applied piece by piece: a version one piece
+    opened and a later piece of the same transaction replaced is removed, not closed."""
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    with Replication(
+        publisher,
+        spark,
+        warehouse,
+        copy_data=True,
+        history={"mode": "scd2"},
+        batch={"max_changes": 10, "max_delay": "300ms"},
+    ) as rep:
+        rep.caught_up()
+        publisher.execute(
+            "BEGIN; INSERT INTO t SELECT g, 'new' FROM generate_series(1, 30) g;"
+            " UPDATE t SET v = 'changed'; UPDATE t SET v = 'last' WHERE id <= 5; COMMIT"
+        )
+        rep.caught_up()
+        path = rep.path("public.t")
+        kept = versions(path)
+        assert len(kept) == 30 and all(r[CURRENT] and r[VALID_TO] is None for r in kept)
+        assert current(path) == published(publisher)
+        assert len({r[VALID_FROM] for r in kept}) == 1  # the transaction's commit
+        import deltalake
+
+        merges = [c for c in deltalake.DeltaTable(path).history() if c["operation"] == "MERGE"]
+        assert len(merges) >= 3  # 65 changes, 10 a piece
