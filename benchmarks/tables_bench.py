@@ -214,7 +214,7 @@ def main() -> None:
     parser.add_argument("--drain-timeout", type=float, default=900)
     parser.add_argument(
         "--history",
-        choices=["mirror", "soft_delete", "changelog"],
+        choices=["mirror", "soft_delete", "changelog", "scd2"],
         default="mirror",
         help="every table's",
     )
