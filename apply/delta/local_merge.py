@@ -205,6 +205,11 @@ class LocalMerges:
             self.forget(path)
             log.info("key index left to the first batch", path=path, error=str(exc))
 
+    def opened(self, path: str) -> OpenTable:
+        """The table at ``path``, kept open between batches and brought up to its latest
+        commit (a versions table's lookup and MERGE, ``apply.delta.versions``)."""
+        return self._table(folder(path))
+
     def _table(self, local: str) -> OpenTable:
         """The table at ``local``, brought up to its latest commit."""
         import deltalake

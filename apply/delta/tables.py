@@ -38,7 +38,12 @@ from apply.delta.copy import WriteMode, copy_into, write_once
 from apply.delta.definition import TableDefinition, gain_by_size
 from apply.delta.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
 from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
-from apply.delta.local_tables import delta_rs_can_write, is_local_folder, is_table
+from apply.delta.local_tables import (
+    delta_rs_can_write,
+    delta_rs_writes,
+    is_local_folder,
+    is_table,
+)
 from apply.delta.maintenance import Grown, Tended, detail, tend
 from apply.delta.marks import latest_mark
 from apply.delta.multiset import write_multiset
@@ -303,12 +308,19 @@ class DeltaTables:
         target = self.target(schema.table)
         try:
             with self.exclusive(schema.table):
-                local = self._merges_locally(target) and delta_rs_can_write(target.path)
-                if not local:
+                opened = None
+                if self._merges_locally(target):
+                    opened = self._local_merges.opened(target.path)
+                    if not delta_rs_writes(opened.synced().protocol()):
+                        opened = None
+                if opened is None:
                     self._check_size(target)
                 return write_versions(
-                    target, schema, changes, mark, resolutions, witness, by_delta_rs=local
+                    target, schema, changes, mark, resolutions, witness, opened=opened
                 )
+        except TargetTableError:  # delta-rs's write failed: open the table afresh next time
+            self._local_merges.forget(target.path)
+            raise
         except SparkErrors as exc:
             raise TargetTableError(
                 f"writing the versions of {schema.table} to {target.path} at LSN {mark.lsn} "

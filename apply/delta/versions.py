@@ -41,6 +41,7 @@ from conflicts.kinds import ConflictKind, Resolution
 if TYPE_CHECKING:
     import deltalake
 
+    from apply.delta.open_table import OpenTable
     from apply.delta.target import TargetTable
 
 # The conflicts a batch's versions met, as the applier reports them.
@@ -55,17 +56,19 @@ def write_versions(  # noqa: PLR0917 - the batch's write, as write_keyed's
     resolutions: Mapping[ConflictKind, Resolution],
     witness: Witness,
     *,
-    by_delta_rs: bool,
+    opened: OpenTable | None,
 ) -> WriteResult:
     """The change rows ``changes`` (``apply.changelog.change_rows``) as versions of the table
-    of ``schema``, in one commit carrying ``mark``."""
+    of ``schema``, in one commit carrying ``mark``: by delta-rs on ``opened`` (the table kept
+    open), else by Spark."""
     stored = versions_schema(schema)
     table = None
-    if by_delta_rs:
-        table = _opened(target.path)
-        done = table.transaction_version(mark.txn[0])
-        if done is not None and done >= mark.txn[1]:
+    app_id, batch_version = mark.txn
+    if opened is not None:
+        done = opened.done(app_id)
+        if done is not None and done >= batch_version:
             return WriteResult(schema.table, None)  # committed before: Delta's txn says so
+        table = opened.synced()
     keys = touched_keys(changes, schema)
     current = _current(target, schema, stored, keys, table) if keys else []
     out = versioned(changes, schema, current, resolutions)
@@ -76,7 +79,7 @@ def write_versions(  # noqa: PLR0917 - the batch's write, as write_keyed's
         return WriteResult(schema.table, None, conflicts=tuple(findings))
     source = versions_source(out, schema)
     plan = versions_merge(schema, out.truncated, closes=bool(out.closes))
-    if table is not None:
+    if opened is not None and table is not None:
         import deltalake
 
         try:
@@ -87,6 +90,7 @@ def write_versions(  # noqa: PLR0917 - the batch's write, as write_keyed's
                 f"through delta-rs failed: {exc}"
             ) from exc
         keep_log(table, folder(target.path))
+        opened.wrote(app_id, batch_version)
         return WriteResult(
             schema.table,
             table.version(),
@@ -105,15 +109,6 @@ def write_versions(  # noqa: PLR0917 - the batch's write, as write_keyed's
         result.deleted,
         conflicts=tuple(findings),
     )
-
-
-def _opened(path: str) -> deltalake.DeltaTable:
-    import deltalake
-
-    try:
-        return deltalake.DeltaTable(folder(path))
-    except (deltalake.exceptions.DeltaError, OSError) as exc:
-        raise TargetTableError(f"cannot open the versions table at {path}: {exc}") from exc
 
 
 def _current(
