@@ -30,13 +30,14 @@ from apply.batch import Batch, ShouldApply, TableWork
 from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.copy_source import CopySource, StagedParts
+from apply.ddl import DdlMessageError, SchemaChange, renamed_work, schema_changes
 from apply.error_context import TransactionError, conflict_of
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult, message_rows
 from apply.rendering import TextForms, in_text_form
 from apply.resolve import looks_up_first, origin_looks_up_first
-from apply.schema import Evolution, TargetSchema, target_schema
+from apply.schema import Evolution, TargetColumn, TargetSchema, target_schema
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
@@ -113,6 +114,12 @@ class Tables(Protocol):
         change log, no column of pgsub's: ``history``)."""
         ...
 
+    def follow_ddl(self, change: SchemaChange, new_types: Mapping[str, str]) -> None:
+        """Make the publisher's schema change (``apply.ddl``) to the table, at its LSN:
+        ``new_types``, the Spark type of each retyped column. Made twice, it changes nothing
+        the second time."""
+        ...
+
     def keeps_versions(self, schema: TargetSchema) -> bool:
         """Whether the table of ``schema`` is kept as versions (``history: scd2``)."""
         ...
@@ -170,6 +177,7 @@ class BatchApplier:
         staging: Path | None = None,
         text_forms: TextForms | None = None,
         clock: Callable[[], float] = time.monotonic,
+        messages: bool = True,
     ) -> None:
         self.subscription = subscription
         # Binary values of types pgsub has no reader for, as the publisher's text forms.
@@ -186,6 +194,8 @@ class BatchApplier:
         self._applied: dict[str, Lsn] = {}
         self._within: dict[str, Within | None] = {}
         self._schemas: dict[str, tuple[Relation, TargetSchema]] = {}
+        self._followed: set[str] = set()  # tables whose schema change this batch followed
+        self._keeps_messages = messages  # messages: true (else only DDL ones arrive)
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="merge")
 
     def close(self) -> None:
@@ -235,7 +245,7 @@ class BatchApplier:
         schema = target_schema(work.relation, self._types, is_keyed(work.relation))
         self._tables.prepare(schema)
         self._schemas[work.name] = (work.relation, schema)
-        if known is not None:
+        if known is not None and work.name not in self._followed:
             _guess_renames(work.name, known[0], work.relation)
         return schema
 
@@ -253,8 +263,21 @@ class BatchApplier:
         return apply.binary.readable(resolve(column.type_oid, column.typmod, self._types))
 
     def apply(self, batch: Batch) -> BatchResult:
-        """Apply ``batch``; on error nothing is confirmed and the batch may be applied again."""
+        """Apply ``batch``; on error nothing is confirmed and the batch may be applied again.
+
+        A transaction that changes a table's columns (``apply.ddl``) splits the batch: the
+        transactions before it are applied first, then the change, then the rest.
+        """
+        at = self._schema_change_at(batch)
+        if at > 0:
+            first = self.apply(Batch(batch.transactions[:at]))
+            rest = self.apply(Batch(batch.transactions[at:]))
+            return BatchResult(rest.end_lsn, first.tables + rest.tables)
+        followed = self._follow_schema_changes(batch)
         work = batch.tables(self.applied_lsn, self._applies, self.applied_through)
+        for name, change in followed.items():
+            if name in work:  # images sent before the change, read under the new names
+                work[name] = renamed_work(work[name], change)
         commits = tuple((int(tx.end_lsn), tx.commit_time) for tx in batch.transactions)
         jobs = []
         for name, table_work in work.items():
@@ -321,8 +344,61 @@ class BatchApplier:
             net.commits = commits  # a stamped table stamps rows with them
         return partial(self._tables.write, schema, net, mark, self._resolutions)
 
+    def _schema_changes(self, tx: RemoteTransaction) -> list[SchemaChange]:
+        """The schema changes of ``tx`` to tables this worker applies and that have not
+        followed them yet."""
+        if not any(isinstance(c, MessageChange) for c in tx.changes):
+            return []
+        try:
+            changes = schema_changes(tx)
+        except DdlMessageError as exc:
+            log.warning(
+                "schema change message not followed",
+                subscription=self.subscription,
+                error=str(exc),
+                lsn=str(tx.end_lsn),
+            )
+            return []
+        return [
+            change
+            for change in changes
+            if self._applies(change.relation(), tx) and tx.end_lsn > self.applied_lsn(change.table)
+        ]
+
+    def _schema_change_at(self, batch: Batch) -> int:
+        """The index of the first transaction after the batch's first that changes the columns
+        of a table this worker applies (0: none)."""
+        for index, tx in enumerate(batch.transactions[1:], start=1):
+            if self._schema_changes(tx):
+                return index
+        return 0
+
+    def _follow_schema_changes(self, batch: Batch) -> dict[str, SchemaChange]:
+        """The schema changes of the batch's first transaction, made to the tables, by table
+        (the last one of a table: its renames read the images before it)."""
+        if not batch.transactions:
+            return {}
+        tx = batch.transactions[0]
+        followed: dict[str, SchemaChange] = {}
+        for change in self._schema_changes(tx):
+            new_types = {
+                c.name: TargetColumn(c.name, resolve(c.type_oid, c.typmod, self._types)).spark_type
+                for c in change.after.columns
+                if c.name in {name for name, _, _ in change.retyped}
+            }
+            try:
+                self._tables.follow_ddl(change, new_types)
+            except Exception as exc:
+                cause = _as_apply_error(exc)
+                raise TransactionError(cause, self.subscription, change.table, tx, batch) from exc
+            followed[change.table] = change
+        self._followed = set(followed)
+        return followed
+
     def _messages(self, batch: Batch) -> pa.Table | None:
         """The batch's logical decoding messages the messages table does not have yet."""
+        if not self._keeps_messages:
+            return None
         if not any(isinstance(c, MessageChange) for tx in batch.transactions for c in tx.changes):
             return None
         last = batch.transactions[-1]

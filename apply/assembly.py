@@ -31,6 +31,7 @@ from itertools import repeat
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from apply.ddl import DDL_PREFIX
 from apply.spool import Spool, SpoolDirectory, SpooledTransaction
 from apply.transactions import (
     Bounds,
@@ -125,12 +126,18 @@ class TransactionAssembler:
     """Turns one session's messages into complete transactions, in commit order."""
 
     def __init__(
-        self, spools: SpoolDirectory | None = None, spill_after: Bounds | None = None
+        self,
+        spools: SpoolDirectory | None = None,
+        spill_after: Bounds | None = None,
+        *,
+        messages: bool = True,
     ) -> None:
         if spill_after is not None and spools is None:
             raise ValueError("spill_after needs a spool directory")
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
+        # Every logical message (``messages: true``); else only pgsub's DDL messages.
+        self._messages = messages
         self._spools = spools
         self._spill_after = spill_after
         self._open: _Open | None = None
@@ -322,7 +329,10 @@ class TransactionAssembler:
 
     def _message(self, message: LogicalMessage) -> RemoteTransaction | None:
         """A transactional message joins its transaction; another one is a transaction of
-        its own, at its position in the stream (``messages: true``)."""
+        its own, at its position in the stream (``messages: true``). Without ``messages``,
+        only pgsub's schema change messages are kept (``apply.ddl``)."""
+        if not self._messages and message.prefix != DDL_PREFIX:
+            return None
         change = MessageChange(message.lsn, message.transactional, message.prefix, message.content)
         if message.transactional:
             self._add(change, message.xid)

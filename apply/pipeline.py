@@ -95,6 +95,7 @@ class ApplyPipeline:
                 context.options.publications,
                 binary=context.options.binary,
                 origin=context.options.origin,
+                schema_changes=context.options.schema_changes,
             )
             should_apply = _only(role.relid)
             spools = SpoolDirectory(SpoolLayout(context.spool_root).sync_worker(role.relid))
@@ -110,6 +111,7 @@ class ApplyPipeline:
             reporter=context.reporter,
             staging=context.staging,
             text_forms=context.text_forms,
+            messages=options.messages,
         )
         self._queue = TransactionQueue(context.queue)
         self.worker = ApplyWorker(
@@ -125,7 +127,7 @@ class ApplyPipeline:
             ),
             spools=spools,
         )
-        self._assembler = TransactionAssembler(spools, context.bounds)
+        self._assembler = TransactionAssembler(spools, context.bounds, messages=options.messages)
         self._last_queued = start
         self._stop = threading.Event()
         self.done = threading.Event()  # set when either thread ends

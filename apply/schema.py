@@ -93,7 +93,7 @@ def can_widen(old: str, new: str) -> bool:
     return False
 
 
-def _normal(spark_type: str) -> str:
+def normal_type(spark_type: str) -> str:
     """Spark's simpleString spellings to ours (``bigint`` is ``long``, ...)."""
     aliases = {"bigint": "long", "smallint": "short", "integer": "int", "tinyint": "byte"}
     text = spark_type.replace(" ", "").lower()
@@ -116,7 +116,7 @@ def plan_evolution(
         if current is None:
             plan.add.append(column)
             continue
-        old, new = _normal(current), _normal(column.spark_type)
+        old, new = normal_type(current), normal_type(column.spark_type)
         if old == new:
             continue
         if can_widen(old, new):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
-from apply.changelog import HistoryMode
+from apply.changelog import PREFIX, HistoryMode
 from apply.columnar import arrow_schema
 from apply.delta import sql as delta_sql
 from apply.delta.local_tables import create_table, delta_rs_creates
@@ -140,11 +140,12 @@ class TableDefinition:
                 added=[c.name for c in evolution.add],
                 widened=[f"{c} {old}->{new}" for c, old, new in evolution.widen],
             )
-        if evolution.dropped:
+        unpublished = [name for name in evolution.dropped if not name.startswith(PREFIX)]
+        if unpublished:  # pgsub's own (a retyped column's old values) are not the publisher's
             log.info(
                 "columns no longer published",
                 table=schema.table,
-                columns=list(evolution.dropped),
+                columns=unpublished,
                 note="kept in the Delta table; NULL in rows inserted from now on",
             )
         if properties.get("pgsub.key") != json.dumps(list(schema.key)):

@@ -86,6 +86,16 @@ def set_properties(session: SparkSession, path: str, properties: Mapping[str, st
     session.sql(f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ({settings})")
 
 
+def rename_column(session: SparkSession, path: str, old: str, new: str) -> None:
+    """A column renamed in the metadata (a table with column mapping)."""
+    session.sql(f"ALTER TABLE {table_ref(path)} RENAME COLUMN {quote(old)} TO {quote(new)}")
+
+
+def drop_column(session: SparkSession, path: str, name: str) -> None:
+    """A column dropped from the metadata (a table with column mapping)."""
+    session.sql(f"ALTER TABLE {table_ref(path)} DROP COLUMN {quote(name)}")
+
+
 def detail(session: SparkSession, path: str) -> Row | None:
     """``DESCRIBE DETAIL`` of the table: numFiles, properties, tableFeatures, ..."""
     return session.sql(f"DESCRIBE DETAIL {table_ref(path)}").first()

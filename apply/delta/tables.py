@@ -32,9 +32,11 @@ import structlog
 from apply.changelog import MIRRORS, History, HistoryMode, changelog_schema, copied
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
+from apply.ddl import SchemaChange
 from apply.delta import sql as delta_sql
 from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import WriteMode, copy_into, write_once
+from apply.delta.ddl import follow as follow_ddl
 from apply.delta.definition import TableDefinition, gain_by_size
 from apply.delta.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
 from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
@@ -326,6 +328,36 @@ class DeltaTables:
                 f"writing the versions of {schema.table} to {target.path} at LSN {mark.lsn} "
                 f"failed: {exc}"
             ) from exc
+
+    def follow_ddl(self, change: SchemaChange, new_types: Mapping[str, str]) -> None:
+        """The publisher's schema change of a table at its LSN (``apply.delta.ddl``); a table
+        not made yet is made later with its new columns."""
+        if not self.exists(change.table):
+            return
+        path = self.path(change.table)
+        keeps_history = self.history.of(change.table) is not HistoryMode.MIRROR
+        try:
+            with self.exclusive(change.table):
+                done = follow_ddl(
+                    self.session(), path, change, new_types, keeps_history=keeps_history
+                )
+        except SparkErrors as exc:
+            raise TargetTableError(
+                f"following the schema change of {change.table} at LSN {change.lsn} in "
+                f"{path} failed: {exc}"
+            ) from exc
+        finally:
+            with self._lock:
+                self._schemas.pop(change.table, None)  # prepared again, as it is now
+            self._local_merges.forget(path)
+            self._appends.forget(path)
+        log.info(
+            "schema change followed",
+            subscription=self.subscription,
+            table=change.table,
+            lsn=str(change.lsn),
+            done=done or ["nothing left to do"],
+        )
 
     def remember_created(self, tables: list[str]) -> None:
         """``prepare(..., remember=False)``'s tables: created by this subscription."""

@@ -114,6 +114,9 @@ class StreamOptions:
     two_phase: bool = False
     origin: str = "any"  # any | none
     proto_version: int | None = None  # None: negotiated from the server version
+    # The messages of pgsub's DDL event triggers (apply.ddl): logical messages asked for on
+    # a PostgreSQL 14+ publisher even without ``messages``.
+    schema_changes: bool = False
 
     def negotiated_proto(self, server_version: int) -> int:
         return self.proto_version or proto_version_for(server_version)
@@ -148,6 +151,8 @@ class StreamOptions:
             options.append(("binary", "true"))
         if self.messages:
             need("messages", 14)
+            options.append(("messages", "true"))
+        elif self.schema_changes and major >= 14:
             options.append(("messages", "true"))
         if self.streaming is Streaming.ON:
             need("streaming = on", 14, 2)

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from apply.ddl import publisher_setup_sql
 from apply.delta.session import SparkSettings, build_session
 from apply.delta.state_store import STATE_TABLES, SettingsStore, TableStateStore
 from apply.records import StoredTableState
@@ -55,6 +56,26 @@ def set_enabled(config: Config, subscription: SubscriptionConfig, enabled: bool)
     """``ALTER SUBSCRIPTION ... ENABLE / DISABLE``."""
     store = SettingsStore(spark_on_demand(config), config.warehouse)
     store.record(subscription.name, ENABLED, "true" if enabled else "false")
+
+
+def publisher_setup(subscription: SubscriptionConfig) -> int:
+    """Install on the publisher the event triggers that announce schema changes as logical
+    messages (``apply.ddl.publisher_setup_sql``), in one transaction; the server's version
+    number."""
+    import psycopg
+
+    try:
+        with session.connect(subscription.conninfo()) as conn, conn.transaction():
+            conn.execute(publisher_setup_sql())
+            return conn.info.server_version
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise AdminError(
+            f"cannot install pgsub's event triggers as this user: {exc.diag.message_primary}; "
+            "event triggers need a superuser: run `pgsub publisher-setup --print` and give the "
+            "SQL to one"
+        ) from None
+    except psycopg.Error as exc:
+        raise AdminError(f"cannot install pgsub's event triggers: {exc}") from None
 
 
 def refresh_publication(

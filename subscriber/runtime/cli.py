@@ -162,6 +162,26 @@ def _parser() -> argparse.ArgumentParser:
         help="leave the publisher alone (it is gone, or the slot is wanted elsewhere)",
     )
     _config_argument(drop)
+    setup = commands.add_parser(
+        "publisher-setup",
+        help="install on the publisher the event triggers that announce schema changes",
+        description="Install (or update) on the subscription's publisher database two event "
+        "triggers that emit each ALTER TABLE of a published table as a transactional logical "
+        "message, so that pgsub renames, drops and retypes the Delta table's columns at that "
+        "point in the stream instead of guessing from the new column list "
+        "(docs/tables.md, 'Schema changes'). Needs a superuser; --print prints the SQL for a "
+        "DBA to run instead. Messages reach pgsub from PostgreSQL 14 on.",
+    )
+    setup.add_argument(
+        "subscription", nargs="?", help="the subscription's name in the config (not with --print)"
+    )
+    setup.add_argument(
+        "--print",
+        action="store_true",
+        dest="print_sql",
+        help="print the SQL instead of running it",
+    )
+    _config_argument(setup)
     demo = commands.add_parser(
         "demo",
         help="run the daemon against a throwaway demo publisher into ./warehouse",
@@ -280,6 +300,29 @@ def _resync_or_drop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _publisher_setup(args: argparse.Namespace) -> int:
+    from apply.ddl import publisher_setup_sql
+
+    if args.print_sql:
+        print(publisher_setup_sql(), end="")
+        return 0
+    if args.subscription is None:
+        print("pgsub publisher-setup: name a subscription, or pass --print", file=sys.stderr)
+        return EXIT_USAGE
+    _, subscription = _subscription(args)
+    from subscriber.runtime import admin
+
+    version = admin.publisher_setup(subscription)
+    print(f"{subscription.name}: schema change event triggers installed on the publisher")
+    if version < 140000:
+        print(
+            f"{subscription.name}: PostgreSQL {version // 10000} sends no logical messages "
+            "to a subscriber (14+ does): its schema changes are still guessed",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from subscriber.runtime import status
 
@@ -356,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(args.warehouse.resolve(), seconds=args.seconds, port=args.port)
         if args.command == "peek":
             return _peek(args)
+        if args.command == "publisher-setup":
+            return _publisher_setup(args)
     except (ForcedExit, ShutdownTimedOut) as exc:
         # Threads may still be running (a MERGE, a JVM call): exit without waiting for them.
         # Every finally on the way here has run (the demo's publisher is gone).

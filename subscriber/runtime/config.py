@@ -216,6 +216,10 @@ class SubscriptionConfig(_Strict):
     # with their transaction: messages_path, default <warehouse>/_pgsub/messages.
     messages: bool = False
     messages_path: str | None = None
+    # Follow the schema changes that `pgsub publisher-setup`'s event triggers announce, at
+    # their LSN (docs/tables.md, "Schema changes"): asks a PostgreSQL 14+ publisher for its
+    # logical messages, and keeps only those unless `messages` is on.
+    schema_changes: bool = True
     streaming: Streaming = Streaming.OFF
     two_phase: bool = False
     origin: Literal["any", "none"] = "any"

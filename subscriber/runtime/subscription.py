@@ -122,6 +122,7 @@ class SubscriptionRunner:
             tuple(config.publications),
             binary=config.binary,
             messages=config.messages,
+            schema_changes=config.schema_changes,
             streaming=config.streaming,
             two_phase=config.two_phase,
             origin=config.origin,

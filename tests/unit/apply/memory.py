@@ -14,6 +14,7 @@ from typing import Any
 
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import StagedParts
+from apply.ddl import SchemaChange
 from apply.errors import ConflictError
 from apply.records import CommitMark, Within, WriteResult
 from apply.schema import Evolution, TargetSchema
@@ -41,6 +42,7 @@ class MemoryTables:
         self.messages: list[dict[str, Any]] = []
         self.change_logs: set[str] = set()  # tables kept as change logs
         self.logged: dict[str, list[dict[str, Any]]] = {}  # their rows
+        self.followed: list[SchemaChange] = []  # schema changes, in order
         self.version_tables: set[str] = set()  # tables kept as versions (scd2)
         self.versions: dict[str, list[dict[str, Any]]] = {}  # their rows
         self.reads = 0
@@ -122,6 +124,9 @@ class MemoryTables:
 
     def plain_mirror(self, schema: TargetSchema) -> bool:
         return schema.table not in self.change_logs and not self.keeps_versions(schema)
+
+    def follow_ddl(self, change: SchemaChange, new_types: Mapping[str, str]) -> None:
+        self.followed.append(change)
 
     def keeps_versions(self, schema: TargetSchema) -> bool:
         return schema.table in self.version_tables and bool(schema.key)
