@@ -1,8 +1,10 @@
 """``pgsub`` as a process: help, and ``peek`` against a real publisher."""
 
+from pathlib import Path
+
 import pytest
 
-from tests.support.daemon import pgsub
+from tests.support.daemon import pgsub, write_config
 from tests.support.pgdatabase import PgDatabase
 from tests.support.streaming import create_slot
 
@@ -45,3 +47,34 @@ def test_peek_names_a_missing_slot(publisher: PgDatabase) -> None:
     result = pgsub("peek", "nosuchslot", "--dsn", publisher.dsn, "-p", "p")
     assert result.returncode == 1
     assert "nosuchslot" in result.stderr and "does not exist" in result.stderr
+
+
+def test_publisher_setup_prints_or_installs_the_event_triggers(
+    publisher: PgDatabase, tmp_path: Path
+) -> None:
+    printed = pgsub("publisher-setup", "--print")
+    assert printed.returncode == 0 and "CREATE EVENT TRIGGER pgsub_ddl_after" in printed.stdout
+    assert pgsub("publisher-setup", env={"PATH": "/usr/bin"}).returncode == 2  # which one?
+
+    publisher.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t")
+    config = tmp_path / "pgsub.yaml"
+    write_config(config, publisher, tmp_path / "warehouse")
+    installed = pgsub("publisher-setup", "-c", str(config), "sub1")
+    assert installed.returncode == 0, installed.stderr
+    triggers = publisher.fetchval(
+        "SELECT string_agg(evtname, ',' ORDER BY evtname) FROM pg_event_trigger"
+    )
+    assert triggers == "pgsub_ddl_after,pgsub_ddl_before"
+
+    # A user that may not create event triggers: the error says what to do.
+    publisher.execute(
+        "CREATE ROLE plain LOGIN REPLICATION; GRANT CREATE ON DATABASE "
+        + publisher.fetchval("SELECT current_database()")
+        + " TO plain"
+    )
+    write_config(
+        config, publisher, tmp_path / "warehouse", connection=publisher.dsn + " user=plain"
+    )
+    refused = pgsub("publisher-setup", "-c", str(config), "sub1")
+    assert refused.returncode == 1
+    assert "superuser" in refused.stderr and "--print" in refused.stderr
