@@ -186,10 +186,11 @@ class SyncWorker:
         on_executors = context.tables.copy_on_executors
         ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks, on_executors))
         staged = len(ranges) > 1 and server_version >= MIN_SERVER_VERSION
-        # A change log's copy is appended whole (apply.changelog), a stamped table's rows
-        # stamped (apply.stamps): not staged range by range.
-        mirror = context.tables.plain_mirror(schema)
-        if staged and schema.key and self._copy_settings.resumable and mirror:
+        # A table kept with its history lands its staged rows through copy_into, which turns
+        # them into its own (apply.changelog, apply.stamps, apply.versions): staged in the
+        # daemon's spool, not on executors, whose parts land as a mirror's rows.
+        landed_here = context.tables.plain_mirror(schema) or not on_executors
+        if staged and schema.key and self._copy_settings.resumable and landed_here:
             return RangedCopy(
                 context,
                 table,

@@ -4,9 +4,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import psycopg
 import pytest
 
+from apply.versions import CURRENT
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
@@ -139,16 +141,23 @@ WHILE_DOWN = [
 ]
 
 
-@pytest.mark.parametrize("rewrite", [False, True], ids=["resumed", "rewritten-starts-over"])
+@pytest.mark.parametrize(
+    ("rewrite", "history"),
+    [(False, "mirror"), (True, "mirror"), (False, "scd2")],
+    ids=["resumed", "rewritten-starts-over", "resumed-versions"],
+)
 def test_a_copy_killed_between_ranges_resumes_with_the_ranges_staged(
     rewrite: bool,
+    history: str,
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
 ) -> None:
     """A keyed table copied in 4 ranges, killed once 2 are staged; the publisher changes while
-    the daemon is down (and, in one case, rewrites the table: VACUUM FULL)."""
+    the daemon is down (and, in one case, rewrites the table: VACUUM FULL). A table kept with
+    its history (here as versions) resumes the same way: its copy's rows are its first
+    versions."""
     publisher.execute(RANGED)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
@@ -159,6 +168,7 @@ def test_a_copy_killed_between_ranges_resumes_with_the_ranges_staged(
         copy_data=True,
         copy={"ranges": 4, "readers": 1},
         spool_dir=str(tmp_path / "spool"),
+        history={"mode": history},
     )
     doomed = daemons(config, port, "tablesync.after_range_staged=2")
     assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
@@ -195,9 +205,15 @@ def test_a_copy_killed_between_ranges_resumes_with_the_ranges_staged(
         assert finished["resumed"] is True
         assert not [e for e in events if e.get("conflict")]  # replays are not conflicts
     with publisher.connect() as conn:
-        assert_delta_equals_publisher(
-            conn, "public.a", spark, str(warehouse / "public" / "a"), ("id",)
-        )
+        if history == "mirror":
+            assert_delta_equals_publisher(
+                conn, "public.a", spark, str(warehouse / "public" / "a"), ("id",)
+            )
+        else:
+            published = dict(conn.execute("SELECT id, v FROM a").fetchall())
+            kept = deltalake.DeltaTable(str(warehouse / "public" / "a")).to_pyarrow_table()
+            current = [(r["id"], r["v"]) for r in kept.to_pylist() if r[CURRENT]]
+            assert len(current) == len(published) and dict(current) == published
     assert publisher.slots() == ["sub1"]
     assert not list((tmp_path / "spool").rglob("*.parquet")), "staged ranges left behind"
     assert not list((tmp_path / "spool").rglob("manifest.json"))
