@@ -29,6 +29,7 @@ import apply.binary
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
+from apply.columnar import to_arrow
 from apply.copy_source import CopySource, StagedParts
 from apply.ddl import DdlMessageError, SchemaChange, renamed_work, schema_changes
 from apply.error_context import TransactionError, conflict_of
@@ -114,10 +115,13 @@ class Tables(Protocol):
         change log, no column of pgsub's: ``history``)."""
         ...
 
-    def follow_ddl(self, change: SchemaChange, new_types: Mapping[str, str]) -> None:
+    def follow_ddl(
+        self, change: SchemaChange, new_types: Mapping[str, str], fills: Mapping[str, object]
+    ) -> None:
         """Make the publisher's schema change (``apply.ddl``) to the table, at its LSN:
-        ``new_types``, the Spark type of each retyped column. Made twice, it changes nothing
-        the second time."""
+        ``new_types``, the Spark type of each retyped column and each added one in
+        ``fills`` (its value in the rows there were). Made twice, it changes nothing the
+        second time."""
         ...
 
     def keeps_versions(self, schema: TargetSchema) -> bool:
@@ -381,19 +385,44 @@ class BatchApplier:
         tx = batch.transactions[0]
         followed: dict[str, SchemaChange] = {}
         for change in self._schema_changes(tx):
-            new_types = {
-                c.name: TargetColumn(c.name, resolve(c.type_oid, c.typmod, self._types)).spark_type
-                for c in change.after.columns
-                if c.name in {name for name, _, _ in change.retyped}
-            }
+            new_types, fills = self._new_columns(change)
             try:
-                self._tables.follow_ddl(change, new_types)
+                self._tables.follow_ddl(change, new_types, fills)
             except Exception as exc:
                 cause = _as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, change.table, tx, batch) from exc
             followed[change.table] = change
         self._followed = set(followed)
         return followed
+
+    def _new_columns(self, change: SchemaChange) -> tuple[dict[str, str], dict[str, object]]:
+        """The Spark type of each column ``change`` retyped or added with a value for the
+        rows there were, and those values (as Python values of the column's type)."""
+        retyped = {name for name, _, _ in change.retyped}
+        filled = {c.name: c for c in change.filled()}
+        types = {
+            c.name: resolve(c.type_oid, c.typmod, self._types)
+            for c in change.after.columns
+            if c.name in retyped or c.name in filled
+        }
+        fills: dict[str, object] = {}
+        for name, column in filled.items():
+            if column.missing is None:  # a volatile default: the table was rewritten
+                log.warning(
+                    "column added with a default the publisher computed row by row",
+                    subscription=self.subscription,
+                    table=change.table,
+                    column=name,
+                    lsn=str(change.lsn),
+                    detail="its values in the rows there were are not sent: NULL in Delta",
+                    hint=f"`pgsub resync -c <config> {self.subscription} {change.table}`",
+                )
+                continue
+            text = column.missing_value()
+            value = None if text is None else to_arrow([text.encode()], types[name], name)
+            fills[name] = None if value is None else value[0].as_py()
+        spark_types = {name: TargetColumn(name, kind).spark_type for name, kind in types.items()}
+        return spark_types, fills
 
     def _messages(self, batch: Batch) -> pa.Table | None:
         """The batch's logical decoding messages the messages table does not have yet."""

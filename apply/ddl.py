@@ -50,6 +50,19 @@ class ShapeColumn:
     type: str  # format_type(): "integer", "character varying(20)", ...
     type_oid: int
     typmod: int
+    has_default: bool = False
+    # The value every row had when the column was added (PostgreSQL's "fast default", as
+    # an array literal of one element): rows the publisher never sends again.
+    missing: str | None = None
+
+    def missing_value(self) -> str | None:
+        """``missing``'s one element as text (None: none, or NULL)."""
+        if self.missing is None:
+            return None
+        inner = self.missing[1:-1]
+        if inner.startswith('"'):
+            return inner[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        return None if inner == "NULL" else inner
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,8 @@ def parse(content: bytes) -> DdlEvent:
                 str(c["type"]),
                 int(c["type_oid"]),
                 int(c["typmod"]),
+                bool(c.get("has_default", False)),
+                None if c.get("missing") is None else str(c["missing"]),
             )
             for c in body["columns"]
         )
@@ -116,6 +131,12 @@ class SchemaChange:
 
     def __bool__(self) -> bool:
         return bool(self.renamed or self.dropped or self.retyped or self.added)
+
+    def filled(self) -> list[ShapeColumn]:
+        """The added columns whose existing rows took a value (their default), which the
+        publisher does not send: ``missing`` tells it, or (a volatile default) nothing."""
+        added = set(self.added)
+        return [c for c in self.after.columns if c.name in added and c.has_default]
 
     def relation(self) -> Relation:
         """A stand-in for the table's relation, to ask whether a worker applies it."""
@@ -207,7 +228,8 @@ LANGUAGE sql STABLE SET search_path = pg_catalog AS $fn$
     'columns', COALESCE((
       SELECT jsonb_agg(jsonb_build_object(
         'attnum', a.attnum, 'name', a.attname, 'type', format_type(a.atttypid, a.atttypmod),
-        'type_oid', a.atttypid, 'typmod', a.atttypmod) ORDER BY a.attnum)
+        'type_oid', a.atttypid, 'typmod', a.atttypmod, 'has_default', a.atthasdef,
+        'missing', CASE WHEN a.atthasmissing THEN a.attmissingval::text END) ORDER BY a.attnum)
       FROM pg_attribute a
       WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'::jsonb)
   )::text
@@ -215,7 +237,8 @@ LANGUAGE sql STABLE SET search_path = pg_catalog AS $fn$
   WHERE c.oid = relid
 $fn$;
 
--- Before an ALTER TABLE: the columns of each published table its text names.
+-- Before an ALTER TABLE: the columns of each published table its text names (or names
+-- a partitioned table it is a partition of).
 CREATE OR REPLACE FUNCTION pgsub.ddl_before() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $fn$
 DECLARE
@@ -227,7 +250,10 @@ BEGIN
     FROM pg_publication_tables pt
     JOIN pg_namespace n ON n.nspname = pt.schemaname
     JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-    WHERE strpos(statement, lower(pt.tablename)) > 0
+    WHERE strpos(statement, lower(c.relname)) > 0
+       OR EXISTS (SELECT 1 FROM pg_partition_ancestors(c.oid) up
+                  JOIN pg_class uc ON uc.oid = up.relid
+                  WHERE strpos(statement, lower(uc.relname)) > 0)
   LOOP
     PERFORM pg_logical_emit_message(true, 'pgsub-ddl', pgsub.table_shape(r.oid, 'before', tg_tag));
   END LOOP;
@@ -236,21 +262,24 @@ EXCEPTION WHEN OTHERS THEN  -- never in the way of the publisher's DDL
 END
 $fn$;
 
--- After it: the columns of each published table it altered.
+-- After it: the columns of each published table it altered, and of their partitions.
 CREATE OR REPLACE FUNCTION pgsub.ddl_after() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $fn$
 DECLARE
   r record;
 BEGIN
   FOR r IN
-    SELECT DISTINCT d.objid
+    SELECT DISTINCT c.oid
     FROM pg_event_trigger_ddl_commands() d
-    JOIN pg_class c ON c.oid = d.objid
+    CROSS JOIN LATERAL (
+      SELECT d.objid AS relid UNION SELECT tree.relid FROM pg_partition_tree(d.objid) tree
+    ) altered
+    JOIN pg_class c ON c.oid = altered.relid
     JOIN pg_namespace n ON n.oid = c.relnamespace
     JOIN pg_publication_tables pt ON pt.schemaname = n.nspname AND pt.tablename = c.relname
     WHERE d.classid = 'pg_catalog.pg_class'::regclass
   LOOP
-    PERFORM pg_logical_emit_message(true, 'pgsub-ddl', pgsub.table_shape(r.objid, 'after', tg_tag));
+    PERFORM pg_logical_emit_message(true, 'pgsub-ddl', pgsub.table_shape(r.oid, 'after', tg_tag));
   END LOOP;
 EXCEPTION WHEN OTHERS THEN
   RAISE WARNING 'pgsub: no schema change message: %', SQLERRM;

@@ -8,6 +8,12 @@ rewritten once, in one commit, with the change made: the column renamed,
 or gone. Either way a table kept with its history (``history`` other than
 ``mirror``) keeps a dropped column with its values, as before.
 
+A column added with a default that every existing row took (PostgreSQL's
+"fast default", which it never sends) is added with that value in the
+rows there were, by a rewrite; one added with a volatile default (the
+publisher computed a value row by row) is left to the RELATION, NULL in
+those rows, and logged with the resync that fills them.
+
 A type change Delta can widen is left to the widening every RELATION
 message gets (``apply.schema.plan_evolution``). Any other one is a rewrite:
 the column keeps its name with the new type, each value cast (``try_cast``:
@@ -47,12 +53,14 @@ def follow(
     path: str,
     change: SchemaChange,
     new_types: Mapping[str, str],
+    fills: Mapping[str, object],
     *,
     keeps_history: bool,
 ) -> list[str]:
     """Make ``change`` to the table at ``path``; what was done, as words for the log.
-    ``new_types``: the Spark type of each retyped column; ``keeps_history``: a table whose
-    dropped columns stay."""
+    ``new_types``: the Spark type of each retyped column and each added one in ``fills``
+    (the value the rows there were took); ``keeps_history``: a table whose dropped columns
+    stay."""
     from pyspark.sql import functions as fn
 
     frame = delta_sql.read(session, path)
@@ -94,6 +102,12 @@ def follow(
         selected[kept] = fn.col(quote(name))
         rewrite = True
         done.append(f"retyped {name} from {current} to {wanted}, old values kept in {kept}")
+    for name, value in fills.items():
+        if name in types or name not in new_types:
+            continue  # added before (the RELATION that followed), or done
+        selected[name] = fn.lit(value).cast(new_types[name])
+        rewrite = True
+        done.append(f"added {name}, {value!r} in the rows there were (the publisher's default)")
     if rewrite:
         rows = frame.select(*[col.alias(name) for name, col in selected.items()])
         rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)

@@ -329,7 +329,9 @@ class DeltaTables:
                 f"failed: {exc}"
             ) from exc
 
-    def follow_ddl(self, change: SchemaChange, new_types: Mapping[str, str]) -> None:
+    def follow_ddl(
+        self, change: SchemaChange, new_types: Mapping[str, str], fills: Mapping[str, object]
+    ) -> None:
         """The publisher's schema change of a table at its LSN (``apply.delta.ddl``); a table
         not made yet is made later with its new columns."""
         if not self.exists(change.table):
@@ -339,7 +341,7 @@ class DeltaTables:
         try:
             with self.exclusive(change.table):
                 done = follow_ddl(
-                    self.session(), path, change, new_types, keeps_history=keeps_history
+                    self.session(), path, change, new_types, fills, keeps_history=keeps_history
                 )
         except SparkErrors as exc:
             raise TargetTableError(

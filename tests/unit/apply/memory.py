@@ -125,7 +125,9 @@ class MemoryTables:
     def plain_mirror(self, schema: TargetSchema) -> bool:
         return schema.table not in self.change_logs and not self.keeps_versions(schema)
 
-    def follow_ddl(self, change: SchemaChange, new_types: Mapping[str, str]) -> None:
+    def follow_ddl(
+        self, change: SchemaChange, new_types: Mapping[str, str], fills: Mapping[str, object]
+    ) -> None:
         self.followed.append(change)
 
     def keeps_versions(self, schema: TargetSchema) -> bool:

@@ -140,3 +140,50 @@ def test_without_messages_the_assembler_keeps_only_pgsub_ddl_messages() -> None:
         assert done is not None
         kept.append([c.prefix for c in done.changes])  # type: ignore[union-attr]
     assert kept == [[DDL_PREFIX], ["app", DDL_PREFIX]]
+
+
+def test_a_default_every_row_took_is_read_from_its_array_literal() -> None:
+    from apply.ddl import ShapeColumn
+
+    def column(missing: str | None, has_default: bool = True) -> ShapeColumn:
+        return ShapeColumn(4, "c", "text", 25, -1, has_default, missing)
+
+    assert column("{5}").missing_value() == "5"
+    assert column('{"a \\"b\\" \\\\ c"}').missing_value() == 'a "b" \\ c'
+    assert column("{NULL}").missing_value() is None
+    assert column(None).missing_value() is None
+    after = parse(
+        json.dumps(
+            {
+                "version": 1,
+                "event": "after",
+                "tag": "ALTER TABLE",
+                "relid": "1",
+                "schema": "public",
+                "table": "t",
+                "columns": [
+                    {"attnum": 1, "name": "id", "type": "integer", "type_oid": 23, "typmod": -1},
+                    {
+                        "attnum": 2,
+                        "name": "n",
+                        "type": "integer",
+                        "type_oid": 23,
+                        "typmod": -1,
+                        "has_default": True,
+                        "missing": "{7}",
+                    },
+                    {
+                        "attnum": 3,
+                        "name": "at",
+                        "type": "timestamptz",
+                        "type_oid": 1184,
+                        "typmod": -1,
+                        "has_default": True,
+                    },
+                ],
+            }
+        ).encode()
+    ).shape
+    before = parse(shape("before", (1, "id", "integer"))).shape
+    change = diff(before, after, Lsn(0x60))
+    assert [(c.name, c.missing_value()) for c in change.filled()] == [("n", "7"), ("at", None)]

@@ -68,6 +68,14 @@ def test_a_rename_a_drop_and_a_type_change_are_followed_at_their_lsn(
         assert int(kept[0].rsplit("_", 1)[1], 16) > int(at)
         rep.assert_equal("public.t", key=("id",))  # the publisher's columns, both readers
 
+        # A default every row took, which the publisher never sends: in Delta too.
+        publisher.execute("ALTER TABLE t ADD COLUMN d numeric(6, 2) DEFAULT 7.25")
+        publisher.execute("INSERT INTO t VALUES (7, 'seven', 'seventy', 1.5)")
+        rep.caught_up()
+        rows = delta_rs_rows(path)
+        assert str(rows[1]["d"]) == "7.25" and str(rows[7]["d"]) == "1.50"
+        rep.assert_equal("public.t", key=("id",))
+
 
 def test_without_the_triggers_the_column_list_is_guessed(
     publisher: PgDatabase, spark: Any, warehouse: Path
