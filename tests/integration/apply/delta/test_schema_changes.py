@@ -15,6 +15,7 @@ from apply.ddl import SchemaChange, publisher_setup_sql
 from apply.delta.ddl import kept_name
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime import admin
+from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
 
@@ -80,15 +81,36 @@ def test_a_rename_a_drop_and_a_type_change_are_followed_at_their_lsn(
 def test_without_the_triggers_the_column_list_is_guessed(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
-    """Today's behaviour: a renamed column is a new one, the old kept with its values."""
+    """As before the triggers: a renamed column is a new one, the old kept with its values
+    (and the guess logged); a dropped one is kept; a type change Delta cannot widen stops the
+    apply with an error naming the resync."""
+    from structlog.testing import capture_logs
+
     publisher.execute(SCHEMA)
     with Replication(publisher, spark, warehouse, copy_data=True) as rep:
+        publisher.execute("UPDATE t SET a = 'one' WHERE id = 1")  # the columns before
         rep.caught_up()
-        publisher.execute("ALTER TABLE t RENAME COLUMN a TO aa")
-        publisher.execute("UPDATE t SET aa = 'after' WHERE id = 2")
-        rep.caught_up()
+        with capture_logs() as logs:
+            publisher.execute("ALTER TABLE t RENAME COLUMN a TO aa")
+            publisher.execute("ALTER TABLE t DROP COLUMN b")
+            publisher.execute("UPDATE t SET aa = 'after' WHERE id = 2")
+            rep.caught_up()
+        guesses = [e for e in logs if e["event"].startswith("columns dropped and added")]
+        assert [(g["dropped"], g["added"]) for g in guesses] == [(["a", "b"], ["aa"])]
         rows = delta_rs_rows(rep.path("public.t"))
         assert rows[2]["aa"] == "after" and rows[3]["aa"] is None and rows[3]["a"] == "a3"
+        assert rows[3]["b"] == 3  # kept
+
+        publisher.execute("ALTER TABLE t ALTER COLUMN c TYPE text")
+        publisher.execute("UPDATE t SET c = 'x' WHERE id = 1")
+        runner = rep.runner
+        assert runner is not None
+        wait_until(
+            lambda: "pgsub resync" in (runner.status.last_error or ""),
+            timeout=120,
+            what="the type change's error",
+        )
+        assert "column 'c' of public.t changed type" in (runner.status.last_error or "")
 
 
 def test_the_setup_sql_never_stands_in_the_way_of_the_publisher_ddl(
