@@ -29,16 +29,21 @@ import apply.binary
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
-from apply.columnar import to_arrow
 from apply.copy_source import CopySource, StagedParts
-from apply.ddl import DdlMessageError, SchemaChange, renamed_work, schema_changes
+from apply.ddl import (
+    DdlMessageError,
+    SchemaChange,
+    new_columns,
+    renamed_work,
+    schema_changes,
+)
 from apply.error_context import TransactionError, conflict_of
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
 from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult, message_rows
 from apply.rendering import TextForms, in_text_form
 from apply.resolve import looks_up_first, origin_looks_up_first
-from apply.schema import Evolution, TargetColumn, TargetSchema, target_schema
+from apply.schema import Evolution, TargetSchema, target_schema
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
@@ -385,29 +390,8 @@ class BatchApplier:
         tx = batch.transactions[0]
         followed: dict[str, SchemaChange] = {}
         for change in self._schema_changes(tx):
-            new_types, fills = self._new_columns(change)
-            try:
-                self._tables.follow_ddl(change, new_types, fills)
-            except Exception as exc:
-                cause = _as_apply_error(exc)
-                raise TransactionError(cause, self.subscription, change.table, tx, batch) from exc
-            followed[change.table] = change
-        self._followed = set(followed)
-        return followed
-
-    def _new_columns(self, change: SchemaChange) -> tuple[dict[str, str], dict[str, object]]:
-        """The Spark type of each column ``change`` retyped or added with a value for the
-        rows there were, and those values (as Python values of the column's type)."""
-        retyped = {name for name, _, _ in change.retyped}
-        filled = {c.name: c for c in change.filled()}
-        types = {
-            c.name: resolve(c.type_oid, c.typmod, self._types)
-            for c in change.after.columns
-            if c.name in retyped or c.name in filled
-        }
-        fills: dict[str, object] = {}
-        for name, column in filled.items():
-            if column.missing is None:  # a volatile default: the table was rewritten
+            columns = new_columns(change, self._types)
+            for name in columns.unknown:  # a volatile default: the publisher rewrote its table
                 log.warning(
                     "column added with a default the publisher computed row by row",
                     subscription=self.subscription,
@@ -417,12 +401,14 @@ class BatchApplier:
                     detail="its values in the rows there were are not sent: NULL in Delta",
                     hint=f"`pgsub resync -c <config> {self.subscription} {change.table}`",
                 )
-                continue
-            text = column.missing_value()
-            value = None if text is None else to_arrow([text.encode()], types[name], name)
-            fills[name] = None if value is None else value[0].as_py()
-        spark_types = {name: TargetColumn(name, kind).spark_type for name, kind in types.items()}
-        return spark_types, fills
+            try:
+                self._tables.follow_ddl(change, columns.types, columns.fills)
+            except Exception as exc:
+                cause = _as_apply_error(exc)
+                raise TransactionError(cause, self.subscription, change.table, tx, batch) from exc
+            followed[change.table] = change
+        self._followed = set(followed)
+        return followed
 
     def _messages(self, batch: Batch) -> pa.Table | None:
         """The batch's logical decoding messages the messages table does not have yet."""

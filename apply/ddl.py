@@ -29,8 +29,11 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from apply.batch import TableChange, TableWork
+from apply.columnar import to_arrow
 from apply.errors import ApplyError
+from apply.schema import TargetColumn
 from apply.transactions import MessageChange, RemoteTransaction, RowChange
+from apply.typemap import TypeLookup, resolve
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation
 from subscriber.replication.names import qualified_name
@@ -181,6 +184,38 @@ def schema_changes(tx: RemoteTransaction) -> list[SchemaChange]:
         elif event.shape.relid in before:
             found.append(diff(before.pop(event.shape.relid), event.shape, change.lsn))
     return [change for change in found if change]
+
+
+@dataclass(frozen=True, slots=True)
+class NewColumns:
+    """What the Delta table needs to know of a change's new columns."""
+
+    types: dict[str, str]  # the Spark type of each retyped column and each one in ``fills``
+    fills: dict[str, object]  # an added column's value in the rows there were (Python)
+    unknown: tuple[str, ...]  # added with a volatile default: those values never sent
+
+
+def new_columns(change: SchemaChange, lookup: TypeLookup) -> NewColumns:
+    """The types and values ``change``'s retyped and filled columns take in Delta."""
+    retyped = {name for name, _, _ in change.retyped}
+    filled = {c.name: c for c in change.filled()}
+    types = {
+        c.name: resolve(c.type_oid, c.typmod, lookup)
+        for c in change.after.columns
+        if c.name in retyped or c.name in filled
+    }
+    fills: dict[str, object] = {}
+    for name, column in filled.items():
+        if column.missing is None:
+            continue
+        text = column.missing_value()
+        value = None if text is None else to_arrow([text.encode()], types[name], name)
+        fills[name] = None if value is None else value[0].as_py()
+    return NewColumns(
+        {name: TargetColumn(name, kind).spark_type for name, kind in types.items()},
+        fills,
+        tuple(name for name, c in filled.items() if c.missing is None),
+    )
 
 
 def renamed_work(work: TableWork, change: SchemaChange) -> TableWork:

@@ -15,6 +15,7 @@ from apply.ddl import (
     DDL_PREFIX,
     DdlMessageError,
     diff,
+    new_columns,
     parse,
     renamed_work,
     schema_changes,
@@ -187,3 +188,7 @@ def test_a_default_every_row_took_is_read_from_its_array_literal() -> None:
     before = parse(shape("before", (1, "id", "integer"))).shape
     change = diff(before, after, Lsn(0x60))
     assert [(c.name, c.missing_value()) for c in change.filled()] == [("n", "7"), ("at", None)]
+    columns = new_columns(change, lambda oid: None)
+    assert columns.fills == {"n": 7}  # as the column's type
+    assert columns.unknown == ("at",)  # computed row by row: never sent
+    assert columns.types["n"] == "int"
