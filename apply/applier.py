@@ -393,12 +393,13 @@ class BatchApplier:
             columns = new_columns(change, self._types)
             for name in columns.unknown:  # a volatile default: the publisher rewrote its table
                 log.warning(
-                    "column added with a default the publisher computed row by row",
+                    "column added with a default pgsub cannot give the rows there were",
                     subscription=self.subscription,
                     table=change.table,
                     column=name,
                     lsn=str(change.lsn),
-                    detail="its values in the rows there were are not sent: NULL in Delta",
+                    detail="computed row by row (a volatile default), its values are not sent; "
+                    "NULL in Delta's rows there were",
                     hint=f"`pgsub resync -c <config> {self.subscription} {change.table}`",
                 )
             try:

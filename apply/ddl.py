@@ -192,7 +192,7 @@ class NewColumns:
 
     types: dict[str, str]  # the Spark type of each retyped column and each one in ``fills``
     fills: dict[str, object]  # an added column's value in the rows there were (Python)
-    unknown: tuple[str, ...]  # added with a volatile default: those values never sent
+    unknown: tuple[str, ...]  # added with a volatile default (values never sent), or unread
 
 
 def new_columns(change: SchemaChange, lookup: TypeLookup) -> NewColumns:
@@ -205,16 +205,21 @@ def new_columns(change: SchemaChange, lookup: TypeLookup) -> NewColumns:
         if c.name in retyped or c.name in filled
     }
     fills: dict[str, object] = {}
+    unknown = []
     for name, column in filled.items():
-        if column.missing is None:
-            continue
         text = column.missing_value()
-        value = None if text is None else to_arrow([text.encode()], types[name], name)
+        try:
+            if column.missing is None:
+                raise ValueError("computed row by row")
+            value = None if text is None else to_arrow([text.encode()], types[name], name)
+        except (ApplyError, ValueError):
+            unknown.append(name)  # never sent, or not a value pgsub reads
+            continue
         fills[name] = None if value is None else value[0].as_py()
     return NewColumns(
         {name: TargetColumn(name, kind).spark_type for name, kind in types.items()},
         fills,
-        tuple(name for name, c in filled.items() if c.missing is None),
+        tuple(unknown),
     )
 
 
