@@ -245,7 +245,11 @@ def soft_resync_merge(schema: TargetSchema, lsn: int) -> MergePlan:
 
 
 def versions_merge(
-    schema: TargetSchema, truncated: tuple[int, datetime | None] | None, *, closes: bool
+    schema: TargetSchema,
+    truncated: tuple[int, datetime | None] | None,
+    *,
+    closes: bool,
+    bounds: tuple[int, int] | None = None,
 ) -> MergePlan:
     """Close the table's versions the source closes (its rows whose ``_pgsub_current`` is
     NULL, matched on the key and ``_pgsub_valid_from_lsn``), insert the others; with
@@ -257,6 +261,9 @@ def versions_merge(
     condition = " AND ".join(
         [f"{source}{quote(CURRENT)} IS NULL", f"{target}{quote(CURRENT)}", *same, from_]
     )
+    if bounds is not None:  # a target-only predicate: files outside the keys' range skipped
+        low, high = bounds
+        condition += f" AND {target}{quote(schema.key[0])} BETWEEN {int(low)} AND {int(high)}"
     clauses = []
     if closes:
         # A version opened by a piece of this transaction (a spooled one applied in pieces).

@@ -22,7 +22,7 @@ from apply.delta.local_merge import run_merge
 from apply.delta.local_tables import folder
 from apply.delta.overwrite import keep_log
 from apply.errors import ConflictError, TargetTableError
-from apply.merge_plan import versions_merge
+from apply.merge_plan import key_bounds, versions_merge
 from apply.records import CommitMark, WriteResult
 from apply.schema import TargetSchema, quote
 from apply.versions import (
@@ -78,7 +78,8 @@ def write_versions(  # noqa: PLR0917 - the batch's write, as write_keyed's
     if not out.closes and not out.opens and out.truncated is None:
         return WriteResult(schema.table, None, conflicts=tuple(findings))
     source = versions_source(out, schema)
-    plan = versions_merge(schema, out.truncated, closes=bool(out.closes))
+    bounds = key_bounds(source, schema.key[0])
+    plan = versions_merge(schema, out.truncated, closes=bool(out.closes), bounds=bounds)
     if opened is not None and table is not None:
         import deltalake
 
@@ -129,13 +130,19 @@ def _current(
 
         first = schema.key[0]
         wanted = (ds.field(CURRENT) == pa.scalar(True)) & ds.field(first).isin(key_rows[first])
+        bounds = key_bounds(key_rows, first)
+        if bounds is not None:  # files (by their statistics) outside the keys' range skipped
+            wanted &= (ds.field(first) >= bounds[0]) & (ds.field(first) <= bounds[1])
         held = table.to_pyarrow_dataset()
         present = [name for name in names if name in held.schema.names]
         rows: list[Row] = held.to_table(columns=present, filter=wanted).to_pylist()
         return rows
     frame = target.frame(key_rows, schema)
-    read = target.read()
+    read = target.read().where(quote(CURRENT))
+    bounds = key_bounds(key_rows, schema.key[0])
+    if bounds is not None:  # a data-skipping predicate on the files' statistics
+        read = read.where(f"{quote(schema.key[0])} BETWEEN {int(bounds[0])} AND {int(bounds[1])}")
     present = [quote(name) for name in names if name in read.columns]
-    found = read.where(quote(CURRENT)).join(frame, on=list(schema.key), how="left_semi")
+    found = read.join(frame, on=list(schema.key), how="left_semi")
     looked_up: list[Row] = found.select(*present).toArrow().to_pylist()
     return looked_up
