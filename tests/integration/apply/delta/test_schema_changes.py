@@ -6,6 +6,7 @@ delta-rs (not Spark) and by Spark."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -116,12 +117,36 @@ def test_without_the_triggers_the_column_list_is_guessed(
 def test_the_setup_sql_never_stands_in_the_way_of_the_publisher_ddl(
     publisher: PgDatabase,
 ) -> None:
-    """Installed twice (an update), and an ALTER TABLE of a table no publication has."""
-    publisher.execute(SCHEMA)
+    """Installed twice (an update); an ALTER TABLE of a table no publication has emits
+    nothing; one of a partitioned table whose partitions are published announces them."""
+    publisher.execute(
+        SCHEMA + "; CREATE TABLE p (id int, a text) PARTITION BY RANGE (id);"
+        " CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (100);"
+        " CREATE PUBLICATION leaves FOR TABLE p"
+    )
     publisher.execute(publisher_setup_sql())
     publisher.execute(publisher_setup_sql())
+    publisher.execute("SELECT pg_create_logical_replication_slot('ddl', 'test_decoding')")
     publisher.execute("CREATE TABLE other (x int); ALTER TABLE other ADD COLUMN y int")
     publisher.execute("ALTER TABLE t ADD COLUMN d int")
+    publisher.execute("ALTER TABLE p RENAME COLUMN a TO aa")
+    announced: list[tuple[str, str]] = []
+
+    def messages() -> bool:  # decoded once flushed (synchronous_commit may be off)
+        with publisher.connect() as conn:
+            rows = conn.execute(
+                "SELECT data FROM pg_logical_slot_get_changes('ddl', NULL, NULL)"
+            ).fetchall()
+        for (data,) in rows:
+            if "pgsub-ddl" in data:
+                body = json.loads(data.split("content:", 1)[1])
+                announced.append((body["table"], body["event"]))
+        return ("p1", "after") in announced
+
+    wait_until(messages, timeout=30, what="the triggers' messages")
+    # "before": a superset (every statement above has a "t" in it); "after": what changed.
+    assert [table for table, event in announced if event == "after"] == ["t", "p1"]
+    assert ("p1", "before") in announced
     assert kept_name("c", SchemaChange("public.t", 1, Lsn(0x16B3A80))) == "_pgsub_c_before_16b3a80"
 
 
