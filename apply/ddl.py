@@ -251,7 +251,7 @@ def renamed_work(work: TableWork, change: SchemaChange) -> TableWork:
 
 def publisher_setup_sql() -> str:
     """The SQL ``pgsub publisher-setup`` runs on the publisher (``--print`` prints it): the
-    schema ``pgsub``, three functions and two event triggers. Run again, it replaces them."""
+    schema ``pgsub``, four functions and two event triggers. Run again, it replaces them."""
     return _SETUP
 
 
@@ -277,6 +277,14 @@ LANGUAGE sql STABLE SET search_path = pg_catalog AS $fn$
   WHERE c.oid = relid
 $fn$;
 
+-- Whether a statement (lowered, and split into its words) names a table: as a word, or
+-- for a name that is not one simple word, anywhere in it.
+CREATE OR REPLACE FUNCTION pgsub.names(statement text, words text[], relname name)
+RETURNS boolean LANGUAGE sql IMMUTABLE SET search_path = pg_catalog AS $fn$
+  SELECT lower(relname) = ANY (words)
+      OR (lower(relname) !~ '^[a-z_][a-z0-9_$]*$' AND strpos(statement, lower(relname)) > 0)
+$fn$;
+
 -- Before an ALTER TABLE: the columns of each published table its text names (or names
 -- a partitioned table it is a partition of).
 CREATE OR REPLACE FUNCTION pgsub.ddl_before() RETURNS event_trigger
@@ -284,16 +292,17 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $fn$
 DECLARE
   r record;
   statement text := lower(current_query());
+  words text[] := regexp_split_to_array(lower(current_query()), '[^a-z0-9_$]+');
 BEGIN
   FOR r IN
     SELECT DISTINCT c.oid
     FROM pg_publication_tables pt
     JOIN pg_namespace n ON n.nspname = pt.schemaname
     JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-    WHERE strpos(statement, lower(c.relname)) > 0
+    WHERE pgsub.names(statement, words, c.relname)
        OR EXISTS (SELECT 1 FROM pg_partition_ancestors(c.oid) up
                   JOIN pg_class uc ON uc.oid = up.relid
-                  WHERE strpos(statement, lower(uc.relname)) > 0)
+                  WHERE pgsub.names(statement, words, uc.relname))
   LOOP
     PERFORM pg_logical_emit_message(true, 'pgsub-ddl', pgsub.table_shape(r.oid, 'before', tg_tag));
   END LOOP;
