@@ -30,13 +30,7 @@ from apply.batch import Batch, ShouldApply, TableWork
 from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.copy_source import CopySource, StagedParts
-from apply.ddl import (
-    DdlMessageError,
-    SchemaChange,
-    new_columns,
-    renamed_work,
-    schema_changes,
-)
+from apply.ddl import SchemaChange, renamed_work
 from apply.error_context import TransactionError, conflict_of
 from apply.errors import ApplyError, ConflictError
 from apply.failpoints import failpoint
@@ -44,6 +38,7 @@ from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult, messa
 from apply.rendering import TextForms, in_text_form
 from apply.resolve import looks_up_first, origin_looks_up_first
 from apply.schema import Evolution, TargetSchema, target_schema
+from apply.schema_follower import SchemaFollower
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
@@ -204,6 +199,7 @@ class BatchApplier:
         self._within: dict[str, Within | None] = {}
         self._schemas: dict[str, tuple[Relation, TargetSchema]] = {}
         self._followed: set[str] = set()  # tables whose schema change this batch followed
+        self._ddl = SchemaFollower(subscription, tables, types, self._applies, self.applied_lsn)
         self._keeps_messages = messages  # messages: true (else only DDL ones arrive)
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="merge")
 
@@ -277,7 +273,7 @@ class BatchApplier:
         A transaction that changes a table's columns (``apply.ddl``) splits the batch: the
         transactions before it are applied first, then the change, then the rest.
         """
-        at = self._schema_change_at(batch)
+        at = self._ddl.at(batch)
         if at > 0:
             first = self.apply(Batch(batch.transactions[:at]))
             rest = self.apply(Batch(batch.transactions[at:]))
@@ -353,57 +349,14 @@ class BatchApplier:
             net.commits = commits  # a stamped table stamps rows with them
         return partial(self._tables.write, schema, net, mark, self._resolutions)
 
-    def _schema_changes(self, tx: RemoteTransaction) -> list[SchemaChange]:
-        """The schema changes of ``tx`` to tables this worker applies and that have not
-        followed them yet."""
-        if not any(isinstance(c, MessageChange) for c in tx.changes):
-            return []
-        try:
-            changes = schema_changes(tx)
-        except DdlMessageError as exc:
-            log.warning(
-                "schema change message not followed",
-                subscription=self.subscription,
-                error=str(exc),
-                lsn=str(tx.end_lsn),
-            )
-            return []
-        return [
-            change
-            for change in changes
-            if self._applies(change.relation(), tx) and tx.end_lsn > self.applied_lsn(change.table)
-        ]
-
-    def _schema_change_at(self, batch: Batch) -> int:
-        """The index of the first transaction after the batch's first that changes the columns
-        of a table this worker applies (0: none)."""
-        for index, tx in enumerate(batch.transactions[1:], start=1):
-            if self._schema_changes(tx):
-                return index
-        return 0
-
     def _follow_schema_changes(self, batch: Batch) -> dict[str, SchemaChange]:
         """The schema changes of the batch's first transaction, made to the tables, by table
         (the last one of a table: its renames read the images before it)."""
-        if not batch.transactions:
-            return {}
-        tx = batch.transactions[0]
         followed: dict[str, SchemaChange] = {}
-        for change in self._schema_changes(tx):
-            columns = new_columns(change, self._types)
-            for name in columns.unknown:  # a volatile default: the publisher rewrote its table
-                log.warning(
-                    "column added with a default pgsub cannot give the rows there were",
-                    subscription=self.subscription,
-                    table=change.table,
-                    column=name,
-                    lsn=str(change.lsn),
-                    detail="computed row by row (a volatile default), its values are not sent; "
-                    "NULL in Delta's rows there were",
-                    hint=f"`pgsub resync -c <config> {self.subscription} {change.table}`",
-                )
+        tx = batch.transactions[0] if batch.transactions else None
+        for change in [] if tx is None else self._ddl.changes(tx):
             try:
-                self._tables.follow_ddl(change, columns.types, columns.fills)
+                self._ddl.follow(change)
             except Exception as exc:
                 cause = _as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, change.table, tx, batch) from exc

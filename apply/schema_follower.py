@@ -1,0 +1,91 @@
+"""The apply worker's side of schema changes at their LSN (``apply.ddl``): which changes of
+a transaction it follows, where a batch must be split, and each change made to its table.
+
+A change is followed by the worker that applies its table (the leader, or the table-sync
+worker during its catch-up), once: a transaction the table already has (its LSN) is not
+followed again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import structlog
+
+from apply.batch import Batch, ShouldApply
+from apply.ddl import DdlMessageError, SchemaChange, new_columns, schema_changes
+from apply.transactions import MessageChange, RemoteTransaction
+from apply.typemap import TypeLookup
+from subscriber.replication.lsn import Lsn
+
+log = structlog.get_logger(__name__)
+
+
+class FollowingTables(Protocol):
+    """What the follower takes of ``apply.applier.Tables``."""
+
+    def follow_ddl(
+        self, change: SchemaChange, new_types: Mapping[str, str], fills: Mapping[str, object]
+    ) -> None: ...
+
+
+class SchemaFollower:
+    def __init__(
+        self,
+        subscription: str,
+        tables: FollowingTables,
+        types: TypeLookup,
+        applies: ShouldApply,
+        applied_lsn: Callable[[str], Lsn],
+    ) -> None:
+        self.subscription = subscription
+        self._tables = tables
+        self._types = types
+        self._applies = applies
+        self._applied_lsn = applied_lsn
+
+    def changes(self, tx: RemoteTransaction) -> list[SchemaChange]:
+        """The schema changes of ``tx`` to tables this worker applies and that have not
+        followed them yet."""
+        if not any(isinstance(c, MessageChange) for c in tx.changes):
+            return []
+        try:
+            changes = schema_changes(tx)
+        except DdlMessageError as exc:
+            log.warning(
+                "schema change message not followed",
+                subscription=self.subscription,
+                error=str(exc),
+                lsn=str(tx.end_lsn),
+            )
+            return []
+        return [
+            change
+            for change in changes
+            if self._applies(change.relation(), tx) and tx.end_lsn > self._applied_lsn(change.table)
+        ]
+
+    def at(self, batch: Batch) -> int:
+        """The index of the first transaction after the batch's first that changes the columns
+        of a table this worker applies (0: none): where the batch is split."""
+        for index, tx in enumerate(batch.transactions[1:], start=1):
+            if self.changes(tx):
+                return index
+        return 0
+
+    def follow(self, change: SchemaChange) -> None:
+        """``change`` made to its table."""
+        columns = new_columns(change, self._types)
+        for name in columns.unknown:  # a volatile default: the publisher rewrote its table
+            log.warning(
+                "column added with a default pgsub cannot give the rows there were",
+                subscription=self.subscription,
+                table=change.table,
+                column=name,
+                lsn=str(change.lsn),
+                detail="computed row by row (a volatile default), its values are not sent; "
+                "NULL in Delta's rows there were",
+                hint=f"`pgsub resync -c <config> {self.subscription} {change.table}`",
+            )
+        self._tables.follow_ddl(change, columns.types, columns.fills)
