@@ -23,28 +23,69 @@ soft-delete table copied again keeps the rows it marked deleted
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 
+from apply.changelog import HistoryMode, changelog_schema
+from apply.changelog import copied as changelog_copied
 from apply.columnar import arrow_schema
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
 from apply.delta.local_tables import as_table_holds, held_schema, marked
 from apply.delta.session import SparkErrors, runs_here, struct
 from apply.errors import TargetTableError
-from apply.merge_plan import MergePlan
+from apply.merge_plan import MergePlan, soft_resync_merge, versions_resync_merge
 from apply.records import CommitMark
 from apply.schema import TargetSchema
 from apply.source import empty as source_empty
+from apply.stamps import Keeping, stamped_schema
+from apply.stamps import copied as stamped_copied
+from apply.versions import copied as versions_copied
+from apply.versions import versions_schema
+from subscriber.replication.lsn import Lsn
 
 if TYPE_CHECKING:
     from apply.delta.target import TargetTable
 
 # A copy replaces a mirror table's rows, and is appended to a change log's.
 WriteMode = Literal["overwrite", "append"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeptCopy:
+    """A copy as its table keeps it (``history``): its rows, their layout, how they land."""
+
+    source: CopySource
+    schema: TargetSchema
+    mode: WriteMode = "overwrite"
+    plan: MergePlan | None = None  # a resync that merges instead of replacing
+
+
+def kept_copy(
+    keeping: Keeping,
+    schema: TargetSchema,
+    source: CopySource,
+    lsn: Lsn,
+    holds_rows: Callable[[], bool],
+) -> KeptCopy:
+    """A copy at ``lsn`` of a table of ``schema`` kept as ``keeping`` says; ``holds_rows``:
+    whether the table has rows already (a resync)."""
+    if keeping.mode is HistoryMode.CHANGELOG:  # a truncate row, then the copy's rows
+        return KeptCopy(changelog_copied(source, schema, lsn), changelog_schema(schema), "append")
+    if keeping.mode is HistoryMode.SCD2:  # first versions; a resync closes the current ones
+        plan = versions_resync_merge(schema, int(lsn)) if holds_rows() else None
+        return KeptCopy(versions_copied(source, schema, lsn), versions_schema(schema), plan=plan)
+    stamping = keeping.stamping
+    if not stamping.stamps:
+        return KeptCopy(source, schema)
+    # A resync of a soft-delete table keeps what it marked deleted.
+    plan = soft_resync_merge(schema, int(lsn)) if stamping.soft and holds_rows() else None
+    stamped = stamped_copied(source, schema, lsn, stamping)  # alive, written at the copy's LSN
+    return KeptCopy(stamped, stamped_schema(schema, stamping), plan=plan)
 
 
 def write_once(

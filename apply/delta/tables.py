@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Final, Protocol
 import pyarrow as pa
 import structlog
 
-from apply.changelog import MIRRORS, History, HistoryMode, changelog_schema, copied
+from apply.changelog import MIRRORS, History, HistoryMode, changelog_schema
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
 from apply.ddl import SchemaChange
 from apply.delta import sql as delta_sql
 from apply.delta.appends import LocalAppends, append_messages
-from apply.delta.copy import WriteMode, copy_into, write_once
+from apply.delta.copy import copy_into, kept_copy, write_once
 from apply.delta.ddl import follow as follow_ddl
 from apply.delta.definition import TableDefinition, gain_by_size
 from apply.delta.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
@@ -57,7 +57,7 @@ from apply.delta.versions import Witness, write_versions
 from apply.errors import ConflictError, TargetTableError
 from apply.features import PORTABLE, FeatureMode, TableFeatures
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
-from apply.merge_plan import conflict_in, soft_resync_merge, versions_resync_merge
+from apply.merge_plan import conflict_in
 from apply.records import (
     MESSAGES_TABLE,
     CommitMark,
@@ -68,10 +68,7 @@ from apply.records import (
 )
 from apply.schema import Evolution, TargetSchema
 from apply.staging import StagedSource
-from apply.stamps import PLAIN, Keeping, stamped_schema
-from apply.stamps import copied as stamped_copy
-from apply.versions import copied as versions_copied
-from apply.versions import versions_schema
+from apply.stamps import PLAIN, Keeping
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
@@ -548,24 +545,9 @@ class DeltaTables:
         ``staging``: a local directory for the blocks (emptied before and after).
         """
         target = self.target(schema.table)
-        mode: WriteMode = "overwrite"
-        stamps = self._keeping(schema).stamping
-        if self.appends_changes(schema.table):  # a truncate row, then the copy's rows
-            source, schema, mode = (
-                copied(source, schema, mark.lsn),
-                changelog_schema(schema),
-                "append",
-            )
-        plan = None
-        if stamps.soft and self._holds_rows(target):  # a resync keeps what it marked deleted
-            plan = soft_resync_merge(schema, int(mark.lsn))
-        if self.keeps_versions(schema):  # first versions; a resync closes the current ones
-            if self._holds_rows(target):
-                plan = versions_resync_merge(schema, int(mark.lsn))
-            source, schema = versions_copied(source, schema, mark.lsn), versions_schema(schema)
-        if stamps.stamps:  # alive, last written at the copy's LSN
-            source = stamped_copy(source, schema, mark.lsn, stamps)
-            schema = stamped_schema(schema, stamps)
+        keeping = self._keeping(schema)
+        kept = kept_copy(keeping, schema, source, mark.lsn, lambda: self._holds_rows(target))
+        source, schema, mode, plan = kept.source, kept.schema, kept.mode, kept.plan
         with self.exclusive(schema.table):
             if (
                 self._on_local_disk
@@ -577,7 +559,7 @@ class DeltaTables:
                 # A big table gains deletion vectors now, before READY, and its key index is
                 # read: not in its first batch while its changes wait (seconds each).
                 self._check_size(target)
-                if self._merges_locally(target) and mode == "overwrite" and not stamps.stamps:
+                if self._merges_locally(target) and keeping.plain:
                     self._local_merges.warm(target.path, schema)
                 return copied_rows
             return copy_into(target, schema, source, mark, staging, mode=mode, plan=plan)
