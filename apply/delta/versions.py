@@ -13,6 +13,7 @@ Spark's ``txnAppId`` refuses the commit.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -102,14 +103,7 @@ def write_versions(  # noqa: PLR0917 - the batch's write, as write_keyed's
         )
     with target.marked(mark):
         result = target.merge(stored, target.frame(source, stored), plan)
-    return WriteResult(
-        result.table,
-        result.version,
-        result.inserted,
-        result.updated,
-        result.deleted,
-        conflicts=tuple(findings),
-    )
+    return replace(result, conflicts=tuple(findings))
 
 
 def _current(
