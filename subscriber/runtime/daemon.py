@@ -100,7 +100,8 @@ class Daemon:
                     thread.start()
                 while not self.stop_requested.wait(JVM_CHECK_INTERVAL):
                     self.check_spark()
-                if self.before_stop is not None and not self.jvm_lost:
+                # a signal to the whole process group stops the JVM too: look before catching up
+                if self.before_stop is not None and self.check_spark():
                     self.before_stop()
                 self.stopping.set()
                 self._join(threads)

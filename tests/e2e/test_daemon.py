@@ -176,6 +176,11 @@ def test_demo_whose_jvm_dies_with_it_ends_at_once_with_its_comparison(tmp_path: 
                 return False
 
         wait_until(streaming, timeout=300, interval=0.5, what="the demo to stream")
+        # the group's signal as it lands when the JVM goes first (the other order races the
+        # demo's catch-up, which may finish with delta-rs before the JVM has exited)
+        (jvm,) = _children(process.pid, "java")
+        os.kill(jvm, signal.SIGTERM)
+        wait_until(lambda: _exited(jvm), 60, what="the JVM to exit")
         os.killpg(process.pid, signal.SIGTERM)
         output, _ = process.communicate(timeout=120)  # not the catch-up's 300 s
     finally:
@@ -187,6 +192,21 @@ def test_demo_whose_jvm_dies_with_it_ends_at_once_with_its_comparison(tmp_path: 
     assert "Traceback" not in output, output[-3000:]
     assert "accounts: 1000 rows on the publisher" in output  # compared all the same
     assert not _listening(_publisher_port(output))  # its publisher is gone
+
+
+def _children(pid: int, name: str) -> list[int]:
+    """The processes called ``name`` whose parent is ``pid``."""
+    found = subprocess.run(["pgrep", "-P", str(pid), name], check=False, capture_output=True)
+    return [int(child) for child in found.stdout.split()]
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie its parent has not reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 def _publisher_port(output: str) -> int:
