@@ -253,7 +253,7 @@ class SyncCoordinator:
             while not (stopping.is_set() or self.stopping.is_set()):
                 status = self._statuses[relid]
                 if status.state is TableState.CATCHUP:
-                    return status.lsn
+                    return status.catchup_to
                 self._cond.wait(0.5)
         return None
 
@@ -264,23 +264,23 @@ class SyncCoordinator:
             self.reload()
         handed_over = False
         for status in self.statuses:
-            if status.state is TableState.SYNCDONE and status.lsn is not None:
+            if status.state is TableState.SYNCDONE:
                 self._ready_at(status, position)
-            elif status.state is TableState.SYNCWAIT and status.lsn is not None:
-                self.store(status.relid, TableState.CATCHUP, max(status.lsn, position))
+            elif status.state is TableState.SYNCWAIT:
+                self.store(status.relid, TableState.CATCHUP, max(status.catchup_to, position))
                 self._wait_sync_done(status.relid)
                 handed_over = True
         if handed_over:
             # A worker that stopped at or before the leader's position is READY now, not at
             # the leader's next batch or idle tick (its wake-up came while the leader waited).
             for status in self.statuses:
-                if status.state is TableState.SYNCDONE and status.lsn is not None:
+                if status.state is TableState.SYNCDONE:
                     self._ready_at(status, position)
         self._start_workers()
 
     def _ready_at(self, status: TableStatus, position: Lsn) -> None:
         """A SYNCDONE table becomes READY once the leader has reached its LSN."""
-        if status.lsn is not None and position >= status.lsn:
+        if position >= status.synced_to:
             self.store(status.relid, TableState.READY, position)
 
     def reload(self) -> None:
@@ -451,7 +451,7 @@ class SyncCoordinator:
                     status.schema,
                     status.name,
                     TableState.FINISHEDCOPY,
-                    self._copied_at.get(table.relid),
+                    self._copied_at[table.relid],  # noted before its SYNCWAIT
                 )
         log.error(
             "logical replication table synchronization worker failed",

@@ -6,9 +6,20 @@ PostgreSQL). ``TableStatus.moved_to`` checks every transition against
 ``ALLOWED`` and raises ``IllegalTransitionError`` on anything else, so a bug
 in the handoff cannot silently skip a step.
 
+The LSN a status carries means one thing per state, and the state says
+whether there is one (``TableStatus`` refuses a status without the LSN its
+state needs, or with one where it has none); read it by its meaning:
+
+- INIT, DATASYNC: none;
+- FINISHEDCOPY: ``snapshot``, the copy's snapshot (its catch-up starts there);
+- SYNCWAIT, CATCHUP: ``catchup_to``, the leader's position the catch-up must reach;
+- SYNCDONE: ``synced_to``, the position the sync worker applied the table up to;
+- READY: ``ready_at``, where the leader took the table over (none for a table
+  added READY by ``pgsub refresh`` without a copy, as PostgreSQL leaves it).
+
 The leader applies a table's changes (``applies``) when it is READY, or
-SYNCDONE with an LSN at or below the transaction's final LSN - everything
-up to that LSN was applied by the sync worker.
+SYNCDONE at or below the transaction's final LSN - everything up to that LSN
+was applied by the sync worker.
 """
 
 from __future__ import annotations
@@ -52,8 +63,16 @@ ALLOWED: Final[dict[TableState, frozenset[TableState]]] = {
 }
 
 
+# The states whose status must carry an LSN, and those that carry none (READY may or not).
+WITH_LSN: Final = frozenset(
+    {TableState.FINISHEDCOPY, TableState.SYNCWAIT, TableState.CATCHUP, TableState.SYNCDONE}
+)
+WITHOUT_LSN: Final = frozenset({TableState.INIT, TableState.DATASYNC})
+
+
 class IllegalTransitionError(AssertionError):
-    """A table state change that the protocol does not allow: a bug."""
+    """A table state change that the protocol does not allow, or a status whose LSN does not
+    fit its state: a bug."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +83,54 @@ class TableStatus:
     schema: str
     name: str
     state: TableState
-    # What the LSN means depends on the state: INIT/DATASYNC none; FINISHEDCOPY the copy's
-    # snapshot (its catch-up starts there); SYNCWAIT/CATCHUP the leader's position the
-    # catch-up must reach; SYNCDONE/READY the position the table is applied up to.
+    # As stored (pg_subscription_rel.srsublsn); read it by its meaning, below.
     lsn: Lsn | None = None
+
+    def __post_init__(self) -> None:
+        if self.lsn is None and self.state in WITH_LSN:
+            raise IllegalTransitionError(
+                f"table {self.qualified_name}: {self.state.name} needs an LSN"
+            )
+        if self.lsn is not None and self.state in WITHOUT_LSN:
+            raise IllegalTransitionError(
+                f"table {self.qualified_name}: {self.state.name} has no LSN (given {self.lsn})"
+            )
 
     @property
     def qualified_name(self) -> str:
         return qualified_name(self.schema, self.name)
+
+    @property
+    def snapshot(self) -> Lsn:
+        """FINISHEDCOPY: the copy's snapshot, where its catch-up starts."""
+        return self._lsn_of(TableState.FINISHEDCOPY)
+
+    @property
+    def catchup_to(self) -> Lsn:
+        """SYNCWAIT, CATCHUP: the leader's position that the sync worker's catch-up must reach."""
+        return self._lsn_of(TableState.SYNCWAIT, TableState.CATCHUP)
+
+    @property
+    def synced_to(self) -> Lsn:
+        """SYNCDONE: the position the sync worker applied the table up to."""
+        return self._lsn_of(TableState.SYNCDONE)
+
+    @property
+    def ready_at(self) -> Lsn | None:
+        """READY: where the leader took the table over (None: added READY without a copy)."""
+        if self.state is not TableState.READY:
+            raise IllegalTransitionError(
+                f"table {self.qualified_name} is {self.state.name}, not READY"
+            )
+        return self.lsn
+
+    def _lsn_of(self, *states: TableState) -> Lsn:
+        if self.state not in states or self.lsn is None:
+            raise IllegalTransitionError(
+                f"table {self.qualified_name} is {self.state.name}, not "
+                + " or ".join(s.name for s in states)
+            )
+        return self.lsn
 
     def moved_to(self, state: TableState, lsn: Lsn | None = None) -> TableStatus:
         if state not in ALLOWED[self.state]:
@@ -84,7 +143,7 @@ class TableStatus:
         """Whether the leader applies this table's changes of a transaction at ``final_lsn``."""
         if self.state is TableState.READY:
             return True
-        return self.state is TableState.SYNCDONE and self.lsn is not None and self.lsn <= final_lsn
+        return self.state is TableState.SYNCDONE and self.synced_to <= final_lsn
 
 
 @dataclass(frozen=True, slots=True)

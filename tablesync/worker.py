@@ -147,12 +147,8 @@ class SyncWorker:
         status = self._handoff.status(relid)
         if status.state in (TableState.SYNCDONE, TableState.READY):
             return
-        if (
-            status.state is TableState.FINISHEDCOPY
-            and status.lsn is not None
-            and self._slot_exists()
-        ):
-            start = status.lsn
+        if status.state is TableState.FINISHEDCOPY and self._slot_exists():
+            start = status.snapshot
             log.info(
                 "table sync resumes its catch-up", table=self.table.qualified_name, lsn=str(start)
             )

@@ -238,7 +238,7 @@ def test_consecutive_failures_back_off_like_the_leader_and_show_their_error() ->
     wait_for(lambda: sync.status(TABLE.relid).state is TableState.DATASYNC, "the copy to start")
     assert sync.describe()[0]["sync_failures"] == 4  # still failing until the table syncs
     sync.store(TABLE.relid, TableState.FINISHEDCOPY, Lsn(5))
-    sync.store(TABLE.relid, TableState.SYNCWAIT)
+    sync.store(TABLE.relid, TableState.SYNCWAIT, Lsn(5))
     sync.store(TABLE.relid, TableState.CATCHUP, Lsn(6))
     sync.store(TABLE.relid, TableState.SYNCDONE, Lsn(7))
     (row,) = sync.describe()
@@ -261,7 +261,7 @@ def test_a_worker_that_ends_gives_its_place_to_the_next_table_at_once() -> None:
                 for state, lsn in (
                     (TableState.DATASYNC, None),
                     (TableState.FINISHEDCOPY, Lsn(5)),
-                    (TableState.SYNCWAIT, None),
+                    (TableState.SYNCWAIT, Lsn(5)),
                     (TableState.CATCHUP, Lsn(6)),
                     (TableState.SYNCDONE, Lsn(7)),
                 ):
