@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -29,7 +29,6 @@ import apply.binary
 from apply.batch import Batch, ShouldApply, TableWork
 from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
-from apply.copy_source import CopySource, StagedParts
 from apply.ddl import SchemaChange, renamed_work
 from apply.error_context import TransactionError, conflict_of
 from apply.errors import ApplyError, ConflictError
@@ -37,13 +36,14 @@ from apply.failpoints import failpoint
 from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult, message_rows
 from apply.rendering import TextForms, in_text_form
 from apply.resolve import looks_up_first, origin_looks_up_first
-from apply.schema import Evolution, TargetSchema, target_schema
+from apply.schema import TargetSchema, target_schema
 from apply.schema_follower import SchemaFollower
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
+from apply.tables import Tables
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
 from apply.typemap import TypeLookup, resolve
-from apply.versions import Conflicted, findings
+from apply.versions import findings
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from conflicts.reporter import ConflictReporter
@@ -56,95 +56,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 Stages = dict[str, StagedSource]  # per table
-
-
-class Tables(Protocol):
-    """The target tables, as the apply worker and the table-sync workers need them
-    (``apply.delta.tables.DeltaTables``)."""
-
-    def applied_lsn(self, table: str) -> Lsn: ...
-
-    def applied_within(self, table: str) -> Within | None: ...
-
-    def prepare(
-        self, schema: TargetSchema, *, recreate: bool = ..., remember: bool = ...
-    ) -> Evolution | None: ...
-
-    def remember_created(self, tables: list[str]) -> None: ...
-
-    def write(
-        self,
-        schema: TargetSchema,
-        net: Net,
-        mark: CommitMark,
-        resolutions: Mapping[ConflictKind, Resolution] = ...,
-    ) -> WriteResult: ...
-
-    def staged_keys_unique(self, stage: StagedSource) -> bool: ...
-
-    def write_staged(
-        self,
-        schema: TargetSchema,
-        stage: StagedSource,
-        mark: CommitMark,
-        resolutions: Mapping[ConflictKind, Resolution],
-        nets: Callable[[], Iterator[KeyedNet]],
-    ) -> WriteResult: ...
-
-    @property
-    def copy_on_executors(self) -> bool:
-        """Whether ``copy_into`` reads ``source.parts`` on Spark executors (a cluster)."""
-        ...
-
-    def copy_into(
-        self, schema: TargetSchema, source: CopySource, mark: CommitMark, staging: Path
-    ) -> tuple[int, int | None]: ...
-
-    def staged_copy(self, schema: TargetSchema) -> StagedParts:
-        """Where a copy on the executors stages its parts (``copy_on_executors``)."""
-        ...
-
-    def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult: ...
-
-    def appends_changes(self, table: str) -> bool:
-        """Whether ``table`` is kept as a change log (``history: changelog``)."""
-        ...
-
-    def plain_mirror(self, schema: TargetSchema) -> bool:
-        """Whether the table of ``schema`` is kept as PostgreSQL's subscriber keeps it (no
-        change log, no column of pgsub's: ``history``)."""
-        ...
-
-    def follow_ddl(
-        self, change: SchemaChange, new_types: Mapping[str, str], fills: Mapping[str, object]
-    ) -> None:
-        """Make the publisher's schema change (``apply.ddl``) to the table, at its LSN:
-        ``new_types``, the Spark type of each retyped column and each added one in
-        ``fills`` (its value in the rows there were). Made twice, it changes nothing the
-        second time."""
-        ...
-
-    def keeps_versions(self, schema: TargetSchema) -> bool:
-        """Whether the table of ``schema`` is kept as versions (``history: scd2``)."""
-        ...
-
-    def write_versions(
-        self,
-        schema: TargetSchema,
-        changes: pa.Table,
-        mark: CommitMark,
-        resolutions: Mapping[ConflictKind, Resolution],
-        witness: Callable[[Sequence[Conflicted]], list[Finding]],
-    ) -> WriteResult:
-        """A batch's change rows (``apply.changelog.change_rows``) as versions of the table
-        (``apply.versions``), in one commit marked ``mark`` (made once); ``witness`` turns
-        the conflicts met into reports."""
-        ...
-
-    def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
-        """Append a batch's change log rows (``apply.changelog``) in one commit marked ``mark``
-        (made once: an append already committed for ``mark`` is not made again)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from apply.applier import BatchApplier, Tables
+from apply.applier import BatchApplier
 from apply.assembly import TransactionAssembler
 from apply.batch import Batcher, ShouldApply
 from apply.queue import TransactionQueue
@@ -27,6 +27,7 @@ from apply.rendering import TextForms
 from apply.roles import Leader, Role
 from apply.spool import SpoolDirectory, SpooledTransaction
 from apply.spool_layout import SpoolLayout
+from apply.tables import Tables
 from apply.transactions import Bounds, RemoteTransaction
 from apply.typemap import TypeLookup
 from apply.worker import ApplyWorker

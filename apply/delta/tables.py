@@ -37,19 +37,18 @@ from apply.delta import sql as delta_sql
 from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import copy_into, kept_copy, write_once
 from apply.delta.ddl import follow as follow_ddl
-from apply.delta.definition import TableDefinition, gain_by_size
+from apply.delta.definition import TableDefinition
 from apply.delta.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
-from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
 from apply.delta.local_tables import (
     delta_rs_can_write,
     delta_rs_writes,
-    is_local_folder,
     is_table,
 )
 from apply.delta.maintenance import Grown, Tended, detail, tend
 from apply.delta.marks import latest_mark
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import OriginTracker
+from apply.delta.placement import Placement
 from apply.delta.session import SparkErrors, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
 from apply.delta.target import TargetTable
@@ -120,16 +119,14 @@ class DeltaTables:
         self._spark = spark
         self.created = created or _Forgetful()
         self.warehouse = warehouse.rstrip("/")
-        # A warehouse on this machine's file system (delta-rs may write it directly).
-        self._on_local_disk = is_local_folder(self.warehouse)
-        self._local_spark: bool | None = None  # Spark runs in this process (asked once)
-        # Small keyed tables' batches, by delta-rs; a table that may gain deletion vectors
-        # goes to Spark (which looks at its size) once it is large enough for them.
-        self._local_merges = LocalMerges(
-            min(LOCAL_MERGE_MAX_BYTES, features.deletion_vectors_above)
-            if features.deletion_vectors is FeatureMode.AUTO
-            else LOCAL_MERGE_MAX_BYTES
+        self._placed = Placement(
+            self.warehouse,
+            features,
+            other_writers=track_origin or shared_tables,
+            appended_only=self.appends_changes,
         )
+        self._on_local_disk = self._placed.on_local_disk
+        self._local_merges = self._placed.local_merges
         self.subscription = subscription
         self.create_tables = create_tables
         self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)
@@ -145,7 +142,6 @@ class DeltaTables:
         self._local = threading.local()
         self._schemas: dict[str, TargetSchema] = {}
         self._origins: dict[str, OriginTracker] = {}
-        self._sized: set[str] = set()  # tables whose size this process has looked at
         self._lock = threading.Lock()
         self.history_peek = HISTORY_PEEK
         self._definition = TableDefinition(
@@ -217,13 +213,8 @@ class DeltaTables:
             if self._schemas.get(schema.table) == schema:
                 return None
         path = self.path(schema.table)
-        try:
-            with self.exclusive(schema.table):
-                evolution = self._create_or_evolve(
-                    schema, path, recreate=recreate, remember=remember
-                )
-        except SparkErrors as exc:
-            raise TargetTableError(f"cannot prepare {path} for {schema.table}: {exc}") from exc
+        with self._held(schema.table, f"preparing {path} for {schema.table}"):
+            evolution = self._create_or_evolve(schema, path, recreate=recreate, remember=remember)
         with self._lock:
             self._schemas[schema.table] = schema
         return evolution
@@ -260,11 +251,10 @@ class DeltaTables:
             self._definition.create(
                 self.session(), schema, path, keeping.mode, by_spark=created_before
             )
-            self._local_merges.forget(path)
+            self._placed.forget(schema.table, path)
             self._appends.forget(path)
             with self._lock:
                 self._origins.pop(schema.table, None)
-                self._sized.discard(schema.table)
             if remember:
                 self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
@@ -285,16 +275,12 @@ class DeltaTables:
 
     def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
         target, stored = self.target(schema.table), changelog_schema(schema)
-        try:
-            with self.exclusive(schema.table):
-                written = None
-                if self._on_local_disk:
-                    written = self._appends.append(target, stored, rows, mark)
-                return written if written is not None else target.append(stored, rows, mark)
-        except SparkErrors as exc:
-            raise TargetTableError(
-                f"appending to {schema.table} at {target.path} at LSN {mark.lsn} failed: {exc}"
-            ) from exc
+        what = f"appending to {schema.table} at {target.path} at LSN {mark.lsn}"
+        with self._held(schema.table, what):
+            written = None
+            if self._on_local_disk:
+                written = self._appends.append(target, stored, rows, mark)
+            return written if written is not None else target.append(stored, rows, mark)
 
     def write_versions(
         self,
@@ -305,26 +291,22 @@ class DeltaTables:
         witness: Witness,
     ) -> WriteResult:
         target = self.target(schema.table)
+        what = f"writing the versions of {schema.table} to {target.path} at LSN {mark.lsn}"
         try:
-            with self.exclusive(schema.table):
+            with self._held(schema.table, what):
                 opened = None
-                if self._merges_locally(target):
+                if self._placed.merges_locally(target):
                     opened = self._local_merges.opened(target.path)
                     if not delta_rs_writes(opened.synced().protocol()):
                         opened = None
                 if opened is None:
-                    self._check_size(target)
+                    self._placed.check_size(target)
                 return write_versions(
                     target, schema, changes, mark, resolutions, witness, opened=opened
                 )
-        except TargetTableError:  # delta-rs's write failed: open the table afresh next time
+        except TargetTableError:  # open the table afresh next time
             self._local_merges.forget(target.path)
             raise
-        except SparkErrors as exc:
-            raise TargetTableError(
-                f"writing the versions of {schema.table} to {target.path} at LSN {mark.lsn} "
-                f"failed: {exc}"
-            ) from exc
 
     def follow_ddl(
         self, change: SchemaChange, new_types: Mapping[str, str], fills: Mapping[str, object]
@@ -335,16 +317,12 @@ class DeltaTables:
             return
         path = self.path(change.table)
         keeps_history = self.history.of(change.table) is not HistoryMode.MIRROR
+        what = f"following the schema change of {change.table} at LSN {change.lsn} in {path}"
         try:
-            with self.exclusive(change.table):
+            with self._held(change.table, what):
                 done = follow_ddl(
                     self.session(), path, change, new_types, fills, keeps_history=keeps_history
                 )
-        except SparkErrors as exc:
-            raise TargetTableError(
-                f"following the schema change of {change.table} at LSN {change.lsn} in "
-                f"{path} failed: {exc}"
-            ) from exc
         finally:
             with self._lock:
                 self._schemas.pop(change.table, None)  # prepared again, as it is now
@@ -419,7 +397,7 @@ class DeltaTables:
         target = self.target(schema.table)
         try:
             with self.exclusive(schema.table):
-                self._check_size(target)
+                self._placed.check_size(target)
                 return write_staged(target, schema, stage, mark, resolutions, nets=nets)
         except ConflictError:
             raise
@@ -440,58 +418,23 @@ class DeltaTables:
     ) -> WriteResult:
         if isinstance(net, KeyedNet):
             stamps = self._keeping(schema).stamping
-            if self._merges_locally(target):
+            if self._placed.merges_locally(target):
                 written = self._local_merges.merge(target.path, schema, net, mark, stamping=stamps)
                 # A table too big for delta-rs that gains deletion vectors now is written by
                 # pgsub's own path (apply.delta.vector_write) from this batch on.
-                if written is None and self._check_size(target):
+                if written is None and self._placed.check_size(target):
                     written = self._local_merges.merge(
                         target.path, schema, net, mark, stamping=stamps
                     )
                 if written is not None:
                     return written
-            self._check_size(target)
+            self._placed.check_size(target)
             origins = self._tracker(schema.table, target.path)
             return write_keyed(
                 target, schema, net, mark, resolutions, origins=origins, stamping=stamps
             )
-        self._check_size(target)
+        self._placed.check_size(target)
         return write_multiset(target, schema, net, mark, resolutions)
-
-    def _check_size(self, target: TargetTable) -> bool:
-        """Before a table's first Spark MERGE in this process: deletion vectors on if it
-        has grown past ``table_features.deletion_vectors_above`` (``auto``); whether they
-        were turned on. Maintenance looks again every round, for tables that grow while
-        pgsub runs."""
-        if self.features.deletion_vectors is not FeatureMode.AUTO:
-            return False
-        if self.appends_changes(target.table):  # appended only: nothing a vector would delete
-            return False
-        with self._lock:
-            if target.table in self._sized:
-                return False
-            self._sized.add(target.table)
-        _, size, properties = detail(target.session, target.path)
-        return gain_by_size(
-            target.session,
-            target.table,
-            target.path,
-            size=size,
-            properties=properties,
-            features=self.features,
-        )
-
-    def _merges_locally(self, target: TargetTable) -> bool:
-        """Whether a keyed batch may be merged by delta-rs (``apply.delta.local_merge``): a
-        local warehouse and Spark, and no other writer whose rows pgsub must tell apart."""
-        if self._local_spark is None:
-            self._local_spark = runs_here(target.session)
-        return (
-            self._on_local_disk
-            and self._local_spark
-            and not self.track_origin
-            and not self.shared_tables
-        )
 
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult:
         """Append logical decoding messages in one commit carrying ``mark`` (exactly once, as
@@ -506,6 +449,16 @@ class DeltaTables:
             lock = self._table_locks.setdefault(table, threading.Lock())
         with lock:
             yield
+
+    @contextmanager
+    def _held(self, table: str, what: str) -> Iterator[None]:
+        """``exclusive``, with a Spark or delta-rs error raised as a TargetTableError saying
+        that ``what`` failed."""
+        try:
+            with self.exclusive(table):
+                yield
+        except SparkErrors as exc:
+            raise TargetTableError(f"{what} failed: {exc}") from exc
 
     def known(self) -> list[str]:
         """The tables this process prepared (created, evolved or checked)."""
@@ -551,15 +504,15 @@ class DeltaTables:
         with self.exclusive(schema.table):
             if (
                 self._on_local_disk
-                and runs_here(target.session)
+                and self._placed.spark_here(target)
                 and delta_rs_can_write(target.path)
                 and plan is None
             ):
                 copied_rows = write_once(target, schema, source.blocks(), mark, mode=mode), None
                 # A big table gains deletion vectors now, before READY, and its key index is
                 # read: not in its first batch while its changes wait (seconds each).
-                self._check_size(target)
-                if self._merges_locally(target) and keeping.plain:
+                self._placed.check_size(target)
+                if self._placed.merges_locally(target) and keeping.plain:
                     self._local_merges.warm(target.path, schema)
                 return copied_rows
             return copy_into(target, schema, source, mark, staging, mode=mode, plan=plan)
