@@ -24,12 +24,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 
 import structlog
 
-from apply.backoff import retry_delay
 from apply.errors import ApplyError
 from apply.records import StoredTableState
 from apply.transactions import RemoteTransaction
@@ -40,6 +39,7 @@ from tablesync.copy_progress import CopyProgress
 from tablesync.publication import PublishedTable
 from tablesync.settings import SyncSettings, TableStates
 from tablesync.state import SyncFailure, TableState, TableStatus
+from tablesync.workers import SyncWorkers, WorkerFactory
 
 log = structlog.get_logger(__name__)
 
@@ -48,17 +48,8 @@ class TableRenamedError(ApplyError):
     """A table was renamed on the publisher while the subscription applied it."""
 
 
-WorkerFactory = Callable[[PublishedTable], Callable[[threading.Event], None]]
-
-
 # How often a running leader looks for tables added or removed by ``pgsub refresh``.
 RELOAD_INTERVAL = 3.0
-
-
-@dataclass
-class _Running:
-    thread: threading.Thread
-    stop: threading.Event
 
 
 class SyncCoordinator:
@@ -77,20 +68,18 @@ class SyncCoordinator:
         self.settings = settings
         self._store = store
         self._metrics = metrics
-        self._factory = worker_factory
         self._drop_sync_slot = drop_sync_slot
         self._list_published = list_published
         self._on_error = on_error  # told of every worker failure; True: start no more workers
-        self._held = False  # a failure disabled the subscription: no workers until resume()
         self._clock = clock
         self._reloaded_at = clock()
         self._recorded_at: dict[int, datetime] = {}  # each table's last row of this process
         self._cond = threading.Condition()
         self._statuses: dict[int, TableStatus] = {}
         self._published: dict[int, PublishedTable] = {}
-        self._running: dict[int, _Running] = {}
-        self._failed_at: dict[int, float] = {}
-        self._failures: dict[int, SyncFailure] = {}  # until the table reaches SYNCDONE
+        self.workers = SyncWorkers(
+            settings, worker_factory, on_failure=self.failed, on_exit=self._ended, clock=clock
+        )
         self._copied_at: dict[int, Lsn] = {}  # FINISHEDCOPY's LSN while SYNCWAIT/CATCHUP
         self.copies = CopyProgress(clock)  # how far each copy is, for /status
         self.sync_errors = 0  # failed table-sync workers since the process started
@@ -194,7 +183,7 @@ class SyncCoordinator:
             for status in fresh:
                 self._statuses[status.relid] = status
                 if state in (TableState.SYNCDONE, TableState.READY):
-                    self._failures.pop(status.relid, None)  # the backoff starts over
+                    self.workers.synchronized(status.relid)  # the backoff starts over
             self._cond.notify_all()
         if state in (TableState.SYNCWAIT, TableState.SYNCDONE):
             self.wake_leader()
@@ -232,7 +221,7 @@ class SyncCoordinator:
         """Each table's state, LSN and copy progress, for ``/status``."""
         rows: list[dict[str, object]] = []
         for status in self.statuses:
-            running = status.relid in self._running
+            running = self.workers.running(status.relid)
             rows.append(
                 {
                     "table": status.qualified_name,
@@ -240,7 +229,7 @@ class SyncCoordinator:
                     "lsn": None if status.lsn is None else str(status.lsn),
                     **self.copies.figures(status.relid, running=running),
                     "sync_worker": running,
-                    **SyncFailure.fields(self._failures.get(status.relid)),
+                    **SyncFailure.fields(self.workers.failure(status.relid)),
                 }
             )
         return rows
@@ -313,8 +302,7 @@ class SyncCoordinator:
             for status in removed:
                 del self._statuses[status.relid]
             for status in added + resynced + removed:
-                if (running := self._running.get(status.relid)) is not None:
-                    running.stop.set()
+                self.workers.stop_worker(status.relid)
             self._cond.notify_all()
         for status in removed:
             for state in TableState:
@@ -360,65 +348,39 @@ class SyncCoordinator:
             while not self.stopping.is_set():
                 if self._statuses[relid].state is TableState.SYNCDONE:
                     return
-                running = self._running.get(relid)
-                if running is None or not running.thread.is_alive():
+                if not self.workers.alive(relid):
                     return
                 self._cond.wait(0.5)
 
     def _start_workers(self, after: int | None = None) -> None:
-        """Workers for tables waiting to be copied, up to ``max_sync_workers``; ``after``: a
-        table whose worker just ended, left for the leader's next look."""
-        now = self._clock()
+        """Workers for tables waiting to be copied, while there is room; ``after``: a table
+        whose worker just ended, left for the leader's next look."""
         with self._cond:
             if self.stopping.is_set():
                 return
-            for relid, running in list(self._running.items()):
-                if not running.thread.is_alive():
-                    del self._running[relid]
+            room = self.workers.room()  # forgets the workers that ended first
             waiting = [
                 s
                 for s in self._statuses.values()
                 if s.state in (TableState.INIT, TableState.DATASYNC, TableState.FINISHEDCOPY)
-                and s.relid not in self._running
                 and s.relid != after
                 and s.relid in self._published
-                and now - self._failed_at.get(s.relid, -1e9) >= self._retry_in(s.relid)
+                and self.workers.due(s.relid)
             ]
-            room = 0 if self._held else self.settings.max_sync_workers - len(self._running)
-            for status in waiting[: max(0, room)]:
-                self._spawn(self._published[status.relid])
+            for status in waiting[:room]:
+                self.workers.start(self._published[status.relid])
         self._metrics.workers.labels(self.settings.subscription, "table synchronization").set(
-            len(self._running)
+            self.workers.count()
         )
 
-    def _retry_in(self, relid: int) -> float:
-        failure = self._failures.get(relid)
-        return 0.0 if failure is None else failure.retry_in
-
-    def _spawn(self, table: PublishedTable) -> None:
-        stop = threading.Event()
-        work = self._factory(table)
-
-        def run() -> None:
-            try:
-                work(stop)
-            except Exception as exc:  # noqa: BLE001 - a sync failure must not stop the leader
-                self.failed(table, exc)
-            finally:
-                with self._cond:
-                    if self._running.get(table.relid) is running:
-                        del self._running[table.relid]
-                    self._cond.notify_all()
-            # A table synchronized gives its place to the next one now, not at the leader's
-            # next batch or idle tick. A worker that failed or stopped early does not: its
-            # table waits for the leader's look (and its retry interval).
-            if self._synchronized(table.relid):
-                self._start_workers(after=table.relid)
-
-        thread = threading.Thread(target=run, name=f"sync-{table.relid}", daemon=True)
-        running = _Running(thread, stop)
-        self._running[table.relid] = running
-        thread.start()
+    def _ended(self, table: PublishedTable) -> None:
+        """A worker ended. A table synchronized gives its place to the next one now, not at
+        the leader's next batch or idle tick; a worker that failed or stopped early does
+        not: its table waits for the leader's look (and its retry interval)."""
+        with self._cond:
+            self._cond.notify_all()
+        if self._synchronized(table.relid):
+            self._start_workers(after=table.relid)
 
     def _synchronized(self, relid: int) -> bool:
         with self._cond:
@@ -436,13 +398,8 @@ class SyncCoordinator:
                 return
         self._metrics.sync_errors.labels(self.settings.subscription).inc()
         self.sync_errors += 1
+        failure = self.workers.failed(table.relid, str(exc))
         with self._cond:
-            self._failed_at[table.relid] = self._clock()
-            count = self._failures[table.relid].count + 1 if table.relid in self._failures else 1
-            retry_in = retry_delay(
-                count, self.settings.retry_interval, self.settings.max_retry_interval
-            )
-            self._failures[table.relid] = SyncFailure(count, str(exc), time.time(), retry_in)
             status = self._statuses.get(table.relid)
             if status is not None and not status.state.stored:
                 # SYNCWAIT / CATCHUP live in memory: back to the stored FINISHEDCOPY.
@@ -459,29 +416,23 @@ class SyncCoordinator:
             table=table.qualified_name,
             error=str(exc),
             error_type=type(exc).__name__,
-            failures=count,
-            retry_in=retry_in,
+            failures=failure.count,
+            retry_in=failure.retry_in,
         )
         if self._on_error is not None and self._on_error(
             f"table synchronization of {table.qualified_name} failed: {exc}"
         ):
-            with self._cond:
-                self._held = True
+            self.workers.held = True
 
     def resume(self) -> None:
         """Start table-sync workers again (the subscription was enabled)."""
-        with self._cond:
-            self._held = False
+        self.workers.held = False
 
     def stop(self) -> None:
         self.stopping.set()
         with self._cond:
-            running = list(self._running.values())
-            for entry in running:
-                entry.stop.set()
             self._cond.notify_all()
-        for entry in running:
-            entry.thread.join()
+        self.workers.stop()
 
     def _export(self) -> None:
         gauge = self._metrics.table_state
