@@ -154,7 +154,8 @@ class TransactionAssembler:
         self._streams.clear()
         self._block = None
 
-    def feed(self, message: Message | RowChanges) -> AssembledTransaction | None:
+    # One case per pgoutput message, in the protocol's own list: a dispatch, not a decision.
+    def feed(self, message: Message | RowChanges) -> AssembledTransaction | None:  # noqa: PLR0912
         match message:
             case RowChanges():
                 self._add_rows(message)

@@ -70,6 +70,32 @@ def typed(decoder: PgOutputDecoder, changes: RowChanges, binary: bool = False) -
     return cast
 
 
+def _consumed(
+    mode: str,
+    payload: bytes,
+    start: Lsn,
+    runs: RunDecoder,
+    assembler: TransactionAssembler,
+    *,
+    binary: bool,
+) -> bool:
+    """One frame through the pass ``mode``; whether it ended the transaction."""
+    decoder = runs.decoder
+    if mode == "decode":
+        runs.push(payload, start)
+    elif mode == "decode_typed":
+        for decoded in runs.push(payload, start):
+            if isinstance(decoded, RowChanges):
+                typed(decoder, decoded, binary)
+    elif mode == "decode_one_by_one":
+        decoder.decode(payload, start)
+    elif mode == "decode_assemble":
+        for decoded in runs.push(payload, start):
+            if assembler.feed(decoded) is not None:
+                return True
+    return payload[:1] == b"C"
+
+
 def stream_rate(db: PgDatabase, slot: str, rows: int, mode: str) -> float:
     binary = mode.endswith("_binary")
     mode = mode.removesuffix("_binary")
@@ -87,19 +113,7 @@ def stream_rate(db: PgDatabase, slot: str, rows: int, mode: str) -> float:
                 continue
             if not first:
                 first = time.perf_counter()
-            if mode == "decode":
-                runs.push(data.payload, data.data_start)
-            elif mode == "decode_typed":
-                for decoded in runs.push(data.payload, data.data_start):
-                    if isinstance(decoded, RowChanges):
-                        typed(decoder, decoded, binary)
-            elif mode == "decode_one_by_one":
-                decoder.decode(data.payload, data.data_start)
-            elif mode == "decode_assemble":
-                for decoded in runs.push(data.payload, data.data_start):
-                    if assembler.feed(decoded) is not None:
-                        return rows / (time.perf_counter() - first)
-            if data.payload[:1] == b"C":
+            if _consumed(mode, data.payload, data.data_start, runs, assembler, binary=binary):
                 return rows / (time.perf_counter() - first)
     finally:
         stream.stop()

@@ -61,54 +61,84 @@ def follow(
     ``new_types``: the Spark type of each retyped column and each added one in ``fills``
     (the value the rows there were took); ``keeps_history``: a table whose dropped columns
     stay."""
-    from pyspark.sql import functions as fn
-
-    frame = delta_sql.read(session, path)
-    types = {f.name: f.dataType.simpleString() for f in frame.schema.fields}
-    mapped = delta_sql.properties(session, path).get(COLUMN_MAPPING, "none") != "none"
-    selected: dict[str, Column] = {name: fn.col(quote(name)) for name in types}
-    done: list[str] = []
-    rewrite = False
-
+    table = _Following(session, path)
     renames = [(old, new) for old, new in change.renamed]
     renames += [(OLD + old, OLD + new) for old, new in change.renamed]  # a change log's
     for old, new in renames:
-        if old not in types or new in types:
-            continue  # done before, or never there
-        if mapped:
-            delta_sql.rename_column(session, path, old, new)
-        else:
-            selected = {(new if name == old else name): col for name, col in selected.items()}
-            rewrite = True
-        done.append(f"renamed {old} to {new}")
-    if not keeps_history:
-        for name in change.dropped:
-            if name not in types:
-                continue
-            if mapped:
-                delta_sql.drop_column(session, path, name)
-            else:
-                del selected[name]
-                rewrite = True
-            done.append(f"dropped {name}")
+        table.rename(old, new)
+    for name in () if keeps_history else change.dropped:
+        table.drop(name)
     for name, _, _ in change.retyped:
-        wanted, current, kept = new_types.get(name), types.get(name), kept_name(name, change)
-        if wanted is None or current is None or kept in types:
-            continue
-        if can_widen(normal_type(current), normal_type(wanted)):
-            continue  # widened with the RELATION that follows
-        cast = fn.expr(f"try_cast({quote(name)} AS {wanted})")
-        selected = {n: (cast if n == name else c) for n, c in selected.items()}
-        selected[kept] = fn.col(quote(name))
-        rewrite = True
-        done.append(f"retyped {name} from {current} to {wanted}, old values kept in {kept}")
+        table.retype(name, new_types.get(name), kept_name(name, change))
     for name, value in fills.items():
-        if name in types or name not in new_types:
-            continue  # added before (the RELATION that followed), or done
-        selected[name] = fn.lit(value).cast(new_types[name])
-        rewrite = True
-        done.append(f"added {name}, {value!r} in the rows there were (the publisher's default)")
-    if rewrite:
-        rows = frame.select(*[col.alias(name) for name, col in selected.items()])
-        rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
-    return done
+        if name in new_types:
+            table.fill(name, value, new_types[name])
+    table.rewrite()
+    return table.done
+
+
+class _Following:
+    """One table's columns as a schema change leaves them: changed in the table's metadata
+    (column mapping), or in the one rewrite that ``rewrite`` makes."""
+
+    def __init__(self, session: SparkSession, path: str) -> None:
+        from pyspark.sql import functions as fn
+
+        self._fn = fn
+        self._session = session
+        self._path = path
+        self._frame = delta_sql.read(session, path)
+        self._types = {f.name: f.dataType.simpleString() for f in self._frame.schema.fields}
+        self._mapped = delta_sql.properties(session, path).get(COLUMN_MAPPING, "none") != "none"
+        self._selected: dict[str, Column] = {name: fn.col(quote(name)) for name in self._types}
+        self._rewritten = False
+        self.done: list[str] = []
+
+    def rename(self, old: str, new: str) -> None:
+        if old not in self._types or new in self._types:
+            return  # done before, or never there
+        if self._mapped:
+            delta_sql.rename_column(self._session, self._path, old, new)
+        else:
+            self._selected = {(new if n == old else n): c for n, c in self._selected.items()}
+            self._rewritten = True
+        self.done.append(f"renamed {old} to {new}")
+
+    def drop(self, name: str) -> None:
+        if name not in self._types:
+            return
+        if self._mapped:
+            delta_sql.drop_column(self._session, self._path, name)
+        else:
+            del self._selected[name]
+            self._rewritten = True
+        self.done.append(f"dropped {name}")
+
+    def retype(self, name: str, wanted: str | None, kept: str) -> None:
+        current = self._types.get(name)
+        if wanted is None or current is None or kept in self._types:
+            return
+        if can_widen(normal_type(current), normal_type(wanted)):
+            return  # widened with the RELATION that follows
+        cast = self._fn.expr(f"try_cast({quote(name)} AS {wanted})")
+        self._selected = {n: (cast if n == name else c) for n, c in self._selected.items()}
+        self._selected[kept] = self._fn.col(quote(name))
+        self._rewritten = True
+        self.done.append(f"retyped {name} from {current} to {wanted}, old values kept in {kept}")
+
+    def fill(self, name: str, value: object, spark_type: str) -> None:
+        if name in self._types:
+            return  # added before (the RELATION that followed)
+        self._selected[name] = self._fn.lit(value).cast(spark_type)
+        self._rewritten = True
+        self.done.append(
+            f"added {name}, {value!r} in the rows there were (the publisher's default)"
+        )
+
+    def rewrite(self) -> None:
+        """The one overwrite, when a change needed it."""
+        if not self._rewritten:
+            return
+        rows = self._frame.select(*[col.alias(name) for name, col in self._selected.items()])
+        writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        writer.save(self._path)

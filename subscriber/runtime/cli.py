@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from types import FrameType
@@ -378,29 +378,35 @@ def _run(args: argparse.Namespace) -> int:
     return Daemon(config).run()
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from subscriber.runtime.demo import run_demo
+
+    logs.configure("auto")
+    return run_demo(args.warehouse.resolve(), seconds=args.seconds, port=args.port)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _run,
+    "refresh": _refresh,
+    "status": _status,
+    "skip": _admin,
+    "enable": _admin,
+    "disable": _admin,
+    "resync": _resync_or_drop,
+    "drop": _resync_or_drop,
+    "demo": _demo,
+    "peek": _peek,
+    "publisher-setup": _publisher_setup,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.configure()
+    command = _COMMANDS.get(args.command)
     try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "refresh":
-            return _refresh(args)
-        if args.command == "status":
-            return _status(args)
-        if args.command in ("skip", "enable", "disable"):
-            return _admin(args)
-        if args.command in ("resync", "drop"):
-            return _resync_or_drop(args)
-        if args.command == "demo":
-            from subscriber.runtime.demo import run_demo
-
-            logs.configure("auto")
-            return run_demo(args.warehouse.resolve(), seconds=args.seconds, port=args.port)
-        if args.command == "peek":
-            return _peek(args)
-        if args.command == "publisher-setup":
-            return _publisher_setup(args)
+        if command is not None:
+            return command(args)
     except (ForcedExit, ShutdownTimedOut) as exc:
         # Threads may still be running (a MERGE, a JVM call): exit without waiting for them.
         # Every finally on the way here has run (the demo's publisher is gone).

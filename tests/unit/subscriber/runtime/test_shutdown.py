@@ -70,7 +70,7 @@ def test_the_cli_exits_without_waiting_for_threads_left_running(
     def exit_now(exit_code: int) -> None:
         raise SystemExit(exit_code)  # stands in for os._exit, which would end pytest
 
-    monkeypatch.setattr(cli, "_run", run)
+    monkeypatch.setitem(cli._COMMANDS, "run", run)
     monkeypatch.setattr(cli, "_exit_now", exit_now)
     monkeypatch.setattr(logs, "configure", lambda *args: None)  # pytest's own logging
     with pytest.raises(SystemExit) as exited:
@@ -83,7 +83,7 @@ def test_the_cli_reports_an_interrupt_without_a_traceback(monkeypatch: Any, caps
     def run(args: Any) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_run", run)
+    monkeypatch.setitem(cli._COMMANDS, "run", run)
     monkeypatch.setattr(logs, "configure", lambda *args: None)  # pytest's own logging
     assert cli.main(["run", "-c", "pgsub.yaml"]) == 130
     assert capsys.readouterr().err.strip() == "pgsub run: interrupted"
