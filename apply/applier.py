@@ -18,7 +18,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +57,8 @@ log = structlog.get_logger(__name__)
 
 Stages = dict[str, StagedSource]  # per table
 
+MERGE_THREADS = 4  # tables of a batch written at once
+
 
 @dataclass(frozen=True, slots=True)
 class TableResult:
@@ -76,6 +78,14 @@ class BatchResult:
         return {t.table: t.write.version for t in self.tables if t.write.version is not None}
 
 
+@dataclass(frozen=True, slots=True)
+class ConflictHandling:
+    """What each kind of conflict meets (``conflicts.resolutions``), and who reports it."""
+
+    resolutions: Mapping[ConflictKind, Resolution] = field(default_factory=lambda: dict(DEFAULTS))
+    reporter: ConflictReporter | None = None
+
+
 class BatchApplier:
     """Applies batches of one subscription to its Delta tables."""
 
@@ -86,12 +96,9 @@ class BatchApplier:
         types: TypeLookup,
         *,
         should_apply: ShouldApply | None = None,
-        resolutions: Mapping[ConflictKind, Resolution] = DEFAULTS,
-        reporter: ConflictReporter | None = None,
-        max_parallel: int = 4,
+        conflicts: ConflictHandling = ConflictHandling(),
         staging: Path | None = None,
         text_forms: TextForms | None = None,
-        clock: Callable[[], float] = time.monotonic,
         messages: bool = True,
     ) -> None:
         self.subscription = subscription
@@ -103,16 +110,15 @@ class BatchApplier:
         self._tables = tables
         self._types = types
         self._should_apply = should_apply
-        self._resolutions = dict(resolutions)
-        self._reporter = reporter
-        self._clock = clock
+        self._resolutions = dict(conflicts.resolutions)
+        self._reporter = conflicts.reporter
         self._applied: dict[str, Lsn] = {}
         self._within: dict[str, Within | None] = {}
         self._schemas: dict[str, tuple[Relation, TargetSchema]] = {}
         self._followed: set[str] = set()  # tables whose schema change this batch followed
         self._ddl = SchemaFollower(subscription, tables, types, self._applies, self.applied_lsn)
         self._keeps_messages = messages  # messages: true (else only DDL ones arrive)
-        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="merge")
+        self._pool = ThreadPoolExecutor(max_workers=MERGE_THREADS, thread_name_prefix="merge")
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -287,7 +293,7 @@ class BatchApplier:
         return message_rows(self.subscription, batch, kept) if kept else None
 
     def _write_messages(self, batch: Batch, rows: pa.Table) -> TableResult:
-        started = self._clock()
+        started = time.monotonic()
         mark = self._mark(batch, MESSAGES_TABLE)  # a piece of a spooled one: how far it is
         try:
             write = self._tables.write_messages(rows, mark)
@@ -297,7 +303,7 @@ class BatchApplier:
         if mark.within is None:
             self._applied[MESSAGES_TABLE] = batch.end_lsn
         self._within[MESSAGES_TABLE] = mark.within
-        return TableResult(MESSAGES_TABLE, write, self._clock() - started, rows.num_rows)
+        return TableResult(MESSAGES_TABLE, write, time.monotonic() - started, rows.num_rows)
 
     def apply_whole(
         self, tx: SpooledTransaction, bounds: Bounds, on_piece: Callable[[Batch], None]
@@ -314,7 +320,7 @@ class BatchApplier:
         root = self._staging / f"tx-{tx.xid}-{tx.end_lsn}"
         shutil.rmtree(root, ignore_errors=True)
         try:
-            started = self._clock()
+            started = time.monotonic()
             stages = self._stage(tx, bounds, root, on_piece)
             if stages is None or not all(
                 stage.pieces < 2 or self._tables.staged_keys_unique(stage)
@@ -335,7 +341,7 @@ class BatchApplier:
                 xid=tx.xid,
                 changes=tx.change_count,
                 tables=len(stages),
-                seconds=round(self._clock() - started, 3),
+                seconds=round(time.monotonic() - started, 3),
             )
             return self._write_stages(tx, bounds, stages)
         finally:
@@ -389,7 +395,7 @@ class BatchApplier:
                         assert isinstance(net, KeyedNet)
                         yield net
 
-            started = self._clock()
+            started = time.monotonic()
             try:
                 write = self._tables.write_staged(stage.schema, stage, mark, resolutions, nets)
             except ConflictError as exc:
@@ -402,7 +408,7 @@ class BatchApplier:
             self._applied[name] = tx.end_lsn
             self._within[name] = None
             self._report(write.conflicts, stage.schema, batch)
-            results.append(TableResult(name, write, self._clock() - started, stage.rows))
+            results.append(TableResult(name, write, time.monotonic() - started, stage.rows))
         return BatchResult(tx.end_lsn, tuple(results))
 
     def _report(
@@ -427,10 +433,10 @@ class BatchApplier:
         self._reporter.report(conflicts)
 
     def _timed(self, write: Callable[[], WriteResult]) -> tuple[WriteResult, float]:
-        started = self._clock()
+        started = time.monotonic()
         result = write()
         failpoint("apply.after_table_write")
-        return result, self._clock() - started
+        return result, time.monotonic() - started
 
 
 def _guess_renames(table: str, before: Relation, after: Relation) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from apply.applier import BatchApplier
+from apply.applier import BatchApplier, ConflictHandling
 from apply.assembly import TransactionAssembler
 from apply.batch import Batcher, ShouldApply
 from apply.queue import TransactionQueue
@@ -40,6 +40,7 @@ from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Message, Relation
 from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver
+from subscriber.replication.stream_policy import StreamTiming
 from subscriber.replication.tuples import RowChanges
 from subscriber.replication.wire import XLogData
 
@@ -108,8 +109,7 @@ class ApplyPipeline:
             context.tables,
             context.types,
             should_apply=should_apply,
-            resolutions=context.resolutions,
-            reporter=context.reporter,
+            conflicts=ConflictHandling(context.resolutions, context.reporter),
             staging=context.staging,
             text_forms=context.text_forms,
             messages=options.messages,
@@ -139,8 +139,7 @@ class ApplyPipeline:
             options,
             self.progress,
             self._deliver,
-            status_interval=status_interval,
-            wal_receiver_timeout=context.wal_receiver_timeout,
+            timing=StreamTiming(status_interval, context.wal_receiver_timeout),
             on_reconnect=self._assembler.reset,
         )
         self._threads: list[threading.Thread] = []

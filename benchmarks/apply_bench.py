@@ -100,7 +100,7 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
             figures.update_seconds = wait_for(applied, target)
             figures.update_rows_per_s = args.rows / figures.update_seconds
             if args.seconds:
-                lags, tps, kept = steady_load(
+                lags, tps, kept, _ = steady_load(
                     publisher,
                     "bench_native",
                     rate=args.rate,
@@ -142,7 +142,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
         figures.update_seconds = wait_for(run.position, target)
         figures.update_rows_per_s = args.rows / figures.update_seconds
         if args.seconds:
-            lags, tps, kept = steady_load(
+            lags, tps, kept, _ = steady_load(
                 publisher,
                 "bench_pgsub",
                 rate=args.rate,

@@ -40,7 +40,7 @@ def step(
 ) -> list[dict[str, float | bool]]:
     results: list[dict[str, float | bool]] = []
     for rate in rates:
-        lags, tps, kept = steady_load(
+        lags, tps, kept, _ = steady_load(
             publisher, table, rate=rate, seconds=args.seconds, rows=args.rows, position=position
         )
         worst = max(lags, default=float("inf"))

@@ -40,7 +40,7 @@ from apply.collapse import KeyedNet, KeyedRow
 from apply.copy_source import CopySource
 from apply.delta.keyed import merge_net
 from apply.delta.session import SparkSettings, build_session
-from apply.delta.tables import DeltaTables
+from apply.delta.tables import DeltaTables, TableOptions
 from apply.records import CommitMark
 from apply.schema import TargetSchema, target_schema
 from apply.source import empty
@@ -118,7 +118,9 @@ def main() -> None:
     try:
         schema = target_schema(RELATION, lambda oid: None, keyed=True)
         tables = {
-            mode: DeltaTables(spark, str(warehouse / mode), "bench", track_origin=mode == ORIGIN)
+            mode: DeltaTables(
+                spark, str(warehouse / mode), "bench", TableOptions(track_origin=mode == ORIGIN)
+            )
             for mode in MODES
         }
         for mode, target in tables.items():

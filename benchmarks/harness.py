@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -56,6 +56,15 @@ def wait_for(position: Callable[[], Lsn], target: Lsn, timeout: float = 3600) ->
     return time.monotonic() - started
 
 
+class LoadRun(NamedTuple):
+    lags: list[float]  # seconds, one per 100-ms sample of the publisher's position
+    tps: float  # achieved
+    kept_up: bool
+    # Seconds from the load's end until its last sample was applied (None: not within
+    # drain_timeout).
+    drained: float | None
+
+
 def steady_load(
     publisher: PgCluster,
     table: str,
@@ -66,14 +75,11 @@ def steady_load(
     position: Callable[[], Lsn],
     transaction: str | None = None,
     drain_timeout: float = 120,
-    drained: list[float] | None = None,
-) -> tuple[list[float], float, bool]:
+) -> LoadRun:
     """pgbench at ``rate`` tx/s; lag samples (s), achieved tx/s, whether it kept up.
 
     ``transaction``: pgbench's script (default: a random row of ``table`` updated);
-    ``drain_timeout``: how long after the load the lag is still followed; ``drained``, when
-    given, gets the seconds from the load's end until its last sample was applied (nothing
-    when it was not within ``drain_timeout``)."""
+    ``drain_timeout``: how long after the load the lag is still followed."""
     script = Path(tempfile.mkdtemp()) / "update.sql"
     script.write_text(
         transaction
@@ -121,10 +127,9 @@ def steady_load(
     for line in result.stdout.splitlines():
         if line.startswith("tps = "):
             tps = float(line.split()[2])
-    kept_up = len(lags) == len(samples) and (max(lags) if lags else 0) < 30
-    if drained is not None and lags and len(lags) == len(samples):
-        drained.append(lags[-1])
-    return lags, tps, kept_up
+    applied = len(lags) == len(samples)
+    kept_up = applied and (max(lags) if lags else 0) < 30
+    return LoadRun(lags, tps, kept_up, lags[-1] if applied and lags else None)
 
 
 def percentile(values: list[float], q: float) -> float:

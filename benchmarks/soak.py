@@ -174,7 +174,7 @@ def main() -> None:
     watch: DiskWatch | None = None
     try:
         with NativeRun(publisher, "soak_native") as native:
-            lags, tps, kept = steady_load(
+            lags, tps, kept, _ = steady_load(
                 publisher,
                 "soak_native",
                 rate=args.rate,
@@ -201,7 +201,7 @@ def main() -> None:
             run.wait_ready()
             start = table_health(spark, run.warehouse, "soak_pgsub")
             with DiskWatch(run.warehouse) as watch:
-                lags, tps, kept = steady_load(
+                lags, tps, kept, _ = steady_load(
                     publisher,
                     "soak_pgsub",
                     rate=args.rate,

@@ -115,8 +115,7 @@ def load_script(schema: str, args: argparse.Namespace) -> str:
 def _apply_load(
     figures: Figures, publisher: PgCluster, schema: str, args: argparse.Namespace, position: Any
 ) -> None:
-    drained: list[float] = []
-    lags, tps, kept = steady_load(
+    lags, tps, kept, drained = steady_load(
         publisher,
         schema,
         rate=args.rate,
@@ -125,11 +124,10 @@ def _apply_load(
         position=position,
         transaction=load_script(schema, args),
         drain_timeout=args.drain_timeout,
-        drained=drained,
     )
     figures.lag_p50, figures.lag_p99 = percentile(lags, 0.5), percentile(lags, 0.99)
     figures.lag_max, figures.tps_achieved, figures.kept_up = max(lags, default=0), tps, kept
-    figures.drain_seconds = drained[0] if drained else None
+    figures.drain_seconds = drained
 
 
 def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:

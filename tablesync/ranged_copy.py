@@ -27,6 +27,7 @@ from psycopg import sql
 from apply.copy_source import CopySource, StagedParts
 from apply.failpoints import failpoint
 from apply.records import CommitMark
+from apply.spool_layout import SpoolLayout
 from subscriber.replication import session
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
@@ -49,8 +50,6 @@ from tablesync.resume import (
 from tablesync.state import TableState
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from apply.pipeline import ApplyContext
     from apply.schema import TargetSchema
     from tablesync.publication import PublishedTable
@@ -95,7 +94,6 @@ class RangedCopy:
         readers: int,
         progress: Progress,
         drop_slot: Callable[[], None],
-        spark_staging: Path,
     ) -> None:
         self._context = context
         self.table = table
@@ -105,7 +103,8 @@ class RangedCopy:
         self._readers = readers
         self._progress = progress
         self._drop_slot = drop_slot
-        self._spark_staging = spark_staging  # copy_into's own folder, for a local Spark
+        # copy_into's own folder, for a local Spark
+        self._spark_staging = SpoolLayout(context.spool_root).copy(table.relid)
 
     def run(self, schema: TargetSchema, ranges: list[BlockRange], on_executors: bool) -> Lsn:
         """Copy the table (resuming what a crashed attempt staged); its start LSN."""

@@ -196,7 +196,6 @@ class SyncWorker:
                 readers=self._copy_settings.readers,
                 progress=self._progress,
                 drop_slot=self._drop_slot,
-                spark_staging=SpoolLayout(context.spool_root).copy(table.relid),
             ).run(schema, ranges, on_executors)
         self._stage.clear()
         self._handoff.store(table.relid, TableState.DATASYNC)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -98,6 +98,19 @@ class _Forgetful:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class TableOptions:
+    """How one subscription makes and writes its tables (its config's table keys)."""
+
+    create_tables: bool = True
+    track_origin: bool = False  # new tables get row tracking (*_origin_differs)
+    features: TableFeatures = PORTABLE
+    shared_tables: bool = False  # may write tables another subscription writes
+    maintenance: MaintenancePolicy = DEFAULT_POLICY
+    messages_path: str | None = None  # messages: true; None: under _pgsub/
+    history: History = MIRRORS  # how each table is kept (apply.changelog, apply.stamps)
+
+
 class DeltaTables:
     """The target tables of one subscription."""
 
@@ -106,16 +119,12 @@ class DeltaTables:
         spark: SparkSession,
         warehouse: str,
         subscription: str,
+        options: TableOptions = TableOptions(),
         *,
-        create_tables: bool = True,
-        track_origin: bool = False,
-        features: TableFeatures = PORTABLE,
-        shared_tables: bool = False,
-        maintenance: MaintenancePolicy = DEFAULT_POLICY,
-        messages_path: str | None = None,
         created: CreatedTables | None = None,
-        history: History = MIRRORS,
     ) -> None:
+        features, track_origin = options.features, options.track_origin
+        shared_tables, maintenance = options.shared_tables, options.maintenance
         self._spark = spark
         self.created = created or _Forgetful()
         self.warehouse = warehouse.rstrip("/")
@@ -128,15 +137,16 @@ class DeltaTables:
         self._on_local_disk = self._placed.on_local_disk
         self._local_merges = self._placed.local_merges
         self.subscription = subscription
-        self.create_tables = create_tables
-        self.track_origin = track_origin  # new tables get row tracking (*_origin_differs)
+        self.create_tables = options.create_tables
+        self.track_origin = track_origin
         self.features = features
-        self.shared_tables = shared_tables  # may write tables another subscription writes
+        self.shared_tables = shared_tables
         self.maintenance = maintenance
-        self.history = history  # which tables are change logs (apply.changelog)
+        self.history = options.history
         self._appends = LocalAppends()  # their batches, by delta-rs on a local warehouse
         # Logical decoding messages (messages: true): under _pgsub/ unless configured.
-        self.messages_path = (messages_path or f"{self.warehouse}/_pgsub/messages").rstrip("/")
+        messages = options.messages_path or f"{self.warehouse}/_pgsub/messages"
+        self.messages_path = messages.rstrip("/")
         # One writer at a time per table: a batch's MERGE, a copy, or maintenance.
         self._table_locks: dict[str, threading.Lock] = {}
         self._local = threading.local()

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 Witness = Callable[[Sequence[Conflicted]], list[Finding]]
 
 
-def write_versions(  # noqa: PLR0917 - the batch's write, as write_keyed's
+def write_versions(
     target: TargetTable,
     schema: TargetSchema,
     changes: pa.Table,

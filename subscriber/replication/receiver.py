@@ -40,6 +40,7 @@ from subscriber.replication.pgoutput import PgOutputDecoder
 from subscriber.replication.progress import Progress
 from subscriber.replication.runs import Decoded, RunDecoder
 from subscriber.replication.stream import ReplicationConnection, ReplicationStream
+from subscriber.replication.stream_policy import DEFAULT_TIMING, StreamTiming
 from subscriber.replication.wire import XLogData
 
 log = structlog.get_logger(__name__)
@@ -114,8 +115,7 @@ class Receiver:
         progress: Progress,
         deliver: Deliver,
         *,
-        status_interval: float = 10.0,
-        wal_receiver_timeout: float = 60.0,
+        timing: StreamTiming = DEFAULT_TIMING,
         backoff: Backoff | None = None,
         on_reconnect: Callable[[], None] | None = None,
     ) -> None:
@@ -124,8 +124,7 @@ class Receiver:
         self._options = options
         self.progress = progress
         self._deliver = deliver
-        self._status_interval = status_interval
-        self._timeout = wal_receiver_timeout
+        self._timing = timing
         self._backoff = backoff or Backoff()
         self._on_reconnect = on_reconnect
         self._tracker = TransactionTracker(progress)
@@ -201,8 +200,8 @@ class Receiver:
                 self.progress.flushed,
                 self._options,
                 self.progress,
-                status_interval=self._status_interval,
-                wal_receiver_timeout=self._timeout,
+                status_interval=self._timing.status_interval,
+                wal_receiver_timeout=self._timing.wal_receiver_timeout,
                 interrupt=self._wake_reader,
             )
         except BaseException:

@@ -25,6 +25,17 @@ from subscriber.replication.progress import Feedback
 WRITE_REPORT_DELAY = 0.1
 
 
+@dataclass(frozen=True, slots=True)
+class StreamTiming:
+    """A subscription's two walreceiver settings, as PostgreSQL names them."""
+
+    status_interval: float = 10.0  # wal_receiver_status_interval
+    wal_receiver_timeout: float = 60.0
+
+
+DEFAULT_TIMING = StreamTiming()
+
+
 class Silence(enum.Enum):
     """What the server's silence calls for."""
 

@@ -31,7 +31,7 @@ from apply.delta.state_store import (
     SettingsStore,
     TableStateStore,
 )
-from apply.delta.tables import DeltaTables
+from apply.delta.tables import DeltaTables, TableOptions
 from apply.error_context import TransactionError
 from apply.errors import ApplyError
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
@@ -100,19 +100,16 @@ class SubscriptionRunner:
         self._checkpoints = checkpoints
         self._metrics = metrics
         self.settings = SubscriptionSettings(config.name, SettingsStore(spark, warehouse))
-        self.tables = DeltaTables(
-            spark,
-            warehouse,
-            config.name,
+        options = TableOptions(
             create_tables=config.create_tables,
             track_origin=config.track_origin,
             features=config.table_features.features(),
             shared_tables=config.shared_tables,
             maintenance=maintenance,
             messages_path=config.messages_path,
-            created=self.settings,
             history=config.history.history(),
         )
+        self.tables = DeltaTables(spark, warehouse, config.name, options, created=self.settings)
         self.catalog = PublisherCatalog(self._conninfo)
         self.slots = SubscriptionSlots(config, self._conninfo, self.settings)
 

@@ -16,7 +16,7 @@ from apply.applier import BatchApplier
 from apply.collapse import KeyedNet, collapse
 from apply.delta import local_merge, vector_write
 from apply.delta.local_merge import merge_locally
-from apply.delta.tables import DeltaTables
+from apply.delta.tables import DeltaTables, TableOptions
 from apply.features import FeatureMode, TableFeatures
 from apply.records import CommitMark
 from apply.schema import target_schema
@@ -60,7 +60,7 @@ def vectors_in_log(folder: Path) -> list[dict[str, Any]]:
 def test_a_table_with_deletion_vectors_is_written_by_pgsub_and_read_by_spark_and_delta_rs(
     spark: Any, warehouse: Path
 ) -> None:
-    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "t"
     model: Model = {i: (f"v{i}", f"big{i % 7}") for i in range(1, 301)}
@@ -117,7 +117,7 @@ def test_a_table_with_deletion_vectors_is_written_by_pgsub_and_read_by_spark_and
         # A checkpoint, then a new process: the live files and vectors are read from it.
         deltalake.DeltaTable(str(folder)).create_checkpoint()
         applier.close()
-        tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+        tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
         applier = BatchApplier("sub1", tables, lambda oid: None)
         applier.apply(batch(tx(upd(T, 8, "after", ...), end=700)))
         model[8] = ("after", model[8][1])
@@ -135,7 +135,7 @@ def test_a_table_with_deletion_vectors_is_written_by_pgsub_and_read_by_spark_and
 
 
 def test_a_batch_the_table_has_is_not_written_twice(spark: Any, warehouse: Path) -> None:
-    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     schema = target_schema(T, lambda oid: None, True)
     tables.prepare(schema)
     path = tables.path("public.t")
@@ -170,7 +170,7 @@ def test_a_column_no_longer_published_keeps_its_values(
     if way == "merge":
         monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
     features = VECTORS if way == "vectors" else TableFeatures()
-    tables = DeltaTables(spark, str(warehouse), "sub1", features=features)
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=features))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "t"
     wide = relation("id", "v", "gone", "big")
@@ -196,7 +196,7 @@ def test_small_files_are_folded_into_a_later_batch(
     """Each batch adds a file; once FOLD_AT small ones are live, a batch rewrites their
     alive rows into its own file and removes them: the file count stays bounded."""
     monkeypatch.setattr(vector_write, "FOLD_AT", 3)
-    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "t"
     model: Model = {i: (f"v{i}", "b") for i in range(1, 101)}
@@ -227,7 +227,7 @@ def test_a_file_mostly_deleted_by_its_vector_is_purged_by_a_batch(
     file's alive rows into its own file and removes it: its vector is no longer rewritten
     by every batch, nor its removed rows read by every reader."""
     monkeypatch.setattr(vector_write, "PURGE_ABOVE", 0.2)
-    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "t"
     model: Model = {i: (f"v{i}", f"b{i}") for i in range(1, 101)}
@@ -259,7 +259,7 @@ def test_a_file_mostly_deleted_by_its_vector_is_purged_by_a_batch(
 def test_a_text_key_is_found_by_a_set_lookup(spark: Any, warehouse: Path) -> None:
     """Integer keys are looked up by binary search; any other key by an Arrow set lookup."""
     coded = relation("code", "v", key=("code",), name="c")
-    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "c"
     try:
@@ -280,7 +280,7 @@ def test_a_composite_key_is_looked_up_as_its_joined_text(spark: Any, warehouse: 
     that plain concatenation would confuse ((1, '2x') and (12, 'x')) stay apart; updates
     with unsent TOAST values, deletes, a moved key and a conflict as for one column."""
     pairs = relation("id", "code", "v", "big", key=("id", "code"), name="p")
-    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "p"
     model = {(i % 10, f"c{i}"): (f"v{i}", f"big{i}") for i in range(60)}
@@ -331,7 +331,7 @@ def test_maintenance_reads_a_local_tables_detail_as_spark_does(spark: Any, wareh
     (a Spark DESCRIBE DETAIL held the table for seconds); they are Spark's figures."""
     from apply.delta.maintenance import detail
 
-    tables = DeltaTables(spark, str(warehouse), "sub1", features=VECTORS)
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "t"
     try:

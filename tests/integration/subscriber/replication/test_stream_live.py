@@ -18,7 +18,7 @@ from subscriber.replication.pgoutput import PgOutputDecoder
 from subscriber.replication.progress import HeldProgress, Progress
 from subscriber.replication.receiver import Backoff, Receiver
 from subscriber.replication.stream import ReplicationConnection
-from subscriber.replication.stream_policy import WRITE_REPORT_DELAY
+from subscriber.replication.stream_policy import WRITE_REPORT_DELAY, StreamTiming
 from subscriber.replication.tuples import RowChanges
 from subscriber.replication.wire import XLogData
 from tests.support.pgcluster import wait_until
@@ -137,8 +137,7 @@ def test_flush_is_held_back_until_confirmed(publisher: PgDatabase) -> None:
         StreamOptions(("p",)),
         progress,
         deliver,
-        status_interval=0.2,
-        wal_receiver_timeout=2.0,
+        timing=StreamTiming(status_interval=0.2, wal_receiver_timeout=2.0),
     )
     thread = threading.Thread(target=receiver.run)
     thread.start()
@@ -200,8 +199,7 @@ def test_cut_connection_resumes_from_flushed_position(
         StreamOptions(("p",)),
         progress,
         deliver,
-        status_interval=0.2,
-        wal_receiver_timeout=5.0,
+        timing=StreamTiming(status_interval=0.2, wal_receiver_timeout=5.0),
         backoff=Backoff(initial=0.2, cap=1.0),
     )
     thread = threading.Thread(target=receiver.run)
