@@ -23,37 +23,30 @@ import structlog
 
 from apply.assembly import UnsupportedStreamError
 from apply.backoff import retry_delay
-from apply.delta.session import runs_here
 from apply.delta.state_store import (
     CheckpointStore,
-    ConflictStore,
-    PreparedStore,
-    SettingsStore,
-    TableStateStore,
 )
-from apply.delta.tables import DeltaTables, TableOptions
 from apply.error_context import TransactionError
 from apply.errors import ApplyError
 from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
-from apply.pipeline import ApplyContext, ApplyPipeline
+from apply.pipeline import ApplyPipeline
 from apply.roles import Leader, PreparedLeftovers
 from apply.spool import private_directory
 from apply.spool_layout import SpoolLayout
 from apply.worker import ApplyWorker
-from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
 from subscriber.replication import session
-from subscriber.replication.catalog import PublisherCatalog, prepared_transactions
-from subscriber.replication.commands import StreamOptions
+from subscriber.replication.catalog import prepared_transactions
 from subscriber.replication.errors import ReplicationError, SubscriberError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.sampler import StatusSampler
-from subscriber.runtime.settings import REFRESH_INTERVAL, SubscriptionSettings
-from subscriber.runtime.slots import Heartbeat, SlotWatch, SubscriptionSlots
+from subscriber.runtime.settings import REFRESH_INTERVAL
+from subscriber.runtime.slots import Heartbeat, SlotWatch
 from subscriber.runtime.subscription_status import SubscriptionStatus, lsn_text
+from subscriber.runtime.wiring import wire
 from tablesync.coordinator import SyncCoordinator
 from tablesync.initial_load import InitialLoad
 from tablesync.publication import PublicationError, PublishedTable, published_tables
@@ -93,58 +86,22 @@ class SubscriptionRunner:
     ) -> None:
         self.config = config
         self.name = config.name
-        # One MERGE per large transaction reads staged files: the executors must see this disk.
-        stages_locally = runs_here(spark) and not config.track_origin
-        self._conninfo = config.conninfo()
-        self.spool = config.spool_path(warehouse)
+        parts = wire(config, spark, warehouse, metrics, maintenance)
+        self._conninfo = parts.conninfo
+        self.spool = parts.spool
         self._checkpoints = checkpoints
         self._metrics = metrics
-        self.settings = SubscriptionSettings(config.name, SettingsStore(spark, warehouse))
-        options = TableOptions(
-            create_tables=config.create_tables,
-            track_origin=config.track_origin,
-            features=config.table_features.features(),
-            shared_tables=config.shared_tables,
-            maintenance=maintenance,
-            messages_path=config.messages_path,
-            history=config.history.history(),
-        )
-        self.tables = DeltaTables(spark, warehouse, config.name, options, created=self.settings)
-        self.catalog = PublisherCatalog(self._conninfo)
-        self.slots = SubscriptionSlots(config, self._conninfo, self.settings)
-
-        self.reporter = ConflictReporter(config.name, metrics, ConflictStore(spark, warehouse))
-        self._prepared = PreparedStore(spark, warehouse)
-        self.options = StreamOptions(
-            tuple(config.publications),
-            binary=config.binary,
-            messages=config.messages,
-            schema_changes=config.schema_changes,
-            streaming=config.streaming,
-            two_phase=config.two_phase,
-            origin=config.origin,
-        )
-        self.context = ApplyContext(
-            subscription=config.name,
-            conninfo=self._conninfo,
-            options=self.options,
-            tables=self.tables,
-            types=self.catalog.type_row,
-            text_forms=self.catalog.text_forms,
-            metrics=metrics,
-            reporter=self.reporter,
-            resolutions=config.conflicts.resolutions(),
-            bounds=config.batch.bounds(),
-            queue=config.batch.queue_bounds(),
-            max_delay=config.batch.max_delay,
-            spool_root=self.spool,
-            status_interval=config.status_interval,
-            wal_receiver_timeout=config.wal_receiver_timeout,
-            staging=SpoolLayout(self.spool).staging if stages_locally else None,
-        )
+        self.settings = parts.settings
+        self.tables = parts.tables
+        self.catalog = parts.catalog
+        self.slots = parts.slots
+        self.reporter = parts.reporter
+        self._prepared = parts.prepared
+        self.options = parts.options
+        self.context = parts.context
         self.coordinator = SyncCoordinator(
             config.sync_settings(),
-            TableStateStore(spark, warehouse),
+            parts.table_states,
             metrics,
             self._sync_worker,
             drop_sync_slot=self.slots.drop_sync_slot,
