@@ -100,8 +100,10 @@ class Daemon:
                     thread.start()
                 while not self.stop_requested.wait(JVM_CHECK_INTERVAL):
                     self.check_spark()
-                # a signal to the whole process group stops the JVM too: look before catching up
-                if self.before_stop is not None and self.check_spark():
+                # A signal to the whole process group stops the JVM too: look once more, before
+                # the demo's catch-up (which may need no Spark, and so would not notice).
+                alive = self.check_spark()
+                if self.before_stop is not None and alive:
                     self.before_stop()
                 self.stopping.set()
                 self._join(threads)
