@@ -27,7 +27,8 @@ help:
 	@echo "make check   ruff, the import layers, mypy --strict, unit tests (a quick pre-commit)"
 	@echo "make fmt     format and fix lint"
 	@echo "make bench   every scenario beside PostgreSQL's subscriber and the raw limit, one table"
-	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS, LARGE_ROWS, SOAK_MINUTES, SOAK_NATIVE_MINUTES, RATES; quick:"
+	@echo "             (ROWS, SYNC_ROWS, RATE, LOAD_SECONDS, LARGE_ROWS, SOAK_MINUTES, SOAK_NATIVE_MINUTES, RATES,"
+	@echo "             TABLES, TABLE_ROWS, TABLE_RATE; quick:"
 	@echo "             ROWS=100000 SYNC_ROWS=200000 LOAD_SECONDS=15 LARGE_ROWS=500000 SOAK_MINUTES=2)"
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction, best of 3 (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
@@ -133,7 +134,8 @@ bench: setup
 	$(BIN)/python -m benchmarks.suite --rows $(ROWS) --sync-rows $(SYNC_ROWS) --rate $(RATE) \
 	    --seconds $(LOAD_SECONDS) --large-rows $(LARGE_ROWS) --soak-minutes $(SOAK_MINUTES) \
 	    --soak-native-minutes $(SOAK_NATIVE_MINUTES) \
-	    --ceiling-rates $(RATES)
+	    --ceiling-rates $(RATES) --tables $(TABLES) --table-rows $(TABLE_ROWS) \
+	    --table-rate $(TABLE_RATE)
 
 bench-conflicts: setup
 	$(BIN)/python -m benchmarks.conflict_cost --rows $(ROWS)

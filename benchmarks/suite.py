@@ -12,13 +12,14 @@ own), one after the other, on throwaway PostgreSQL 15 clusters:
 | large transaction, N rows, streaming on | rows/s commit->applied, peak RSS | same | - |
 | soak, a steady rate for M minutes | lag p99 first vs last window, table files | same | - |
 | ceiling, stepped rates | the highest rate kept up with | same | pgbench's own rate |
+| many tables, T x R rows | seconds to all READY; lag and drain under a spread load | same | - |
 
 then prints one table with the ratios pgsub / PostgreSQL and pgsub / raw
 and writes every figure to one JSON file.
 
     python -m benchmarks.suite --rows 1000000 --sync-rows 2000000 --rate 3000 --seconds 60 \
         --large-rows 5000000 --soak-minutes 10 --soak-native-minutes 10 \
-        --ceiling-rates 1000,2000,4000,8000
+        --ceiling-rates 1000,2000,4000,8000 --tables 200 --table-rows 2000 --table-rate 1000
 
 A quick run: ``--rows 100000 --sync-rows 200000 --seconds 15 --large-rows 500000
 --soak-minutes 2 --ceiling-rates 1000,4000``.
@@ -84,6 +85,26 @@ def ceiling_row(ceiling: dict[str, Any]) -> str:
     )
 
 
+def tables_rows(tables: dict[str, Any]) -> str:
+    args, ours, theirs = tables["args"], tables["pgsub"], tables["native"]
+    shape = f"{int(args['tables']):,} tables x {int(args['rows']):,} rows"
+
+    def drained(figures: dict[str, Any]) -> str:
+        seconds = figures["drain_seconds"]
+        return "not drained" if seconds is None else f"drained {seconds:.1f} s after"
+
+    speed = ratio(theirs["sync_seconds"], ours["sync_seconds"])  # time: theirs / ours
+    return "\n".join(
+        [
+            f"| initial sync, {shape}: seconds to all READY | {ours['sync_seconds']:.1f}"
+            f" | {theirs['sync_seconds']:.1f} | - | {speed} | - |",
+            f"| same, {args['rate']} updates/s spread over them for {args['seconds']} s:"
+            f" lag p50 / p99 / max | {lag(ours)}, {drained(ours)} | {lag(theirs)},"
+            f" {drained(theirs)} | - | - | - |",
+        ]
+    )
+
+
 def table(
     sync: dict[str, Any], stream: dict[str, Any], apply: dict[str, Any], large: dict[str, Any]
 ) -> str:
@@ -142,6 +163,9 @@ def main() -> None:
         help="PostgreSQL's subscriber's share of the soak (default: --soak-minutes)",
     )
     parser.add_argument("--ceiling-rates", default="1000,2000,4000,8000")
+    parser.add_argument("--tables", type=int, default=200, help="many-tables scenario")
+    parser.add_argument("--table-rows", type=int, default=2000)
+    parser.add_argument("--table-rate", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench.json"))
     args = parser.parse_args()
     stop_on_sigterm()
@@ -160,6 +184,13 @@ def main() -> None:
     )
     run("large_tx", "--rows", str(args.large_rows), "--out", str(large_json))
     soak_json, ceiling_json = folder / "bench-soak.json", folder / "bench-ceiling.json"
+    tables_json = folder / "bench-tables.json"
+    run(
+        "tables_bench",
+        *("--tables", str(args.tables), "--rows", str(args.table_rows)),
+        *("--rate", str(args.table_rate), "--seconds", str(max(args.seconds, 120))),
+        *("--out", str(tables_json)),
+    )
     run(
         "ceiling",
         *("--rates", args.ceiling_rates, "--seconds", str(args.seconds)),
@@ -172,11 +203,26 @@ def main() -> None:
         *("--rate", str(args.rate), "--window", str(max(1.0, args.soak_minutes / 6))),
         *("--out", str(soak_json)),
     )
-    sync, stream, apply, large, soak, ceiling = (
+    sync, stream, apply, large, soak, ceiling, tables = (
         json.loads(p.read_text())
-        for p in (sync_json, stream_json, apply_json, large_json, soak_json, ceiling_json)
+        for p in (
+            sync_json,
+            stream_json,
+            apply_json,
+            large_json,
+            soak_json,
+            ceiling_json,
+            tables_json,
+        )
     )
-    summary = "\n".join([table(sync, stream, apply, large), soak_row(soak), ceiling_row(ceiling)])
+    summary = "\n".join(
+        [
+            table(sync, stream, apply, large),
+            tables_rows(tables),
+            soak_row(soak),
+            ceiling_row(ceiling),
+        ]
+    )
     machine = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {_cores()} cores",
@@ -197,6 +243,7 @@ def main() -> None:
                 "large": large,
                 "soak": soak,
                 "ceiling": ceiling,
+                "tables": tables,
             },
             indent=2,
         )
