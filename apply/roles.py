@@ -43,7 +43,7 @@ class SkipSetting(Protocol):
     def clear_skip(self) -> None: ...
 
 
-class PreparedStaging(Protocol):
+class PreparedTransactions(Protocol):
     """Where PREPAREd transactions wait for their COMMIT/ROLLBACK PREPARED, durably
     (``apply.delta.state_store.PreparedStore``)."""
 
@@ -86,7 +86,7 @@ class Leader:
     # Seconds between checkpoint rows (one per batch at most; ApplyWorker.record_checkpoint).
     checkpoint_interval: float = 0.0
     # two_phase: where prepared transactions are staged (None: two-phase is off).
-    prepared: PreparedStaging | None = None
+    prepared: PreparedTransactions | None = None
     prepared_leftovers: PreparedLeftovers | None = None
 
 

@@ -39,7 +39,7 @@ from apply.batch import Batch, Batcher
 from apply.errors import ApplyError
 from apply.failpoints import failpoint
 from apply.queue import Queued, TransactionQueue, in_memory_transaction
-from apply.roles import PreparedStaging
+from apply.roles import PreparedTransactions
 from apply.spool import (
     SpoolDirectory,
     SpooledTransaction,
@@ -209,8 +209,8 @@ class ApplyWorker:
             self._finish(batch, result, started, changes=tx.change_count)
         return True
 
-    def _staging(self) -> PreparedStaging:
-        staging = self._hooks.staging()
+    def _prepared(self) -> PreparedTransactions:
+        staging = self._hooks.prepared()
         if self._spools is None:
             raise ApplyError("a prepared transaction arrived but this worker spools nothing")
         return staging
@@ -227,7 +227,7 @@ class ApplyWorker:
         count = tx.change_count if isinstance(tx, SpooledTransaction) else len(tx.changes)
         if self._skipping(tx, count):
             changes = ()
-        frames = self._staging().stage(
+        frames = self._prepared().stage(
             self.subscription, prepared.gid, tx.xid, tx.end_lsn, frames_of(changes)
         )
         if isinstance(tx, SpooledTransaction):
@@ -248,7 +248,7 @@ class ApplyWorker:
         """COMMIT PREPARED: apply the staged transaction, in commit order; ROLLBACK PREPARED:
         drop it. Its staging is forgotten only once its checkpoint records the finish, so
         that a resent finish never finds it gone."""
-        staging = self._staging()
+        staging = self._prepared()
         if finish.commit:
             frames = staging.frames(self.subscription, finish.gid)
             if frames is None:
@@ -306,7 +306,7 @@ class ApplyWorker:
         if leftovers is None or self._progress.done_through < leftovers.seen_at:
             return
         self._leftovers = None
-        staging = self._staging()
+        staging = self._prepared()
         for gid, xid in leftovers.stagings:
             staging.forget(self.subscription, gid, xid)
             log.info(

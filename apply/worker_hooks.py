@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from apply.errors import ApplyError
-from apply.roles import Leader, PreparedLeftovers, PreparedStaging
+from apply.roles import Leader, PreparedLeftovers, PreparedTransactions
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.wire import PG_EPOCH_OFFSET
 
@@ -74,7 +74,7 @@ class WorkerHooks(Protocol):
         """``batch`` is confirmed upstream."""
         ...
 
-    def staging(self) -> PreparedStaging:
+    def prepared(self) -> PreparedTransactions:
         """Where prepared transactions wait for their finish; an error when two-phase is off."""
         ...
 
@@ -181,7 +181,7 @@ class LeaderHooks:
             )
         self._leader.sync_tables(batch.end_lsn)
 
-    def staging(self) -> PreparedStaging:
+    def prepared(self) -> PreparedTransactions:
         if self._leader.prepared is None:
             raise _two_phase_off()
         return self._leader.prepared
@@ -230,5 +230,5 @@ class CatchUpHooks:
     ) -> None:
         pass
 
-    def staging(self) -> PreparedStaging:
+    def prepared(self) -> PreparedTransactions:
         raise _two_phase_off()
