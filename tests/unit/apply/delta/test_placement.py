@@ -1,0 +1,69 @@
+"""Which engine writes a batch: delta-rs only on a local warehouse with a local Spark and no
+other writer to tell apart; tables sized once, and never a change log or a fixed choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from apply.delta.placement import Placement
+from apply.delta.target import TargetTable
+from apply.features import FeatureMode, TableFeatures
+
+
+class _Conf:
+    def __init__(self, master: str) -> None:
+        self.master = master
+
+    def get(self, key: str, default: str = "") -> str:
+        return self.master if key == "spark.master" else default
+
+
+class _Session:
+    """What Placement asks a session: its master (a classic session's conf)."""
+
+    def __init__(self, master: str) -> None:
+        self.conf = _Conf(master)
+
+
+def target(master: str = "local[2]", table: str = "public.t") -> TargetTable:
+    session: Any = _Session(master)
+    return TargetTable(session, table, f"/wh/{table}")
+
+
+def placement(
+    warehouse: str, *, other_writers: bool = False, features: TableFeatures | None = None
+) -> Placement:
+    return Placement(
+        warehouse,
+        features or TableFeatures(deletion_vectors=FeatureMode.NEVER),
+        other_writers=other_writers,
+        appended_only=lambda table: table == "public.log",
+    )
+
+
+def test_delta_rs_merges_on_a_local_warehouse_with_a_local_spark_only(tmp_path: Path) -> None:
+    assert placement(str(tmp_path)).merges_locally(target())
+    assert placement(f"file://{tmp_path}").merges_locally(target())
+    assert not placement("s3a://bucket/wh").merges_locally(target())
+    assert not placement(str(tmp_path)).merges_locally(target("spark://master:7077"))
+
+
+def test_origin_tracking_or_shared_tables_keep_every_batch_on_spark(tmp_path: Path) -> None:
+    assert not placement(str(tmp_path), other_writers=True).merges_locally(target())
+
+
+def test_the_spark_master_is_asked_once(tmp_path: Path) -> None:
+    placed = placement(str(tmp_path))
+    assert placed.spark_here(target("local[*]"))
+    assert placed.spark_here(target("spark://master:7077"))  # the answer of the first look
+
+
+def test_a_table_is_sized_only_with_auto_and_never_a_change_log(tmp_path: Path) -> None:
+    """``check_size`` returns before any read of the table: no session is needed here."""
+    never = placement(str(tmp_path))
+    assert not never.check_size(target())
+    always = placement(str(tmp_path), features=TableFeatures(deletion_vectors=FeatureMode.ALWAYS))
+    assert not always.check_size(target())
+    auto = placement(str(tmp_path), features=TableFeatures())
+    assert not auto.check_size(target(table="public.log"))
