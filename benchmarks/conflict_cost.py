@@ -40,7 +40,8 @@ from apply.collapse import KeyedNet, KeyedRow
 from apply.copy_source import CopySource
 from apply.delta.keyed import merge_net
 from apply.delta.session import SparkSettings, build_session
-from apply.delta.tables import DeltaTables, TableOptions
+from apply.delta.table_options import TableOptions
+from apply.delta.tables import DeltaTables
 from apply.records import CommitMark
 from apply.schema import TargetSchema, target_schema
 from apply.source import empty

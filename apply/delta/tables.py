@@ -9,12 +9,15 @@ its shape - ``keyed``, ``multiset``, the initial ``copy``, or a change log's
 append (``history: changelog``: ``apply.changelog``, ``apply.delta.appends``)
 - as a ``TargetTable``.
 
+Which engine takes a batch (delta-rs or Spark) is ``apply.delta.placement``'s
+choice; what the tables are made with, ``apply.delta.table_options``.
+
 Writes run from several threads at once (one MERGE per table of a batch).
 Each thread has its own Spark session (``apply.delta.session.thread_session``:
 the same Spark, its own SQL conf), because the idempotent-write settings
-are session configuration and must not leak between tables. Every Delta
-operation goes through ``apply.delta.sql``, the form both a classic session
-and a Spark Connect session take.
+are session configuration and must not leak between tables. The Delta
+operations this module runs itself go through ``apply.delta.sql``, the form
+both a classic session and a Spark Connect session take.
 """
 
 from __future__ import annotations
@@ -22,14 +25,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 import structlog
 
-from apply.changelog import MIRRORS, History, HistoryMode, changelog_schema
+from apply.changelog import HistoryMode, changelog_schema
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import CopySource
 from apply.ddl import SchemaChange
@@ -51,11 +54,17 @@ from apply.delta.origins import OriginTracker
 from apply.delta.placement import Placement
 from apply.delta.session import SparkErrors, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
+from apply.delta.table_options import (
+    DEFAULT_OPTIONS,
+    CreatedTables,
+    Forgetful,
+    TableOptions,
+)
 from apply.delta.target import TargetTable
 from apply.delta.versions import Witness, write_versions
 from apply.errors import ConflictError, TargetTableError
-from apply.features import PORTABLE, FeatureMode, TableFeatures
-from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
+from apply.features import FeatureMode, TableFeatures
+from apply.maintenance_policy import MaintenancePolicy
 from apply.merge_plan import conflict_in
 from apply.records import (
     MESSAGES_TABLE,
@@ -80,37 +89,6 @@ HISTORY_PEEK: Final = 100
 log = structlog.get_logger(__name__)
 
 
-class CreatedTables(Protocol):
-    """Which target tables a subscription created (``subscriber.runtime.settings``), durably."""
-
-    def was_created(self, table: str) -> bool: ...
-
-    def record_created(self, *tables: str) -> None: ...
-
-
-class _Forgetful:
-    """No record of created tables (benchmarks, tools): every missing table is created."""
-
-    def was_created(self, table: str) -> bool:
-        return False
-
-    def record_created(self, *tables: str) -> None:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class TableOptions:
-    """How one subscription makes and writes its tables (its config's table keys)."""
-
-    create_tables: bool = True
-    track_origin: bool = False  # new tables get row tracking (*_origin_differs)
-    features: TableFeatures = PORTABLE
-    shared_tables: bool = False  # may write tables another subscription writes
-    maintenance: MaintenancePolicy = DEFAULT_POLICY
-    messages_path: str | None = None  # messages: true; None: under _pgsub/
-    history: History = MIRRORS  # how each table is kept (apply.changelog, apply.stamps)
-
-
 class DeltaTables:
     """The target tables of one subscription."""
 
@@ -119,14 +97,14 @@ class DeltaTables:
         spark: SparkSession,
         warehouse: str,
         subscription: str,
-        options: TableOptions = TableOptions(),
+        options: TableOptions = DEFAULT_OPTIONS,
         *,
         created: CreatedTables | None = None,
     ) -> None:
         features, track_origin = options.features, options.track_origin
         shared_tables, maintenance = options.shared_tables, options.maintenance
         self._spark = spark
-        self.created = created or _Forgetful()
+        self.created = created or Forgetful()
         self.warehouse = warehouse.rstrip("/")
         self._placed = Placement(
             self.warehouse,

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from apply.delta.session import runs_here
 from apply.delta.state_store import ConflictStore, PreparedStore, SettingsStore, TableStateStore
-from apply.delta.tables import DeltaTables, TableOptions
+from apply.delta.table_options import TableOptions
+from apply.delta.tables import DeltaTables
 from apply.maintenance_policy import MaintenancePolicy
 from apply.pipeline import ApplyContext
 from apply.spool_layout import SpoolLayout

@@ -16,7 +16,8 @@ from apply.applier import BatchApplier
 from apply.collapse import KeyedNet, collapse
 from apply.delta import local_merge, vector_write
 from apply.delta.local_merge import merge_locally
-from apply.delta.tables import DeltaTables, TableOptions
+from apply.delta.table_options import TableOptions
+from apply.delta.tables import DeltaTables
 from apply.features import FeatureMode, TableFeatures
 from apply.records import CommitMark
 from apply.schema import target_schema

@@ -1,0 +1,45 @@
+"""What one subscription's tables are made and written with: its table keys, as one value,
+and the durable record of the tables it created (``subscriber.runtime.settings``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from apply.changelog import MIRRORS, History
+from apply.features import PORTABLE, TableFeatures
+from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
+
+
+class CreatedTables(Protocol):
+    """Which target tables a subscription created (``subscriber.runtime.settings``), durably."""
+
+    def was_created(self, table: str) -> bool: ...
+
+    def record_created(self, *tables: str) -> None: ...
+
+
+class Forgetful:
+    """No record of created tables (benchmarks, tools): every missing table is created."""
+
+    def was_created(self, table: str) -> bool:
+        return False
+
+    def record_created(self, *tables: str) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class TableOptions:
+    """How one subscription makes and writes its tables (its config's table keys)."""
+
+    create_tables: bool = True
+    track_origin: bool = False  # new tables get row tracking (*_origin_differs)
+    features: TableFeatures = PORTABLE
+    shared_tables: bool = False  # may write tables another subscription writes
+    maintenance: MaintenancePolicy = DEFAULT_POLICY
+    messages_path: str | None = None  # messages: true; None: under _pgsub/
+    history: History = MIRRORS  # how each table is kept (apply.changelog, apply.stamps)
+
+
+DEFAULT_OPTIONS: Final = TableOptions()
