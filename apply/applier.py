@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,9 +27,11 @@ from typing import TYPE_CHECKING
 import structlog
 
 import apply.binary
-from apply.batch import Batch, ShouldApply, TableWork
+from apply.batch import Batch, ShouldApply, TableChange, TableWork
+from apply.change_columns import ChangeColumns
 from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
+from apply.columns_net import keyed_columns_source
 from apply.ddl import SchemaChange, renamed_work
 from apply.error_context import TransactionError, conflict_of
 from apply.errors import ApplyError, ConflictError
@@ -38,6 +41,7 @@ from apply.rendering import TextForms, in_text_form
 from apply.resolve import looks_up_first, origin_looks_up_first
 from apply.schema import TargetSchema, target_schema
 from apply.schema_follower import SchemaFollower
+from apply.source import KeyedSource, keyed_source
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
 from apply.tables import Tables
@@ -306,7 +310,7 @@ class BatchApplier:
         return TableResult(MESSAGES_TABLE, write, time.monotonic() - started, rows.num_rows)
 
     def apply_whole(
-        self, tx: SpooledTransaction, bounds: Bounds, on_piece: Callable[[Batch], None]
+        self, tx: SpooledTransaction, bounds: Bounds, on_piece: Callable[[Counter[str]], None]
     ) -> BatchResult | None:
         """Apply a spooled transaction in one commit per table (``apply.staging``); None when
         it cannot be (the caller applies it in pieces instead, as before).
@@ -348,14 +352,19 @@ class BatchApplier:
             shutil.rmtree(root, ignore_errors=True)
 
     def _stage(
-        self, tx: SpooledTransaction, bounds: Bounds, root: Path, on_piece: Callable[[Batch], None]
+        self,
+        tx: SpooledTransaction,
+        bounds: Bounds,
+        root: Path,
+        on_piece: Callable[[Counter[str]], None],
     ) -> Stages | None:
         stages: Stages = {}
-        for piece in tx.pieces(bounds):
-            batch = Batch([piece])
-            on_piece(batch)
-            if any(isinstance(change, MessageChange) for change in piece.changes):
+        for piece in tx.frames(bounds):
+            on_piece(piece.operations())
+            if piece.has_messages:
                 return None  # the messages table follows the pieces' marks
+            columns, rows = piece.split()
+            batch = Batch([rows])
             for name, work in batch.tables(self.applied_lsn, self._applies).items():
                 try:
                     schema = self._schema(work)
@@ -363,17 +372,56 @@ class BatchApplier:
                 except Exception as exc:
                     cause = _as_apply_error(exc)
                     raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
-                if name not in stages:
-                    if self.applied_through(name, tx.end_lsn) or not schema.key:
-                        return None  # resumes pieces applied before a crash; or a multiset
-                    if not self._tables.plain_mirror(schema):
-                        return None  # each piece is a batch: its rows appended, or stamped
-                    folder = root / f"{len(stages):04d}"
-                    stages[name] = StagedSource(folder, schema)
-                stage = stages[name]
-                if not isinstance(net, KeyedNet) or stage.schema != schema or not stage.add(net):
+                stage = self._stage_of(stages, root, tx, schema)
+                if stage is None or not isinstance(net, KeyedNet) or not stage.add(net):
+                    return None
+            for name, changes in columns.items():
+                if not self._applies_in(changes.relation, tx.head):
+                    continue
+                try:
+                    schema = self._schema(TableWork(changes.relation))
+                    source = self._columns_source(changes, schema)
+                except Exception as exc:
+                    cause = _as_apply_error(exc)
+                    raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
+                stage = self._stage_of(stages, root, tx, schema)
+                if stage is None or source is None or not stage.add_source(source):
                     return None
         return stages
+
+    def _applies_in(self, relation: Relation, tx: RemoteTransaction) -> bool:
+        """Whether ``tx``'s changes of ``relation`` are the leader's to apply now (as
+        ``Batch.tables`` keeps them)."""
+        if self._applies is not None and not self._applies(relation, tx):
+            return False
+        return tx.end_lsn > self.applied_lsn(relation.qualified_name)
+
+    def _columns_source(self, changes: ChangeColumns, schema: TargetSchema) -> KeyedSource | None:
+        """The MERGE source of one table's changes held as columns: computed a column at a
+        time where it can be (``apply.columns_net``), else by the chain."""
+        if not schema.key:
+            return None
+        readable = self._text_forms is None or not changes.has_binary
+        source = keyed_columns_source(changes, schema) if readable else None
+        if source is not None:
+            return source
+        changed = [TableChange(0, change) for change in changes.row_changes()]
+        net = self._net(TableWork(changes.relation, changed))
+        return None if not isinstance(net, KeyedNet) or net.truncated else keyed_source(net, schema)
+
+    def _stage_of(
+        self, stages: Stages, root: Path, tx: SpooledTransaction, schema: TargetSchema
+    ) -> StagedSource | None:
+        """Where ``schema``'s table stages the transaction; None when it cannot."""
+        name = schema.table
+        if name not in stages:
+            if self.applied_through(name, tx.end_lsn) or not schema.key:
+                return None  # resumes pieces applied before a crash; or a multiset
+            if not self._tables.plain_mirror(schema):
+                return None  # each piece is a batch: its rows appended, or stamped
+            stages[name] = StagedSource(root / f"{len(stages):04d}", schema)
+        stage = stages[name]
+        return stage if stage.schema == schema else None
 
     def _write_stages(
         self,

@@ -31,6 +31,7 @@ from itertools import repeat
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from apply.change_columns import ChangeColumns
 from apply.ddl import DDL_PREFIX
 from apply.spool import Spool, SpoolDirectory, SpooledTransaction
 from apply.transactions import (
@@ -266,6 +267,8 @@ class TransactionAssembler:
             open_.size += _column_bytes(group.walked.new.values + group.walked.old.values)
             self._spill_when_over(open_)
             return
+        if len(changes.groups) == 1 and group.walked is not None and self._columns(changes):
+            return
         relation = self._relation
         rows = changes.rows()
         made = [RowChange(relation(oid), _OPS[op], new, old) for oid, op, new, old, *_ in rows]
@@ -277,6 +280,26 @@ class TransactionAssembler:
             return
         for change, row in zip(made, rows, strict=True):
             self._add(change, row[5])
+
+    def _columns(self, changes: RowChanges) -> bool:
+        """Spool one relation's walked changes as columns (``apply.change_columns``), no
+        Python step per change; False when they do not go to a spool that way."""
+        group = changes.groups[0]
+        assert group.walked is not None
+        relation = self._relation(group.relation_oid)
+        if not relation.columns:
+            return False
+        if self._block is not None:
+            spool, xids = self._block.spool, set(changes.xids or ())
+            if len(xids) != 1:
+                return False  # a run across subtransactions: each change says where it begins
+            subxid: int | None = xids.pop()
+        elif self._open is not None and self._open.spool is not None:
+            spool, subxid = self._open.spool, None
+        else:
+            return False
+        spool.append_columns(ChangeColumns.walked(relation, group.walked), subxid)
+        return True
 
     def _spill_when_over(self, open_: _Open) -> None:
         """A transaction past a batch's bounds goes on in a spool file, not in memory."""

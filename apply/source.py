@@ -80,7 +80,7 @@ class MultisetSource:
     removed: tuple[MultisetRow, ...]  # removals' rows, by ROW
 
 
-def _check_names(schema: TargetSchema) -> None:
+def check_names(schema: TargetSchema) -> None:
     for column in schema.columns:
         if column.name.startswith(PREFIX):
             raise ApplyError(
@@ -139,7 +139,7 @@ def _value_by_value(
 
 
 def keyed_source(net: KeyedNet, schema: TargetSchema) -> KeyedSource:
-    _check_names(schema)
+    check_names(schema)
     rows: list[KeyedRow] = list(net.rows.values())
     images = [row.image for row in rows]
     arrays = value_arrays(schema, images)
@@ -178,7 +178,7 @@ def keyed_source(net: KeyedNet, schema: TargetSchema) -> KeyedSource:
 
 
 def multiset_source(net: MultisetNet, schema: TargetSchema) -> MultisetSource:
-    _check_names(schema)
+    check_names(schema)
     copies: list[TupleData] = []
     removed: list[MultisetRow] = []
     for row in net.rows.values():

@@ -9,10 +9,19 @@ Two kinds of transaction end up here (docs/apply.md, "Large transactions"):
   (``batch.max_changes``) is moved here once it grows past that bound.
 
 Each gets one file under the spool directory. Changes are appended in
-frames (a length, then up to ``FRAME`` changes pickled as plain tuples, with
-the Relations they were read with), so memory stays bounded by one frame
-whatever the transaction's size. Plain tuples because pickling them runs in
-C, where a dataclass goes through Python-level state functions per object.
+frames, each a length and then either
+
+- a run of one relation's changes as the decoder read them, a column at a
+  time (``apply.change_columns``): one Arrow IPC stream, LZ4-compressed;
+  nearly every change of a large transaction comes this way, and its net
+  effect is computed from the columns without a Python step per change
+  (``SpooledTransaction.frames``, ``apply.columns_net``);
+- or up to ``FRAME`` other changes pickled as plain tuples, with the
+  Relations they were read with (plain tuples because pickling them runs
+  in C, where a dataclass goes through Python-level state functions per
+  object),
+
+so memory stays bounded by one frame whatever the transaction's size.
 
 A subtransaction abort truncates the file back to where that
 subtransaction's first change was written and forgets the subtransactions
@@ -24,9 +33,10 @@ worker (``SpooledTransaction.pieces``), which deletes the file once applied.
 Files are scratch: the publisher sends every transaction not yet confirmed
 again after a reconnect or restart, so nothing here has to survive a crash,
 and a spool directory is emptied when its pipeline starts. The directory is
-private to the process (0700) and frames are read back by an unpickler that
-refuses to look up any class or function: a frame can only hold tuples,
-bytes, strings, numbers and None.
+private to the process (0700) and pickled frames are read back by an
+unpickler that refuses to look up any class or function: a frame can only
+hold tuples, bytes, strings, numbers and None (an Arrow frame holds data
+only).
 """
 
 from __future__ import annotations
@@ -37,11 +47,15 @@ import pickle
 import shutil
 import struct
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
+import pyarrow as pa
+
+from apply.change_columns import ChangeColumns, relation_of, relation_values
 from apply.errors import ApplyError
 from apply.transactions import (
     Bounds,
@@ -52,12 +66,16 @@ from apply.transactions import (
     RowChange,
     TruncateChange,
     change_size,
+    operation,
 )
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import Column, Relation, ReplicaIdentity, TupleData
+from subscriber.replication.messages import Relation, TupleData
 
 FRAME: Final = 2_000  # changes per pickled frame
 _LENGTH: Final = struct.Struct("!I")
+# LZ4: a 1M-row UPDATE's columns spool as 23 MB instead of 76, for little CPU.
+_IPC: Final = pa.ipc.IpcWriteOptions(compression="lz4")
+_ARROW: Final = b"\xff"  # an Arrow IPC stream's first byte (a pickle's is 0x80)
 
 _OPS: Final = (Op.INSERT, Op.UPDATE, Op.DELETE)
 _OP_CODES: Final = {op: code for code, op in enumerate(_OPS)}
@@ -76,18 +94,6 @@ class _Unpickler(pickle.Unpickler):
         raise SpoolError(f"spool frame names {module}.{name}; frames hold plain values only")
 
 
-def _relation_values(relation: Relation) -> tuple[Any, ...]:
-    columns = tuple((c.name, c.type_oid, c.typmod, c.is_key) for c in relation.columns)
-    return (
-        relation.oid,
-        relation.namespace,
-        relation.name,
-        relation.replica_identity.value,
-        columns,
-        relation.xid,
-    )
-
-
 def encode_frame(changes: list[Change]) -> Frame:
     """Changes as plain tuples, their Relations listed once."""
     relations: list[tuple[Any, ...]] = []
@@ -97,7 +103,7 @@ def encode_frame(changes: list[Change]) -> Frame:
         at = index.get(id(relation))
         if at is None:
             at = index[id(relation)] = len(relations)
-            relations.append(_relation_values(relation))
+            relations.append(relation_values(relation))
         return at
 
     rows: list[tuple[Any, ...]] = []
@@ -126,20 +132,7 @@ def encode_frame(changes: list[Change]) -> Frame:
 def decode_frame(frame: Frame, known: dict[tuple[Any, ...], Relation]) -> list[Change]:
     """The changes of a frame; ``known`` keeps one Relation object per description."""
     values, rows = frame
-    relations = []
-    for value in values:
-        relation = known.get(value)
-        if relation is None:
-            oid, namespace, name, identity, columns, xid = value
-            relation = known[value] = Relation(
-                oid,
-                namespace,
-                name,
-                ReplicaIdentity(identity),
-                tuple(Column(*c) for c in columns),
-                xid,
-            )
-        relations.append(relation)
+    relations = [relation_of(value, known) for value in values]
     changes: list[Change] = []
     for row in rows:
         if row[0] == _MESSAGE:
@@ -218,19 +211,35 @@ class Spool:
         self._subxacts[subxid] = _Subxact(self._size, self.changes, len(self._relations))
         self._order.append(subxid)
 
+    def append_columns(self, changes: ChangeColumns, subxid: int | None = None) -> None:
+        """Changes of one relation as one frame of columns (an Arrow IPC stream), after the
+        changes pending before them."""
+        self._enter(subxid)
+        self.flush()
+        batch = changes.record_batch()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as writer:
+            writer.write_batch(batch)
+        self._write(sink.getvalue())
+        self.changes += changes.rows
+
     def flush(self) -> None:
         if not self._pending:
             return
         frame = pickle.dumps(encode_frame(self._pending), protocol=pickle.HIGHEST_PROTOCOL)
         self._pending = []
+        self._write(frame)
+
+    def _write(self, frame: bytes | pa.Buffer) -> None:
+        length = len(frame) if isinstance(frame, bytes) else frame.size
         try:
             if self._file is None:
                 self._file = self.path.open("ab")
-            self._file.write(_LENGTH.pack(len(frame)))
+            self._file.write(_LENGTH.pack(length))
             self._file.write(frame)
         except OSError as exc:
             raise SpoolError(f"cannot write the spool file {self.path}: {exc}") from exc
-        self._size += _LENGTH.size + len(frame)
+        self._size += _LENGTH.size + length
 
     def close(self) -> None:
         """End of a streamed block: everything on disk, no file handle kept."""
@@ -268,8 +277,9 @@ class Spool:
         self.path.unlink(missing_ok=True)
 
 
-def read_changes(path: Path) -> Iterator[Change]:
-    """The changes of a spool file, in order, one frame in memory at a time."""
+def read_frames(path: Path) -> Iterator[list[Change] | ChangeColumns]:
+    """The frames of a spool file, in order, one in memory at a time: pickled changes, or
+    one relation's changes as columns."""
     known: dict[tuple[Any, ...], Relation] = {}
     try:
         with path.open("rb") as file:
@@ -280,13 +290,28 @@ def read_changes(path: Path) -> Iterator[Change]:
                 frame = file.read(length)
                 if len(frame) < length:
                     raise SpoolError(f"spool file {path} ends inside a frame")
-                try:
-                    changes = decode_frame(_Unpickler(io.BytesIO(frame)).load(), known)
-                except (pickle.UnpicklingError, ValueError, TypeError, IndexError) as exc:
-                    raise SpoolError(f"spool file {path} holds a damaged frame: {exc}") from exc
-                yield from changes
+                yield _decoded(frame, known, path)
     except OSError as exc:
         raise SpoolError(f"cannot read the spool file {path}: {exc}") from exc
+
+
+def _decoded(
+    frame: bytes, known: dict[tuple[Any, ...], Relation], path: Path
+) -> list[Change] | ChangeColumns:
+    try:
+        if frame[:1] == _ARROW:
+            return ChangeColumns.from_record_batch(
+                pa.ipc.open_stream(pa.py_buffer(frame)).read_next_batch(), known
+            )
+        return decode_frame(_Unpickler(io.BytesIO(frame)).load(), known)
+    except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError) as exc:
+        raise SpoolError(f"spool file {path} holds a damaged frame: {exc}") from exc
+
+
+def read_changes(path: Path) -> Iterator[Change]:
+    """The changes of a spool file, in order, one frame in memory at a time."""
+    for frame in read_frames(path):
+        yield from frame.row_changes() if isinstance(frame, ChangeColumns) else frame
 
 
 def frames_of(changes: Iterable[Change]) -> Iterator[bytes]:
@@ -310,6 +335,70 @@ def changes_of(frames: Iterable[bytes]) -> Iterator[Change]:
             yield from decode_frame(_Unpickler(io.BytesIO(frame)).load(), known)
         except (pickle.UnpicklingError, ValueError, TypeError, IndexError) as exc:
             raise SpoolError(f"a staged frame is damaged: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledPiece:
+    """Consecutive frames of a spooled transaction (``SpooledTransaction.frames``)."""
+
+    head: RemoteTransaction
+    frames: tuple[list[Change] | ChangeColumns, ...]
+    first: int  # the position of its first change in the whole transaction
+    count: int  # its changes
+
+    def operations(self) -> Counter[str]:
+        """Its changes counted by operation (``pgsub_changes_applied_total``'s ``op``)."""
+        counts: Counter[str] = Counter()
+        for frame in self.frames:
+            if isinstance(frame, ChangeColumns):
+                counts.update(frame.operations())
+            else:
+                counts.update(operation(change) for change in frame)
+        return counts
+
+    @property
+    def has_messages(self) -> bool:
+        return any(
+            isinstance(change, MessageChange)
+            for frame in self.frames
+            if not isinstance(frame, ChangeColumns)
+            for change in frame
+        )
+
+    def split(self) -> tuple[dict[str, ChangeColumns], RemoteTransaction]:
+        """The tables whose every change here is in columns of one Relation, with those
+        columns joined in order; and the other changes as rows, in order. The rows' positions
+        are not the transaction's: they are for a net effect, not a resumable piece."""
+        columns: dict[str, list[ChangeColumns]] = {}
+        in_rows: set[str] = set()
+        for frame in self.frames:
+            if isinstance(frame, ChangeColumns):
+                columns.setdefault(frame.relation.qualified_name, []).append(frame)
+            else:
+                in_rows.update(_tables_of(frame))
+        for name, parts in columns.items():
+            if any(part.relation != parts[0].relation for part in parts):
+                in_rows.add(name)
+        rows: list[Change] = []
+        for frame in self.frames:
+            if not isinstance(frame, ChangeColumns):
+                rows.extend(frame)
+            elif frame.relation.qualified_name in in_rows:
+                rows.extend(frame.row_changes())
+        joined = {
+            name: ChangeColumns.joined(parts)
+            for name, parts in columns.items()
+            if name not in in_rows
+        }
+        return joined, replace(self.head, changes=tuple(rows), size=sum(map(change_size, rows)))
+
+
+def _tables_of(changes: list[Change]) -> Iterator[str]:
+    for change in changes:
+        if isinstance(change, RowChange):
+            yield change.relation.qualified_name
+        elif isinstance(change, TruncateChange):
+            yield from (relation.qualified_name for relation in change.relations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,6 +449,29 @@ class SpooledTransaction:
                 f"{self.xid}, expected {self.change_count}"
             )
         yield replace(self.head, changes=tuple(buffer), first=first, total=total, size=size)
+
+    def frames(self, bounds: Bounds) -> Iterator[SpooledPiece]:
+        """The transaction as consecutive pieces of whole frames, each within ``bounds`` but
+        for its last frame: row changes as they were spooled, and one relation's changes as
+        columns (``apply.change_columns``), for a net effect computed a column at a time."""
+        frames: list[list[Change] | ChangeColumns] = []
+        first = count = size = 0
+        for frame in read_frames(self.path):
+            frames.append(frame)
+            if isinstance(frame, ChangeColumns):
+                count, size = count + frame.rows, size + frame.size
+            else:
+                count, size = count + len(frame), size + sum(map(change_size, frame))
+            if bounds.reached(count, size) and first + count < self.change_count:
+                yield SpooledPiece(self.head, tuple(frames), first, count)
+                first += count
+                frames, count, size = [], 0, 0
+        if first + count != self.change_count:
+            raise SpoolError(
+                f"spool file {self.path} holds {first + count} changes of transaction "
+                f"{self.xid}, expected {self.change_count}"
+            )
+        yield SpooledPiece(self.head, tuple(frames), first, count)
 
     def discard(self) -> None:
         self._release(self.path)

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from apply.collapse import KeyedNet
 from apply.merge_plan import Shape, expected_counts, key_bounds, shape_of
 from apply.schema import TargetSchema
-from apply.source import FIRST, PRESENT, REINSERTED, TX, keep_flag, keyed_source
+from apply.source import FIRST, PRESENT, REINSERTED, TX, KeyedSource, keep_flag, keyed_source
 
 
 @dataclass
@@ -52,9 +52,11 @@ class StagedSource:
 
     def add(self, net: KeyedNet) -> bool:
         """Stage one piece's net effect; False when the one-MERGE path cannot take it."""
-        if net.truncated:
-            return False
-        source = keyed_source(net, self.schema)
+        return not net.truncated and self.add_source(keyed_source(net, self.schema))
+
+    def add_source(self, source: KeyedSource) -> bool:
+        """Stage one piece's MERGE source (``apply.source``, or ``apply.columns_net``); False
+        when the one-MERGE path cannot take it."""
         if source.moved:
             return False
         table = source.table

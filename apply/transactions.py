@@ -68,6 +68,13 @@ def change_size(change: Change) -> int:
     return size
 
 
+def operation(change: Change) -> str:
+    """The ``op`` label of ``pgsub_changes_applied_total`` for ``change``."""
+    if isinstance(change, RowChange):
+        return change.op.value
+    return "MESSAGE" if isinstance(change, MessageChange) else "TRUNCATE"
+
+
 @dataclass(frozen=True, slots=True)
 class Bounds:
     """How much row data one holder - a batch, the queue, a transaction in memory - takes.

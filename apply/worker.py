@@ -49,11 +49,11 @@ from apply.spool import (
 )
 from apply.transactions import (
     Change,
-    MessageChange,
     PreparedFinish,
     RemoteTransaction,
     RowChange,
     TruncateChange,
+    operation,
 )
 from apply.worker_hooks import WorkerHooks
 from subscriber.replication.lsn import Lsn
@@ -64,18 +64,7 @@ log = structlog.get_logger(__name__)
 
 def _operations(batch: Batch) -> Counter[str]:
     """The batch's changes counted by operation."""
-    ops: Counter[str] = Counter()
-    for tx in batch.transactions:
-        for change in tx.changes:
-            ops[_operation(change)] += 1
-    return ops
-
-
-def _operation(change: Change) -> str:
-    """The ``op`` label of ``pgsub_changes_applied_total``."""
-    if isinstance(change, RowChange):
-        return change.op.value
-    return "MESSAGE" if isinstance(change, MessageChange) else "TRUNCATE"
+    return Counter(operation(change) for tx in batch.transactions for change in tx.changes)
 
 
 class ApplyWorker:
@@ -200,9 +189,7 @@ class ApplyWorker:
         with self._in_flight(batch) as started:
             # Counted as each piece passes (holding the pieces would hold the transaction).
             counts: Counter[str] = Counter()
-            result = self._applier.apply_whole(
-                tx, self._batcher.base, lambda piece: counts.update(_operations(piece))
-            )
+            result = self._applier.apply_whole(tx, self._batcher.base, counts.update)
             if result is None:
                 return False
             self._hooks.counted(counts)

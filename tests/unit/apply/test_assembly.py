@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import pickle
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from apply.assembly import TransactionAssembler, UnsupportedStreamError
-from apply.spool import FRAME, SpoolDirectory, SpooledTransaction, SpoolError, read_changes
+from apply.change_columns import ChangeColumns
+from apply.spool import (
+    FRAME,
+    SpoolDirectory,
+    SpooledTransaction,
+    SpoolError,
+    read_changes,
+    read_frames,
+)
 from apply.transactions import (
     Bounds,
     Change,
@@ -316,6 +325,49 @@ def test_runs_of_changes_assemble_as_changes_decoded_one_by_one(
     assert [len(tx) for tx in one_by_one][:2] == [100, 400]
     assert len(one_by_one[2]) == 120  # subtransaction 703 dropped
     assert _assembled(spools, stream, runs=True) == one_by_one
+
+
+def test_a_spilled_run_is_spooled_as_columns_and_staged_from_them(
+    spools: SpoolDirectory,
+) -> None:
+    """What a run of one relation's changes spools is its columns (an Arrow frame); pieces of
+    whole frames give them back, joined per table, next to the changes held as rows."""
+    decoder = PgOutputDecoder(2)
+    assembler = TransactionAssembler(spools, spill_after=Bounds(100))
+    run_decoder = RunDecoder(decoder, max_messages=64)
+    stream = [pgb.relation(OID, "public", "t", [("id", 23, True), ("v", 25, False)])]
+    stream += [pgb.begin(0x100, 700)]
+    stream += [pgb.insert(OID, [str(i).encode(), b"x"]) for i in range(300)]
+    stream += [pgb.update(OID, [b"7", b"y"], None) for _ in range(3)]
+    stream += [pgb.commit(0x100, 0x108)]
+    made = []
+    for at, payload in enumerate(stream):
+        for message in run_decoder.push(payload, Lsn(0x1000 + at)):
+            made.append(assembler.feed(message))
+    tx = made[-1]
+    assert isinstance(tx, SpooledTransaction) and tx.change_count == 303
+    frames = list(read_frames(tx.path))
+    assert any(isinstance(f, ChangeColumns) for f in frames)
+    assert any(not isinstance(f, ChangeColumns) for f in frames)  # what spilled as rows
+    one_by_one = list(read_changes(tx.path))
+    assert len(one_by_one) == 303
+    pieces = list(tx.frames(Bounds(150)))
+    assert sum(p.count for p in pieces) == 303 and len(pieces) > 1
+    assert [p.first for p in pieces] == [
+        sum(q.count for q in pieces[:i]) for i in range(len(pieces))
+    ]
+    counted: Counter[str] = Counter()
+    read: list[Change] = []
+    for piece in pieces:
+        counted.update(piece.operations())
+        columns, rows = piece.split()
+        if columns:  # the table's changes in this piece all came as columns
+            assert set(columns) == {"public.t"} and not rows.changes
+            read.extend(columns["public.t"].row_changes())
+        else:
+            read.extend(rows.changes)
+    assert read == one_by_one
+    assert counted == Counter({"INSERT": 300, "UPDATE": 3})
 
 
 def test_a_transaction_past_the_byte_bound_is_spooled_and_cut_by_bytes(
