@@ -326,10 +326,7 @@ class BatchApplier:
         try:
             started = time.monotonic()
             stages = self._stage(tx, bounds, root, on_piece)
-            if stages is None or not all(
-                stage.pieces < 2 or self._tables.staged_keys_unique(stage)
-                for stage in stages.values()
-            ):
+            if stages is None or not all(map(self._keys_unique, stages.values())):
                 log.info(
                     "transaction applied in pieces",
                     subscription=self.subscription,
@@ -388,6 +385,13 @@ class BatchApplier:
                 if stage is None or source is None or not stage.add_source(source):
                     return None
         return stages
+
+    def _keys_unique(self, stage: StagedSource) -> bool:
+        """Whether no key has rows in two of ``stage``'s pieces (then one MERGE takes them)."""
+        if stage.pieces < 2:
+            return True
+        held = stage.keys_unique()
+        return self._tables.staged_keys_unique(stage) if held is None else held
 
     def _applies_in(self, relation: Relation, tx: RemoteTransaction) -> bool:
         """Whether ``tx``'s changes of ``relation`` are the leader's to apply now (as

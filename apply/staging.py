@@ -8,11 +8,13 @@ are written here as Parquet files, and the transaction lands in one MERGE
 per table that reads them all (``apply.delta.tables.DeltaTables.write_staged``).
 
 That is only the same as applying the pieces one after the other when no
-key has a chain in two pieces: the writer counts the staged keys against
-their distinct count (in Spark, so that Python's memory does not grow with
-the transaction), and the caller falls back to the pieces otherwise. ``add`` refuses what
-the one-MERGE path does not handle (a TRUNCATE in the transaction,
-unchanged TOAST values that moved with a key change).
+key has a chain in two pieces: the staged keys are counted against their
+distinct count, here in Arrow while they fit ``KEYS_HELD`` bytes, else by
+the writer over the staged files (in Spark, so that Python's memory does
+not grow with the transaction), and the caller falls back to the pieces
+otherwise. ``add`` refuses what the one-MERGE path does not handle (a
+TRUNCATE in the transaction, unchanged TOAST values that moved with a key
+change).
 
 What the MERGE needs besides the rows is accumulated on the way: the keep
 columns, which clauses some row can take (``Shape``), the key bounds, and
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,6 +34,8 @@ from apply.collapse import KeyedNet
 from apply.merge_plan import Shape, expected_counts, key_bounds, shape_of
 from apply.schema import TargetSchema
 from apply.source import FIRST, PRESENT, REINSERTED, TX, KeyedSource, keep_flag, keyed_source
+
+KEYS_HELD: Final = 256 << 20  # bytes of staged keys held in memory for their check
 
 
 @dataclass
@@ -43,6 +48,10 @@ class StagedSource:
     shape: Shape = field(default_factory=lambda: Shape(False, False, False, False))
     expected: tuple[int, int, int] = (0, 0, 0)  # inserted, updated, deleted
     bounds: tuple[int, int] | None = None
+    # Each piece's keys while they fit ``KEYS_HELD`` bytes (None past it): whether a key has
+    # rows in two pieces is then known here, without a Spark job over the staged files.
+    keys: list[pa.Table] | None = field(default_factory=list)
+    key_bytes: int = 0
 
     @property
     def columns(self) -> list[str]:
@@ -81,7 +90,26 @@ class StagedSource:
             a + b for a, b in zip(self.expected, expected_counts(table), strict=True)
         )
         self._widen_bounds(key_bounds(table, self.schema.key[0]))
+        self._hold_keys(table.select(list(self.schema.key)))
         return True
+
+    def _hold_keys(self, keys: pa.Table) -> None:
+        if self.keys is None:
+            return
+        self.key_bytes += keys.nbytes
+        if self.key_bytes > KEYS_HELD:
+            self.keys = None
+        else:
+            self.keys.append(keys)
+
+    def keys_unique(self) -> bool | None:
+        """Whether no key has rows in two staged pieces; None when the keys were too many to
+        hold (ask the staged files: ``Tables.staged_keys_unique``)."""
+        if self.keys is None:
+            return None
+        held = pa.concat_tables(self.keys)
+        distinct = held.group_by(list(self.schema.key), use_threads=False).aggregate([])
+        return bool(distinct.num_rows == held.num_rows)
 
     def _widen_bounds(self, bounds: tuple[int, int] | None) -> None:
         if bounds is None:
