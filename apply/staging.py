@@ -52,6 +52,7 @@ class StagedSource:
     # rows in two pieces is then known here, without a Spark job over the staged files.
     keys: list[pa.Table] | None = field(default_factory=list)
     key_bytes: int = 0
+    bytes: int = 0  # of the staged Parquet files
 
     @property
     def columns(self) -> list[str]:
@@ -75,7 +76,9 @@ class StagedSource:
                 table = table.append_column(flag, pa.array([False] * table.num_rows))
         table = table.select(self.columns)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        pq.write_table(table, self.directory / f"piece-{self.pieces:06d}.parquet")
+        piece = self.directory / f"piece-{self.pieces:06d}.parquet"
+        pq.write_table(table, piece)
+        self.bytes += piece.stat().st_size
         self.pieces += 1
         self.rows += table.num_rows
         self.keep.update(source.keep_columns)
@@ -101,6 +104,11 @@ class StagedSource:
             self.keys = None
         else:
             self.keys.append(keys)
+
+    def read(self) -> pa.Table:
+        """Every staged row, in one table (read whole: mind ``bytes``)."""
+        files = sorted(self.directory.glob("piece-*.parquet"))
+        return pa.concat_tables([pq.read_table(file) for file in files])
 
     def keys_unique(self) -> bool | None:
         """Whether no key has rows in two staged pieces; None when the keys were too many to

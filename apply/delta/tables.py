@@ -385,6 +385,10 @@ class DeltaTables:
         target = self.target(schema.table)
         try:
             with self.exclusive(schema.table):
+                if self._placed.merges_locally(target):
+                    written = self._local_merges.merge_staged(target.path, schema, stage, mark)
+                    if written is not None:
+                        return written
                 self._placed.check_size(target)
                 return write_staged(target, schema, stage, mark, resolutions, nets=nets)
         except ConflictError:
