@@ -110,6 +110,15 @@ class StagedSource:
         files = sorted(self.directory.glob("piece-*.parquet"))
         return pa.concat_tables([pq.read_table(file) for file in files])
 
+    def reader(self, schema: pa.Schema) -> pa.RecordBatchReader:
+        """The staged rows' ``schema`` columns, a batch at a time."""
+        import pyarrow.dataset as ds
+
+        files = [str(f) for f in sorted(self.directory.glob("piece-*.parquet"))]
+        scanner = ds.dataset(files, format="parquet").scanner(columns=schema.names)
+        batches = (batch.cast(schema) for batch in scanner.to_batches())
+        return pa.RecordBatchReader.from_batches(schema, batches)
+
     def keys_unique(self) -> bool | None:
         """Whether no key has rows in two staged pieces; None when the keys were too many to
         hold (ask the staged files: ``Tables.staged_keys_unique``)."""

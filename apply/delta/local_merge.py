@@ -28,7 +28,10 @@ of 2,000 rows against the MERGE's 35 (``benchmarks.local_merge_bench``).
 
 A large transaction staged in pieces (``apply.staging``) takes steps 1-3
 too, its staged rows read whole, while they are at most
-``STAGED_MAX_BYTES`` of Parquet (``LocalMerges.merge_staged``).
+``STAGED_MAX_BYTES`` of Parquet (``LocalMerges.merge_staged``); one that
+only inserts keys the table's files cannot hold (their key ranges say so)
+is appended instead, streamed from its pieces whatever its size
+(``LocalMerges.append_staged``).
 
 A stamped table (``apply.stamps``: metadata columns, soft deletes) takes
 steps 1-3 with its source stamped (and, with soft deletes, its marked rows
@@ -155,6 +158,53 @@ class LocalMerges:
         return self.merge_source(
             path, schema, KeyedSource(table, tuple(sorted(stage.keep)), False), mark
         )
+
+    def append_staged(
+        self, path: str, schema: TargetSchema, stage: StagedSource, mark: CommitMark
+    ) -> WriteResult | None:
+        """A large transaction that only inserts, into a table that cannot hold its keys (no
+        live file, or none whose key range meets the staged keys'), appended by delta-rs in
+        one commit carrying ``mark``, streamed from the staged pieces: memory stays one
+        batch of rows whatever the transaction's size. None: not such a transaction or
+        table (nothing written)."""
+        import deltalake
+
+        if stage.keep or stage.expected != (stage.rows, 0, 0):
+            return None  # some row is not an insert of an absent key
+        try:
+            open_table = self._table(folder(path))
+            table = open_table.table
+            have = _types(open_table, schema)
+            if (
+                have is None
+                or have.names != [c.name for c in schema.columns]
+                or not delta_rs_writes(table.protocol())
+                or vector_writable(table, schema)  # its key index follows the vector path
+            ):
+                return None
+            app_id, version = mark.txn
+            done = open_table.done(app_id)
+            if done is not None and done >= version:
+                return WriteResult(schema.table, None)  # committed before: Delta's txn says so
+            table = open_table.synced()
+            if not _apart(table, schema.key[0], stage.bounds):
+                return None
+            deltalake.write_deltalake(
+                table,
+                stage.reader(have),
+                mode="append",
+                commit_properties=marked(mark),
+                post_commithook_properties=no_checkpoint(),
+            )
+        except deltalake.exceptions.DeltaError as exc:
+            self.forget(path)
+            raise TargetTableError(
+                f"appending {schema.table} to {path} at LSN {mark.lsn} through delta-rs "
+                f"failed: {exc}"
+            ) from exc
+        keep_log(table, open_table.local)
+        open_table.wrote(app_id, version)
+        return WriteResult(schema.table, table.version(), stage.rows, 0, 0)
 
     def merge_source(
         self,
@@ -400,6 +450,24 @@ def _read(schema: pa.Schema, files: list[str]) -> pa.Table:
             return ds.dataset(files, schema=schema, format="parquet").to_table()
         parts.append(part)
     return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+
+
+def _apart(table: deltalake.DeltaTable, key: str, bounds: tuple[int, int] | None) -> bool:
+    """Whether no live file of ``table`` can hold a key whose first column is within
+    ``bounds`` (its statistics' min and max say so; a file without them might)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if not actions.num_rows:
+        return True
+    low_name, high_name = f"min.{key}", f"max.{key}"
+    if bounds is None or low_name not in actions.column_names:
+        return False
+    lows, highs = actions[low_name], actions[high_name]
+    if lows.null_count or highs.null_count:
+        return False
+    low, high = bounds
+    below = pc.less(highs, pa.scalar(low, highs.type))
+    above = pc.greater(lows, pa.scalar(high, lows.type))
+    return bool(pc.all(pc.or_(below, above)).as_py())
 
 
 def _conflicts(

@@ -386,7 +386,10 @@ class DeltaTables:
         try:
             with self.exclusive(schema.table):
                 if self._placed.merges_locally(target):
-                    written = self._local_merges.merge_staged(target.path, schema, stage, mark)
+                    local = self._local_merges
+                    written = local.append_staged(target.path, schema, stage, mark)
+                    if written is None:
+                        written = local.merge_staged(target.path, schema, stage, mark)
                     if written is not None:
                         return written
                 self._placed.check_size(target)
