@@ -24,6 +24,7 @@ the counts a conflict-free MERGE reports (``expected_counts``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Final
 
@@ -53,6 +54,8 @@ class StagedSource:
     keys: list[pa.Table] | None = field(default_factory=list)
     key_bytes: int = 0
     bytes: int = 0  # of the staged Parquet files
+    # Each piece's smallest and largest (integer) first key column, None: not known.
+    ranges: list[tuple[int, int] | None] = field(default_factory=list)
 
     @property
     def columns(self) -> list[str]:
@@ -92,7 +95,9 @@ class StagedSource:
         self.expected = tuple(  # type: ignore[assignment]
             a + b for a, b in zip(self.expected, expected_counts(table), strict=True)
         )
-        self._widen_bounds(key_bounds(table, self.schema.key[0]))
+        bounds = key_bounds(table, self.schema.key[0])
+        self._widen_bounds(bounds)
+        self.ranges.append(bounds)
         self._hold_keys(table.select(list(self.schema.key)))
         return True
 
@@ -122,11 +127,21 @@ class StagedSource:
     def keys_unique(self) -> bool | None:
         """Whether no key has rows in two staged pieces; None when the keys were too many to
         hold (ask the staged files: ``Tables.staged_keys_unique``)."""
+        if self._apart():
+            return True
         if self.keys is None:
             return None
         held = pa.concat_tables(self.keys)
         distinct = held.group_by(list(self.schema.key), use_threads=False).aggregate([])
         return bool(distinct.num_rows == held.num_rows)
+
+    def _apart(self) -> bool:
+        """Whether the pieces' key ranges do not meet (a transaction that wrote its rows in
+        key order): then no key is in two pieces, known without hashing them."""
+        if any(bounds is None for bounds in self.ranges):
+            return False
+        ordered = sorted(bounds for bounds in self.ranges if bounds is not None)
+        return all(high < low for (_, high), (low, _) in pairwise(ordered))
 
     def _widen_bounds(self, bounds: tuple[int, int] | None) -> None:
         if bounds is None:

@@ -56,5 +56,20 @@ def test_keys_past_what_is_held_are_left_to_the_staged_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(apply.staging, "KEYS_HELD", 16)
-    stage = stage_pieces(tmp_path, [ins(KEYED, i, "a") for i in range(10)], [ins(KEYED, 99, "b")])
-    assert stage.keys is None and stage.keys_unique() is None
+    stage = stage_pieces(tmp_path, [ins(KEYED, i, "a") for i in range(10)], [ins(KEYED, 5, "b")])
+    assert stage.keys is None and stage.keys_unique() is None  # the ranges meet
+
+
+def test_pieces_in_key_order_are_unique_without_their_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranges that do not meet (a transaction that wrote in key order) say so by themselves,
+    even past what is held; ranges that meet are looked at key by key."""
+    monkeypatch.setattr(apply.staging, "KEYS_HELD", 16)
+    ordered = stage_pieces(tmp_path, [ins(KEYED, i, "a") for i in range(10)], [ins(KEYED, 10, "b")])
+    assert ordered.keys is None and ordered.keys_unique() is True
+    monkeypatch.setattr(apply.staging, "KEYS_HELD", 1 << 20)
+    meeting = stage_pieces(
+        tmp_path / "2", [ins(KEYED, 1, "a"), ins(KEYED, 9, "a")], [ins(KEYED, 5, "b")]
+    )
+    assert meeting.ranges == [(1, 9), (5, 5)] and meeting.keys_unique() is True
