@@ -120,7 +120,9 @@ class StagedSource:
         import pyarrow.dataset as ds
 
         files = [str(f) for f in sorted(self.directory.glob("piece-*.parquet"))]
-        scanner = ds.dataset(files, format="parquet").scanner(columns=schema.names)
+        scanner = ds.dataset(files, format="parquet").scanner(
+            columns=schema.names, batch_readahead=1, fragment_readahead=1
+        )
         batches = (batch.cast(schema) for batch in scanner.to_batches())
         return pa.RecordBatchReader.from_batches(schema, batches)
 

@@ -62,7 +62,9 @@ from apply.delta.local_tables import delta_rs_writes, folder, marked, no_checkpo
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import (
     CommitRacedError,
+    append,
     checkpoint_due,
+    hand_appendable,
     hand_writable,
     keep_log,
     overwrite,
@@ -102,6 +104,8 @@ REWRITE_MAX_BYTES: Final = 4 * 2**20
 # pieces read into memory, a few times their size: about 90 MB a million rows of five
 # columns); past it, by Spark, which streams them.
 STAGED_MAX_BYTES: Final = 64 * 2**20
+# The files of a staged append by delta-rs, which holds a few files' rows while it writes.
+APPEND_FILE_BYTES: Final = 32 * 2**20
 
 
 class LocalMerges:
@@ -163,10 +167,11 @@ class LocalMerges:
         self, path: str, schema: TargetSchema, stage: StagedSource, mark: CommitMark
     ) -> WriteResult | None:
         """A large transaction that only inserts, into a table that cannot hold its keys (no
-        live file, or none whose key range meets the staged keys'), appended by delta-rs in
-        one commit carrying ``mark``, streamed from the staged pieces: memory stays one
-        batch of rows whatever the transaction's size. None: not such a transaction or
-        table (nothing written)."""
+        live file, or none whose key range meets the staged keys'), appended in one commit
+        carrying ``mark``, streamed from the staged pieces: by pgsub's own commit where the
+        table's protocol allows (``apply.delta.overwrite.append``: memory stays one batch of
+        rows whatever the transaction's size), else by delta-rs (which holds a few files'
+        rows). None: not such a transaction or table (nothing written)."""
         import deltalake
 
         if stage.keep or stage.expected != (stage.rows, 0, 0):
@@ -189,13 +194,21 @@ class LocalMerges:
             table = open_table.synced()
             if not _apart(table, schema.key[0], stage.bounds):
                 return None
-            deltalake.write_deltalake(
-                table,
-                stage.reader(have),
-                mode="append",
-                commit_properties=marked(mark),
-                post_commithook_properties=no_checkpoint(),
-            )
+            if hand_appendable(table, nullable=True):
+                append(open_table.local, table.version(), stage.reader(have), have, mark)
+                table = open_table.synced()
+            else:
+                deltalake.write_deltalake(
+                    table,
+                    stage.reader(have),
+                    mode="append",
+                    target_file_size=APPEND_FILE_BYTES,
+                    commit_properties=marked(mark),
+                    post_commithook_properties=no_checkpoint(),
+                )
+        except CommitRacedError:
+            self.forget(path)
+            raise
         except deltalake.exceptions.DeltaError as exc:
             self.forget(path)
             raise TargetTableError(

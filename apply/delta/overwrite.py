@@ -35,11 +35,12 @@ import os
 import time
 import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from apply.delta.open_table import LiveFile
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 ENGINE: Final = "pgsub"
 _CHECKPOINT_INTERVAL: Final = 100  # delta.checkpointInterval's default
+APPEND_FILE_ROWS: Final = 1_000_000  # rows a file of ``append``: a few dozen MB
 
 
 class CommitRacedError(TargetTableError):
@@ -63,6 +65,18 @@ def hand_writable(table: deltalake.DeltaTable, rows: pa.Table) -> bool:
     protocol asks nothing of a writer beyond writing its files (reader 1, writer at most 2,
     no ``delta.invariants`` on a column, not append-only) and no column that may not be
     null holds a null."""
+    if not hand_appendable(table):
+        return False
+    return all(
+        field.get("nullable", True) or not rows.column(field["name"]).null_count
+        for field in json.loads(table.schema().to_json())["fields"]
+    )
+
+
+def hand_appendable(table: deltalake.DeltaTable, nullable: bool = False) -> bool:
+    """Whether pgsub may add files to ``table`` by its own commit (``append``): its protocol
+    asks nothing of a writer beyond writing its files (as ``hand_writable``); with
+    ``nullable``, every column may also hold null (rows not seen yet can)."""
     protocol = table.protocol()
     if protocol.min_reader_version > 1 or protocol.min_writer_version > 2:
         return False
@@ -74,9 +88,107 @@ def hand_writable(table: deltalake.DeltaTable, rows: pa.Table) -> bool:
     for field in json.loads(table.schema().to_json())["fields"]:
         if "delta.invariants" in (field.get("metadata") or {}):
             return False
-        if not field.get("nullable", True) and rows.column(field["name"]).null_count:
+        if nullable and not field.get("nullable", True):
             return False
     return True
+
+
+def append(
+    local: str,
+    version: int,
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    mark: CommitMark,
+    file_rows: int = APPEND_FILE_ROWS,
+) -> int:
+    """``batches`` added to the table at the local folder ``local`` (latest version
+    ``version``) as files of up to ``file_rows`` rows, written a batch at a time, in one
+    commit carrying ``mark``; the rows added. Each file's statistics hold its row count and
+    its integer columns' minimum, maximum and nulls (what data skipping by key needs)."""
+    files: list[Path] = []
+    adds: list[dict[str, object]] = []
+    rows = 0
+    try:
+        writer: pq.ParquetWriter | None = None
+        stats = _Stats(schema)
+        for batch in batches:
+            if writer is None:
+                files.append(
+                    Path(local, f"part-{len(files):05d}-{uuid.uuid4()}-c000.snappy.parquet")
+                )
+                writer = pq.ParquetWriter(files[-1], schema, compression="snappy")
+            writer.write_batch(batch)
+            stats.add(batch)
+            if stats.rows >= file_rows:
+                writer.close()
+                writer = None
+                adds.append(_add(files[-1], stats))
+                rows, stats = rows + stats.rows, _Stats(schema)
+        if writer is not None:
+            writer.close()
+            adds.append(_add(files[-1], stats))
+            rows += stats.rows
+        size = sum(file.stat().st_size for file in files)
+        metrics = {
+            "numFiles": str(len(adds)),
+            "numOutputRows": str(rows),
+            "numOutputBytes": str(size),
+        }
+        actions = opening_actions("WRITE", {"mode": "Append"}, metrics, mark, _now())
+        commit(Path(local, "_delta_log"), version + 1, actions + adds)
+    except BaseException:
+        for file in files:
+            file.unlink(missing_ok=True)
+        raise
+    return rows
+
+
+class _Stats:
+    """One file's statistics as its batches are written."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.columns = [f.name for f in schema if pa.types.is_integer(f.type)]
+        self.rows = 0
+        self.low: dict[str, int] = {}
+        self.high: dict[str, int] = {}
+        self.nulls: dict[str, int] = dict.fromkeys(self.columns, 0)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        for name in self.columns:
+            column = batch.column(name)
+            self.nulls[name] += column.null_count
+            bounds = pc.min_max(column).as_py()
+            if bounds["min"] is not None:
+                self.low[name] = min(self.low.get(name, bounds["min"]), bounds["min"])
+                self.high[name] = max(self.high.get(name, bounds["max"]), bounds["max"])
+
+    def json(self) -> str:
+        return json.dumps(
+            {
+                "numRecords": self.rows,
+                "minValues": self.low,
+                "maxValues": self.high,
+                "nullCount": self.nulls,
+            }
+        )
+
+
+def _add(file: Path, stats: _Stats) -> dict[str, object]:
+    return {
+        "add": {
+            "path": file.name,
+            "partitionValues": {},
+            "size": file.stat().st_size,
+            "modificationTime": _now(),
+            "dataChange": True,
+            "stats": stats.json(),
+        }
+    }
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
 
 
 def overwrite(

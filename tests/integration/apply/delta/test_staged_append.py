@@ -69,6 +69,7 @@ def test_inserts_of_absent_keys_are_appended_once_with_their_mark(
     later = staged(tmp_path / "b", inserts(800, 900))
     assert local.append_staged(path, SCHEMA, later, CommitMark("sub1", Lsn(200), 0))
     assert len(delta_rs_rows(Path(path), key=("id",))) == 801
+    assert spark.read.format("delta").load(path).count() == 801  # pgsub's commits, read by Spark
 
 
 def test_what_is_not_an_append_is_left_to_the_merge(
