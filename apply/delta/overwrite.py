@@ -21,6 +21,11 @@ commit of an overwrite is the simplest the protocol has, so pgsub writes it:
    stalled it 6 s where a batch took 0.7 (docs/performance.md, "Many
    tables").
 
+The same commit adds files without removing any for a large transaction
+that only inserts (``append``: files written a batch at a time, so memory
+stays one batch whatever the transaction's size, with their integer
+columns' minimum, maximum and null count as statistics).
+
 Only for a table whose protocol asks nothing more of a writer
 (``hand_writable``): no column invariants, not append-only, no table
 feature. Another writer's commit in between is a ``CommitRacedError`` and
