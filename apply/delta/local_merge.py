@@ -47,6 +47,8 @@ delta-rs would write differently, multiset tables, large tables.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
@@ -176,7 +178,7 @@ class LocalMerges:
 
         if stage.keep or stage.expected != (stage.rows, 0, 0):
             return None  # some row is not an insert of an absent key
-        try:
+        with self._failing(path, f"appending {schema.table} to {path} at LSN {mark.lsn}"):
             open_table = self._table(folder(path))
             table = open_table.table
             have = _types(open_table, schema)
@@ -206,15 +208,6 @@ class LocalMerges:
                     commit_properties=marked(mark),
                     post_commithook_properties=no_checkpoint(),
                 )
-        except CommitRacedError:
-            self.forget(path)
-            raise
-        except deltalake.exceptions.DeltaError as exc:
-            self.forget(path)
-            raise TargetTableError(
-                f"appending {schema.table} to {path} at LSN {mark.lsn} through delta-rs "
-                f"failed: {exc}"
-            ) from exc
         keep_log(table, open_table.local)
         open_table.wrote(app_id, version)
         return WriteResult(schema.table, table.version(), stage.rows, 0, 0)
@@ -230,11 +223,10 @@ class LocalMerges:
     ) -> WriteResult | None:
         """A MERGE source (``apply.source``, stamped as ``stamping`` says) merged by delta-rs
         into the table at ``path``; None: Spark's path, nothing written."""
-        import deltalake
 
         if source.moved:
             return None
-        try:
+        with self._failing(path, f"writing {schema.table} to {path} at LSN {mark.lsn}"):
             open_table = self._table(folder(path))
             done = open_table.done(mark.txn[0])
             if not stamping.stamps and vector_writable(open_table.table, schema):
@@ -248,15 +240,22 @@ class LocalMerges:
                 max_bytes=self.max_bytes,
                 stamping=stamping,
             )
+        return written  # None: Spark writes it; the open table reads that commit next time
+
+    @contextmanager
+    def _failing(self, path: str, what: str) -> Iterator[None]:
+        """A delta-rs error while doing ``what`` as a ``TargetTableError`` naming it, a raced
+        commit as itself; either way the table at ``path`` is read anew next time."""
+        import deltalake
+
+        try:
+            yield
         except CommitRacedError:
             self.forget(path)
             raise
         except deltalake.exceptions.DeltaError as exc:
             self.forget(path)
-            raise TargetTableError(
-                f"writing {schema.table} to {path} at LSN {mark.lsn} through delta-rs failed: {exc}"
-            ) from exc
-        return written  # None: Spark writes it; the open table reads that commit next time
+            raise TargetTableError(f"{what} through delta-rs failed: {exc}") from exc
 
     def _write_by_vectors(
         self,
