@@ -47,7 +47,6 @@ import pickle
 import shutil
 import struct
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,6 +56,7 @@ import pyarrow as pa
 
 from apply.change_columns import ChangeColumns, relation_of, relation_values
 from apply.errors import ApplyError
+from apply.spooled_piece import SpooledPiece
 from apply.transactions import (
     Bounds,
     Change,
@@ -66,7 +66,6 @@ from apply.transactions import (
     RowChange,
     TruncateChange,
     change_size,
-    operation,
 )
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation, TupleData
@@ -335,70 +334,6 @@ def changes_of(frames: Iterable[bytes]) -> Iterator[Change]:
             yield from decode_frame(_Unpickler(io.BytesIO(frame)).load(), known)
         except (pickle.UnpicklingError, ValueError, TypeError, IndexError) as exc:
             raise SpoolError(f"a staged frame is damaged: {exc}") from exc
-
-
-@dataclass(frozen=True, slots=True)
-class SpooledPiece:
-    """Consecutive frames of a spooled transaction (``SpooledTransaction.frames``)."""
-
-    head: RemoteTransaction
-    frames: tuple[list[Change] | ChangeColumns, ...]
-    first: int  # the position of its first change in the whole transaction
-    count: int  # its changes
-
-    def operations(self) -> Counter[str]:
-        """Its changes counted by operation (``pgsub_changes_applied_total``'s ``op``)."""
-        counts: Counter[str] = Counter()
-        for frame in self.frames:
-            if isinstance(frame, ChangeColumns):
-                counts.update(frame.operations())
-            else:
-                counts.update(operation(change) for change in frame)
-        return counts
-
-    @property
-    def has_messages(self) -> bool:
-        return any(
-            isinstance(change, MessageChange)
-            for frame in self.frames
-            if not isinstance(frame, ChangeColumns)
-            for change in frame
-        )
-
-    def split(self) -> tuple[dict[str, ChangeColumns], RemoteTransaction]:
-        """The tables whose every change here is in columns of one Relation, with those
-        columns joined in order; and the other changes as rows, in order. The rows' positions
-        are not the transaction's: they are for a net effect, not a resumable piece."""
-        columns: dict[str, list[ChangeColumns]] = {}
-        in_rows: set[str] = set()
-        for frame in self.frames:
-            if isinstance(frame, ChangeColumns):
-                columns.setdefault(frame.relation.qualified_name, []).append(frame)
-            else:
-                in_rows.update(_tables_of(frame))
-        for name, parts in columns.items():
-            if any(part.relation != parts[0].relation for part in parts):
-                in_rows.add(name)
-        rows: list[Change] = []
-        for frame in self.frames:
-            if not isinstance(frame, ChangeColumns):
-                rows.extend(frame)
-            elif frame.relation.qualified_name in in_rows:
-                rows.extend(frame.row_changes())
-        joined = {
-            name: ChangeColumns.joined(parts)
-            for name, parts in columns.items()
-            if name not in in_rows
-        }
-        return joined, replace(self.head, changes=tuple(rows), size=sum(map(change_size, rows)))
-
-
-def _tables_of(changes: list[Change]) -> Iterator[str]:
-    for change in changes:
-        if isinstance(change, RowChange):
-            yield change.relation.qualified_name
-        elif isinstance(change, TruncateChange):
-            yield from (relation.qualified_name for relation in change.relations)
 
 
 @dataclass(frozen=True, slots=True)
