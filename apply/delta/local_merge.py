@@ -53,12 +53,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import structlog
 
 from apply.collapse import KeyedNet
 from apply.columnar import arrow_schema
 from apply.delta.key_index import KeyIndex, lookup_keys
+from apply.delta.key_lookup import keys_apart, keys_conflict
 from apply.delta.live_files import LiveFiles
 from apply.delta.local_tables import delta_rs_writes, folder, marked, no_checkpoint
 from apply.delta.open_table import OpenTable
@@ -84,10 +84,10 @@ from apply.merge_plan import (
     shape_of,
 )
 from apply.records import CommitMark, WriteResult
-from apply.rewrite import found_as_expected, rewritten
+from apply.rewrite import rewritten
 from apply.source import KeyedSource, keyed_source
 from apply.staging import StagedSource
-from apply.stamps import DELETED, Stamping, stamped, stamped_schema
+from apply.stamps import Stamping, stamped, stamped_schema
 
 if TYPE_CHECKING:
     import deltalake
@@ -194,7 +194,7 @@ class LocalMerges:
             if done is not None and done >= version:
                 return WriteResult(schema.table, None)  # committed before: Delta's txn says so
             table = open_table.synced()
-            if not _apart(table, schema.key[0], stage.bounds):
+            if not keys_apart(table, schema.key[0], stage.bounds):
                 return None
             if hand_appendable(table, nullable=True):
                 append(open_table.local, table.version(), stage.reader(have), have, mark)
@@ -361,7 +361,7 @@ def merge_into(
         if size <= REWRITE_MAX_BYTES and not stamping.stamps:
             return _rewrite(open_table, schema, source, mark)
         table = open_table.synced()
-        if _conflicts(table, schema, source.table, stamping.soft):
+        if keys_conflict(table, schema, source.table, stamping.soft):
             return None
     except pa.ArrowException:  # a key type pyarrow cannot join on
         return None
@@ -462,47 +462,6 @@ def _read(schema: pa.Schema, files: list[str]) -> pa.Table:
             return ds.dataset(files, schema=schema, format="parquet").to_table()
         parts.append(part)
     return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
-
-
-def _apart(table: deltalake.DeltaTable, key: str, bounds: tuple[int, int] | None) -> bool:
-    """Whether no live file of ``table`` can hold a key whose first column is within
-    ``bounds`` (its statistics' min and max say so; a file without them might)."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if not actions.num_rows:
-        return True
-    low_name, high_name = f"min.{key}", f"max.{key}"
-    if bounds is None or low_name not in actions.column_names:
-        return False
-    lows, highs = actions[low_name], actions[high_name]
-    if lows.null_count or highs.null_count:
-        return False
-    low, high = bounds
-    below = pc.less(highs, pa.scalar(low, highs.type))
-    above = pc.greater(lows, pa.scalar(high, lows.type))
-    return bool(pc.all(pc.or_(below, above)).as_py())
-
-
-def _conflicts(
-    table: deltalake.DeltaTable, schema: TargetSchema, source: pa.Table, soft: bool = False
-) -> bool:
-    """Whether some chain of ``source`` does not find what its first change expects: an
-    update or delete whose key is missing, an insert whose key is there (``soft``: a
-    soft-delete table, whose marked rows are missing)."""
-    import pyarrow.dataset as ds
-
-    keys = list(schema.key)
-    files = table.file_uris()
-    if files:
-        fields = [source.schema.field(k) for k in keys]
-        wanted = pa.schema([*fields, pa.field(DELETED, pa.bool_())] if soft else fields)
-        scan = ds.dataset(files, schema=wanted, format="parquet")
-        where = pc.field(keys[0]).isin(source[keys[0]].unique())
-        if soft:
-            where = where & ~pc.field(DELETED)
-        local = scan.to_table(columns=keys, filter=where)
-    else:
-        local = pa.schema([source.schema.field(k) for k in keys]).empty_table()
-    return not found_as_expected(local, source, keys)
 
 
 def run_merge(
