@@ -14,6 +14,8 @@ DAY: Final = 86400.0
 # alive rows only (Delta's OPTIMIZE default, 5%, rewrites a big table updated at random every
 # few minutes): by maintenance's OPTIMIZE, and by pgsub's own writes (apply.delta.vector_write).
 PURGE_ABOVE: Final = 0.3
+# VACUUMs (LITE: seconds, beside the writers) within one retention, at least.
+VACUUMS_PER_RETENTION: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,10 +26,12 @@ class MaintenancePolicy:
 
     @property
     def vacuum_every(self) -> float:
-        """Seconds between a table's VACUUMs: ``vacuum_interval``, or ``retention`` when
-        shorter - files replaced then stay about two retentions at most, not a whole
-        interval more (a table rewritten at every batch fills a disk in hours)."""
-        return min(self.vacuum_interval, self.retention)
+        """Seconds between a table's VACUUMs: ``vacuum_interval``, or a quarter of
+        ``retention`` when shorter - files replaced then stay a retention and a quarter at
+        most, not a whole interval more (a table rewritten at every batch fills a disk in
+        hours). Once per retention, as in the 150-minute soak, the warehouse was a
+        sawtooth between one and two retentions of replaced files (docs/performance.md)."""
+        return min(self.vacuum_interval, self.retention / VACUUMS_PER_RETENTION)
 
 
 DEFAULT_POLICY: Final = MaintenancePolicy()

@@ -193,6 +193,10 @@ def read_subscription(path: str, subscription: str) -> pa.Table | None:
     return ds.dataset(files, schema=schema, format="parquet").to_table(filter=wanted)
 
 
+# Tries of a state table's append whose commit lost to another writer's.
+APPEND_ATTEMPTS: Final = 3
+
+
 def append_rows(path: str, ddl: str, rows: list[tuple[Any, ...]]) -> None:
     """Append ``rows`` (tuples in ``ddl`` order) to the table at ``path``, made if absent;
     a column added to ``ddl`` joins an older table."""
@@ -207,10 +211,18 @@ def append_rows(path: str, ddl: str, rows: list[tuple[Any, ...]]) -> None:
         ],
         schema=schema,
     )
-    try:
-        deltalake.write_deltalake(path, table, mode="append", schema_mode="merge")
-    except (deltalake.exceptions.DeltaError, OSError) as exc:
-        raise TargetTableError(f"cannot write to {path}: {exc}") from exc
+    for attempt in range(1, APPEND_ATTEMPTS + 1):
+        try:
+            deltalake.write_deltalake(path, table, mode="append", schema_mode="merge")
+            return
+        except deltalake.exceptions.CommitFailedError as exc:
+            # Nothing was committed, and a blind append may be made again on the newer
+            # version: a writer of another process (this one's take turns) deleted or
+            # compacted the rows the append's conflict check counts as read.
+            if attempt == APPEND_ATTEMPTS:
+                raise TargetTableError(f"cannot write to {path}: {exc}") from exc
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            raise TargetTableError(f"cannot write to {path}: {exc}") from exc
 
 
 def _arrow_value(value: object) -> object:

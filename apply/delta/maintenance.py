@@ -14,7 +14,14 @@ looks at one table and does what is due:
 - VACUUM once per ``vacuum_interval``, keeping ``retention`` of history:
   ``LITE`` (the files the log says were removed; seconds), and a full
   VACUUM, which lists the folder for files no commit names (what a killed
-  job left), when ``lite`` is off or LITE finds the log cut short;
+  job left), when ``lite`` is off or LITE finds the log cut short. VACUUM
+  runs beside the table's writers: it deletes only files that no commit of
+  the last ``retention`` names and that are older than it - never a file a
+  writer is making -, and it commits nothing (Delta's VACUUM START/END
+  entries are off for it), so it conflicts with no writer and leaves no
+  commit with an older mark after a newer one. A full VACUUM held a 1M-row
+  table's batches for 52-82 s when it ran under the write lock
+  (docs/performance.md, "The 150-minute soak");
 - Delta itself checkpoints the log every 10 commits and, at a checkpoint,
   deletes log entries older than ``delta.logRetentionDuration`` and
   idempotent-write ids older than ``delta.setTransactionRetentionDuration``;
@@ -26,14 +33,16 @@ Time travel to a checkpoint row of ``_pgsub/checkpoints`` therefore works for
 
 A table's applied LSN is read back from the mark of its latest commit by
 this subscription, so maintenance commits carry that same mark
-(``mark``): log cleanup can never leave a table's history without it.
-The caller holds the table's write lock: maintenance never runs beside the
-table's own MERGE.
+(``mark()``, read in the write lock): log cleanup can never leave a table's history without it.
+What commits (the properties, the features, OPTIMIZE) runs in ``held``,
+the table's write lock: never beside the table's own MERGE.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -84,39 +93,43 @@ def tend(
     policy: MaintenancePolicy,
     *,
     vacuum: bool,
-    mark: str | None,
+    mark: Callable[[], str | None],
     lite: bool = False,
     features: Grown | None = None,
+    held: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> Tended:
     """Compact ``path`` if it holds too many files, vacuum it if ``vacuum``, turn deletion
-    vectors on if it grew past ``features``' size (a target table); see the module."""
+    vectors on if it grew past ``features``' size (a target table); see the module.
+    ``held()`` is the table's write lock, held for what commits, not for VACUUM."""
     started = time.monotonic()
     table = delta_sql.table_ref(path)
     try:
-        before, size, properties = detail(session, path)
-        wanted = retention_properties(policy)
-        if mark is not None:
-            session.conf.set(USER_METADATA, mark)
-        try:
-            if any(properties.get(name) != value for name, value in wanted.items()):
-                delta_sql.set_properties(session, path, wanted)
-            if features is not None:
-                gain_by_size(
-                    session,
-                    features.table,
-                    path,
-                    size=size,
-                    properties=properties,
-                    features=features.features,
-                )
-            compacted = before > policy.compact_files
-            if compacted:
-                _compact_small_files(session, table)
-            if vacuum:
-                _vacuum(session, table, max(1, round(policy.retention / 3600)), lite=lite)
-        finally:
-            session.conf.unset(USER_METADATA)
-        after = detail(session, path)[0] if compacted else before
+        with held():
+            before, size, properties = detail(session, path)
+            wanted = retention_properties(policy)
+            carried = mark()  # in the lock: no newer commit comes before this one's
+            if carried is not None:
+                session.conf.set(USER_METADATA, carried)
+            try:
+                if any(properties.get(name) != value for name, value in wanted.items()):
+                    delta_sql.set_properties(session, path, wanted)
+                if features is not None:
+                    gain_by_size(
+                        session,
+                        features.table,
+                        path,
+                        size=size,
+                        properties=properties,
+                        features=features.features,
+                    )
+                compacted = before > policy.compact_files
+                if compacted:
+                    _compact_small_files(session, table)
+            finally:
+                session.conf.unset(USER_METADATA)
+            after = detail(session, path)[0] if compacted else before
+        if vacuum:
+            _vacuum(session, table, max(1, round(policy.retention / 3600)), lite=lite)
     except SparkErrors as exc:
         raise TargetTableError(f"maintenance of {path} failed: {exc}") from exc
     return Tended(before, after, compacted, vacuum, time.monotonic() - started)
@@ -129,16 +142,26 @@ def is_delta_table(session: SparkSession, path: str) -> bool:
         raise TargetTableError(f"cannot look at {path}: {exc}") from exc
 
 
+# Delta's VACUUM START / VACUUM END commits, off for pgsub's VACUUMs (see the module). LITE
+# finds where the last VACUUM stopped in _delta_log/_last_vacuum_info, not in those commits.
+VACUUM_LOGGING: Final = "spark.databricks.delta.vacuum.logging.enabled"
+
+
 def _vacuum(session: SparkSession, table: str, hours: int, *, lite: bool) -> None:
-    if lite:
-        try:
-            session.sql(f"VACUUM {table} LITE RETAIN {hours} HOURS")
-            return
-        except SparkErrors as exc:
-            if "VACUUM_LITE" not in str(exc):
-                raise
-            # The log no longer names every file removed since the last VACUUM.
-    session.sql(f"VACUUM {table} RETAIN {hours} HOURS")
+    """VACUUM, committing nothing: it runs beside the table's writers (see the module)."""
+    session.conf.set(VACUUM_LOGGING, "false")
+    try:
+        if lite:
+            try:
+                session.sql(f"VACUUM {table} LITE RETAIN {hours} HOURS")
+                return
+            except SparkErrors as exc:
+                if "VACUUM_LITE" not in str(exc):
+                    raise
+                # The log no longer names every file removed since the last VACUUM.
+        session.sql(f"VACUUM {table} RETAIN {hours} HOURS")
+    finally:
+        session.conf.unset(VACUUM_LOGGING)
 
 
 def _compact_small_files(session: SparkSession, table: str) -> None:

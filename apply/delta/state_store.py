@@ -15,7 +15,12 @@ concurrently.
 what ``pgsub skip/enable/disable`` set (the latest value per key counts).
 
 All live where the warehouse is, so a pod can be replaced with nothing lost,
-and all are append-only: appends never conflict with each other.
+and all are append-only: appends never conflict with each other. A delete
+(``prune``, ``forget``) or a compaction does conflict with an append made
+meanwhile (Delta's optimistic commits: "a concurrent transaction deleted data
+this operation read"), so in one process each state table has one writer at
+a time (``writing``): the apply worker's checkpoint, the maintenance thread's
+prune and compaction. VACUUM commits nothing and takes no turn.
 
 Where the warehouse is a local folder, appends and reads go through delta-rs
 (tens of milliseconds, no Spark job): a state change is on the sync path of
@@ -56,6 +61,15 @@ if TYPE_CHECKING:
 
 STATE_DIR: Final = "_pgsub"
 
+# One lock per state table's path, shared by every store object of this process.
+_WRITERS: dict[str, threading.Lock] = {}
+_WRITERS_GUARD = threading.Lock()
+
+
+def _writer(path: str) -> threading.Lock:
+    with _WRITERS_GUARD:
+        return _WRITERS.setdefault(path, threading.Lock())
+
 
 class _StateTable:
     """One append-only Delta table under ``<warehouse>/_pgsub/``."""
@@ -71,6 +85,12 @@ class _StateTable:
         self._local = is_local_folder(warehouse)
         self._folder = folder(self.path)
         self._delta_rs: bool | None = None  # decided once the table exists
+        self._writing = _writer(self.path)
+
+    def writing(self) -> threading.Lock:
+        """The table's writer turn in this process (see the module): held by every append
+        and delete here, and by maintenance while it commits."""
+        return self._writing
 
     @property
     def _spark(self) -> SparkSession:
@@ -116,23 +136,28 @@ class _StateTable:
     def forget(self, subscription: str) -> None:
         """Delete every row of ``subscription`` (``pgsub drop``)."""
 
+        self._delete(f"subscription = {sql_string(subscription)}")
+
+    def _delete(self, condition: str) -> None:
+        """Delete the rows matching the Spark SQL ``condition``, in this table's turn."""
         try:
-            if delta_sql.is_delta_table(self._spark, self.path):
-                delta_sql.delete(
-                    self._spark, self.path, f"subscription = {sql_string(subscription)}"
-                )
+            with self._writing:
+                if delta_sql.is_delta_table(self._spark, self.path):
+                    delta_sql.delete(self._spark, self.path, condition)
         except SparkErrors as exc:
             raise TargetTableError(f"cannot delete from {self.path}: {exc}") from exc
 
     def _append(self, rows: list[tuple[Any, ...]]) -> None:
         """Append ``rows`` (tuples in ``ddl`` order)."""
-        if self._by_delta_rs():
-            append_rows(self._folder, self.ddl, rows)
-            return
         try:
-            frame = self._spark.createDataFrame(rows, schema=self.ddl)
-            # mergeSchema: a column added by a newer pgsub joins an older table.
-            frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
+            with self._writing:
+                if self._by_delta_rs():
+                    append_rows(self._folder, self.ddl, rows)
+                    return
+                frame = self._spark.createDataFrame(rows, schema=self.ddl)
+                # mergeSchema: a column added by a newer pgsub joins an older table.
+                writer = frame.write.format("delta").mode("append")
+                writer.option("mergeSchema", "true").save(self.path)
         except SparkErrors as exc:
             raise TargetTableError(f"cannot write to {self.path}: {exc}") from exc
 
@@ -175,19 +200,33 @@ class CheckpointStore(_StateTable):
 
     def prune(self, subscription: str, older_than: datetime) -> None:
         """Forget rows recorded before ``older_than`` (past the maintenance retention, time
-        travel to their versions may fail), keeping the subscription's latest row."""
+        travel to their versions may fail), keeping the subscription's latest row.
 
-        latest = self.origin_lsn(subscription)
+        In the table's writer turn: a checkpoint recorded meanwhile would fail
+        the delete, or be failed by it. On a local warehouse delta-rs deletes
+        (milliseconds; Spark's DELETE took seconds, the checkpoints waiting).
+        """
+        latest = int(self.origin_lsn(subscription))
+        if not self._by_delta_rs():
+            self._delete(
+                f"subscription = {sql_string(subscription)}"
+                f" AND recorded_at < TIMESTAMP {sql_string(older_than.isoformat())}"
+                f" AND lsn < {latest}"
+            )
+            return
+        import deltalake
+
+        before = older_than.astimezone(UTC).isoformat()
+        timestamp = """'Timestamp(Microsecond, Some("UTC"))'"""
         try:
-            if delta_sql.is_delta_table(self._spark, self.path):
-                delta_sql.delete(
-                    self._spark,
-                    self.path,
-                    f"subscription = {sql_string(subscription)}"
-                    f" AND recorded_at < TIMESTAMP {sql_string(older_than.isoformat())}"
-                    f" AND lsn < {int(latest)}",
-                )
-        except SparkErrors as exc:
+            with self._writing:
+                if latest:  # else no table, or no row of the subscription
+                    deltalake.DeltaTable(self._folder).delete(
+                        f"subscription = {_standard_string(subscription)}"
+                        f" AND recorded_at < arrow_cast({_standard_string(before)}, {timestamp})"
+                        f" AND lsn < {latest}"
+                    )
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
             raise TargetTableError(f"cannot prune {self.path}: {exc}") from exc
 
     def record(
@@ -195,6 +234,12 @@ class CheckpointStore(_StateTable):
     ) -> None:
         now = datetime.now(UTC)
         self._append([(subscription, int(lsn), str(lsn), pg_timestamp(commit_time), versions, now)])
+
+
+def _standard_string(text: str) -> str:
+    """``text`` as a standard SQL string literal (delta-rs's DataFusion: quotes doubled,
+    backslashes as they are)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _aware(at: datetime | None) -> datetime | None:
@@ -411,11 +456,7 @@ class PreparedStore(_StateTable):
             condition += f" AND gid = {sql_string(gid)}"
         if xid is not None:
             condition += f" AND xid = {int(xid)}"
-        try:
-            if delta_sql.is_delta_table(self._spark, self.path):
-                delta_sql.delete(self._spark, self.path, condition)
-        except SparkErrors as exc:
-            raise TargetTableError(f"cannot delete from {self.path}: {exc}") from exc
+        self._delete(condition)
 
     def staged(self, subscription: str) -> list[tuple[str, int]]:
         """The (gid, xid) staged for ``subscription``: prepared, not yet seen finished."""

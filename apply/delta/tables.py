@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -463,17 +464,18 @@ class DeltaTables:
     def tend(
         self, table: str, policy: MaintenancePolicy, *, vacuum: bool, lite: bool = False
     ) -> Tended:
-        """Maintenance of ``table`` (``apply.delta.maintenance``), never beside its writes."""
-        with self.exclusive(table):
-            return tend(
-                self.session(),
-                self.path(table),
-                policy,
-                vacuum=vacuum,
-                lite=lite,
-                mark=self._latest_mark(table),
-                features=Grown(table, self._features(table)),
-            )
+        """Maintenance of ``table`` (``apply.delta.maintenance``): what commits never beside
+        the table's writes; VACUUM beside them."""
+        return tend(
+            self.session(),
+            self.path(table),
+            policy,
+            vacuum=vacuum,
+            lite=lite,
+            mark=partial(self._latest_mark, table),
+            features=Grown(table, self._features(table)),
+            held=partial(self.exclusive, table),
+        )
 
     def _features(self, table: str) -> TableFeatures:
         """The features ``table`` may gain: a change log never needs deletion vectors."""

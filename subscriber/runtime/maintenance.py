@@ -2,12 +2,13 @@
 
 Once per ``maintenance.interval`` it tends each target table a subscription
 has prepared (``DeltaTables.tend``: compaction past ``compact_files``,
-VACUUM once per ``vacuum_interval`` or ``retention``, whichever is
-shorter - LITE, and a full one once per ``retention`` -, history bounded
-to ``retention``), then the state tables, and
-prunes checkpoint rows past the retention. A table is tended under its
-write lock, never beside its own MERGE; the receivers keep streaming
-meanwhile. One failure is logged and counted
+VACUUM once per ``vacuum_interval`` or four times per ``retention``,
+whichever is more often - LITE, and a full one once per ``retention`` -,
+history bounded to ``retention``), then the state tables, and prunes
+checkpoint rows past the retention. What commits (compaction,
+properties, the prune) is done under the table's write lock, never beside
+its own MERGE or checkpoint; VACUUM commits nothing and runs beside them.
+The receivers keep streaming meanwhile. One failure is logged and counted
 (``pgsub_maintenance_errors_total``) and retried next round; it never stops
 replication.
 """
@@ -34,6 +35,10 @@ log = structlog.get_logger(__name__)
 
 # The subscription label of the state tables under _pgsub/.
 STATE = "_pgsub"
+
+
+def _unmarked() -> None:
+    """The state tables' commits carry no subscription's mark."""
 
 
 class Maintenance:
@@ -84,10 +89,13 @@ class Maintenance:
             except ApplyError as exc:
                 self._failed(STATE, checkpoints.name, exc)
         for kind in STATE_TABLES:
-            path = kind(self._spark, self._warehouse).path
-            if not is_delta_table(self._spark, path):
+            store = kind(self._spark, self._warehouse)
+            if not is_delta_table(self._spark, store.path):
                 continue  # not written yet (no conflict so far, say)
-            self._tend(STATE, kind.name, partial(tend, self._spark, path, self._policy, mark=None))
+            # In the table's writer turn, which its appends take too: a compaction and a
+            # checkpoint recorded meanwhile failed one another (the 150-minute soak).
+            work = partial(tend, self._spark, store.path, self._policy, mark=_unmarked)
+            self._tend(STATE, kind.name, partial(work, held=store.writing))
 
     def _tend(self, subscription: str, table: str, work: Callable[..., Tended]) -> Tended | None:
         """``work(vacuum=...)`` tends the table; its outcome counted, logged and returned

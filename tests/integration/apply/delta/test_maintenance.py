@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -9,6 +13,10 @@ from typing import Any
 import pytest
 
 from apply.delta import local_merge
+from apply.delta import maintenance as delta_maintenance
+from apply.delta.maintenance import tend
+from apply.delta.state_store import CheckpointStore
+from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.maintenance import Maintenance
 from tests.support.pgdatabase import PgDatabase
@@ -81,8 +89,6 @@ def test_compaction_and_vacuum_keep_rows_progress_and_time_travel(
 def test_checkpoint_rows_past_the_retention_are_pruned_but_the_latest(
     publisher: PgDatabase, spark: Any, warehouse: Path
 ) -> None:
-    from apply.delta.state_store import CheckpointStore
-
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )
@@ -101,3 +107,88 @@ def test_checkpoint_rows_past_the_retention_are_pruned_but_the_latest(
     rows = spark.read.format("delta").load(store.path).collect()
     assert [r["lsn"] for r in rows] == [int(origin)]
     assert store.origin_lsn("sub1") == origin
+
+
+def test_vacuum_runs_beside_the_tables_writes_and_commits_nothing(
+    publisher: PgDatabase, spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full VACUUM (it lists the folder: 52-82 s on a 1M-row table in the long soak) does
+    not hold the table's batches, and leaves no commit with an older mark after theirs."""
+    publisher.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+    )
+    settings: dict[str, Any] = {"batch": {"max_delay": "10ms"}, "checkpoint_interval": 0}
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        publisher.execute("INSERT INTO t VALUES (1, 'v')")
+        rep.caught_up()
+        runner = rep.runner
+        assert runner is not None
+        # What a killed job leaves: a file no commit names, older than the retention.
+        orphan = Path(rep.path("public.t")) / "part-00000-left-by-a-killed-job.parquet"
+        orphan.write_bytes(b"PAR1")
+        hours_ago = time.time() - 3 * 3600
+        os.utime(orphan, (hours_ago, hours_ago))
+        vacuuming, applied = threading.Event(), threading.Event()
+        vacuum = delta_maintenance._vacuum
+
+        def vacuum_held_open(*args: Any, **kwargs: Any) -> None:
+            vacuuming.set()
+            applied.wait(timeout=240)  # the batch below, applied meanwhile
+            vacuum(*args, **kwargs)
+
+        monkeypatch.setattr(delta_maintenance, "_vacuum", vacuum_held_open)
+        policy = MaintenanceConfig(vacuum_interval=0, retention=3600).policy()
+        with ThreadPoolExecutor(1) as pool:
+            tending = pool.submit(runner.tables.tend, "public.t", policy, vacuum=True)
+            try:
+                assert vacuuming.wait(timeout=120)
+                publisher.execute("INSERT INTO t VALUES (2, 'w')")
+                rep.caught_up()  # its MERGE, while VACUUM is under way
+                applied_lsn = runner.tables.applied_lsn("public.t")
+            finally:
+                applied.set()
+            done = tending.result(timeout=300)
+        assert done.vacuumed
+        assert not orphan.exists()  # the full VACUUM did its work
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{rep.path('public.t')}`").collect()
+        assert not [row for row in history if row["operation"].startswith("VACUUM")]
+        assert runner.tables.applied_lsn("public.t") == applied_lsn  # no older mark came after
+        rep.assert_equal("public.t", key=("id",))
+
+
+def test_checkpoints_recorded_while_maintenance_prunes_and_compacts_them(
+    spark: Any, warehouse: Path
+) -> None:
+    """The apply worker records a checkpoint per batch while the maintenance thread prunes
+    and compacts ``_pgsub/checkpoints``: neither may fail the other (in the long soak a
+    prune's delete failed a checkpoint's commit, and the worker restarted)."""
+    recorder = CheckpointStore(spark, str(warehouse))  # the worker's and maintenance's
+    pruner = CheckpointStore(spark, str(warehouse))  # objects, as in the daemon
+    recorder.record("sub1", Lsn(1), 0, {"public.t": 1})
+    policy = MaintenanceConfig(compact_files=2, vacuum_interval=0).policy()
+    stopping, failures, recorded = threading.Event(), list[BaseException](), [1]
+
+    def record() -> None:
+        try:
+            while not stopping.is_set():
+                lsn = recorded[-1] + 1
+                recorder.record("sub1", Lsn(lsn), 0, {"public.t": lsn})
+                recorded.append(lsn)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    worker = threading.Thread(target=record)
+    worker.start()
+    try:
+        for _ in range(12):
+            pruner.prune("sub1", datetime.now(UTC))
+            tend(spark, pruner.path, policy, vacuum=False, mark=lambda: None, held=pruner.writing)
+    finally:
+        stopping.set()
+        worker.join(timeout=120)
+    assert not failures, failures
+    assert len(recorded) > 20  # the two really ran side by side
+    assert recorder.origin_lsn("sub1") == Lsn(recorded[-1])
+    kept = [row["lsn"] for row in spark.read.format("delta").load(recorder.path).collect()]
+    assert recorded[-1] in kept
+    assert len(kept) < len(recorded)  # pruned as it went
