@@ -34,13 +34,21 @@ from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.columns_net import keyed_columns_source
 from apply.ddl import SchemaChange, renamed_work
 from apply.error_context import TransactionError, conflict_of
-from apply.errors import ApplyError, ConflictError
+from apply.errors import ConflictError, as_apply_error
 from apply.failpoints import failpoint
-from apply.records import MESSAGES_TABLE, CommitMark, Within, WriteResult, message_rows
+from apply.records import (
+    MESSAGES_TABLE,
+    BatchResult,
+    CommitMark,
+    TableResult,
+    Within,
+    WriteResult,
+    message_rows,
+)
 from apply.rendering import TextForms, in_text_form
 from apply.resolve import looks_up_first, origin_looks_up_first
 from apply.schema import TargetSchema, target_schema
-from apply.schema_follower import SchemaFollower
+from apply.schema_follower import SchemaFollower, guess_renames
 from apply.source import KeyedSource, keyed_source
 from apply.spool import SpooledTransaction
 from apply.staging import StagedSource
@@ -62,24 +70,6 @@ log = structlog.get_logger(__name__)
 Stages = dict[str, StagedSource]  # per table
 
 MERGE_THREADS = 4  # tables of a batch written at once
-
-
-@dataclass(frozen=True, slots=True)
-class TableResult:
-    table: str
-    write: WriteResult
-    seconds: float
-    changes: int
-
-
-@dataclass(frozen=True, slots=True)
-class BatchResult:
-    end_lsn: Lsn
-    tables: tuple[TableResult, ...]
-
-    @property
-    def versions(self) -> dict[str, int]:
-        return {t.table: t.write.version for t in self.tables if t.write.version is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +162,7 @@ class BatchApplier:
         self._tables.prepare(schema)
         self._schemas[work.name] = (work.relation, schema)
         if known is not None and work.name not in self._followed:
-            _guess_renames(work.name, known[0], work.relation)
+            guess_renames(work.name, known[0], work.relation)
         return schema
 
     def _net(self, work: TableWork) -> Net:
@@ -214,7 +204,7 @@ class BatchApplier:
                 if write is None:
                     continue
             except Exception as exc:
-                cause = _as_apply_error(exc)
+                cause = as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, None, batch) from exc
             changes = len(table_work.changes)
             jobs.append((name, schema, mark, changes, self._pool.submit(self._timed, write)))
@@ -230,7 +220,7 @@ class BatchApplier:
                 failure = failure or TransactionError(exc, self.subscription, name, tx, batch)
                 continue
             except Exception as exc:  # noqa: BLE001 - re-raised with its table and transactions
-                cause = _as_apply_error(exc)
+                cause = as_apply_error(exc)
                 failure = failure or TransactionError(cause, self.subscription, name, None, batch)
                 continue
             if mark.within is None:
@@ -279,7 +269,7 @@ class BatchApplier:
             try:
                 self._ddl.follow(change)
             except Exception as exc:
-                cause = _as_apply_error(exc)
+                cause = as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, change.table, tx, batch) from exc
             followed[change.table] = change
         self._followed = set(followed)
@@ -302,7 +292,7 @@ class BatchApplier:
         try:
             write = self._tables.write_messages(rows, mark)
         except Exception as exc:
-            cause = _as_apply_error(exc)
+            cause = as_apply_error(exc)
             raise TransactionError(cause, self.subscription, None, None, batch) from exc
         if mark.within is None:
             self._applied[MESSAGES_TABLE] = batch.end_lsn
@@ -367,7 +357,7 @@ class BatchApplier:
                     schema = self._schema(work)
                     net = self._net(work)
                 except Exception as exc:
-                    cause = _as_apply_error(exc)
+                    cause = as_apply_error(exc)
                     raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
                 stage = self._stage_of(stages, root, tx, schema)
                 if stage is None or not isinstance(net, KeyedNet) or not stage.add(net):
@@ -379,7 +369,7 @@ class BatchApplier:
                     schema = self._schema(TableWork(changes.relation))
                     source = self._columns_source(changes, schema)
                 except Exception as exc:
-                    cause = _as_apply_error(exc)
+                    cause = as_apply_error(exc)
                     raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
                 stage = self._stage_of(stages, root, tx, schema)
                 if stage is None or source is None or not stage.add_source(source):
@@ -454,7 +444,7 @@ class BatchApplier:
                 self._report(exc.findings, stage.schema, batch, stopping=exc.kind)
                 raise TransactionError(exc, self.subscription, name, tx.head, batch) from exc
             except Exception as exc:
-                cause = _as_apply_error(exc)
+                cause = as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
             failpoint("apply.after_table_write")
             self._applied[name] = tx.end_lsn
@@ -491,32 +481,5 @@ class BatchApplier:
         return result, time.monotonic() - started
 
 
-def _guess_renames(table: str, before: Relation, after: Relation) -> None:
-    """Columns gone and others new in one Relation change: maybe a rename on the publisher,
-    which pgoutput cannot say (it carries no DDL). Logged as the guess it is."""
-    old = [c.name for c in before.columns]
-    new = [c.name for c in after.columns]
-    gone = [name for name in old if name not in new]
-    added = [name for name in new if name not in old]
-    if gone and added:
-        log.warning(
-            "columns dropped and added at once: renamed on the publisher?",
-            table=table,
-            dropped=gone,
-            added=added,
-            applied_as="new columns from here on; the dropped ones kept in the Delta table, "
-            "NULL in rows written from here on",
-            detail="pgoutput carries no DDL, so a rename looks like a drop and an add; "
-            "`pgsub resync` copies the table again if the old values belong in the new column",
-        )
-
-
 def _nothing_to_do(net: Net) -> bool:
     return not net.truncated and not net.rows
-
-
-def _as_apply_error(exc: Exception) -> ApplyError:
-    """Any failure of a table's write, as an apply error (a bug's type stays in its text)."""
-    if isinstance(exc, ApplyError):
-        return exc
-    return ApplyError(f"{type(exc).__name__}: {exc}")

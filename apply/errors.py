@@ -29,3 +29,10 @@ class ConflictError(ApplyError):
         stopping = [f for f in findings if f.kind == kind]
         self.tx_index = stopping[0].tx_index if stopping else 0
         super().__init__(f'conflict detected on relation "{table}": conflict={kind}')
+
+
+def as_apply_error(exc: Exception) -> ApplyError:
+    """Any failure of a table's write, as an apply error (a bug's type stays in its text)."""
+    if isinstance(exc, ApplyError):
+        return exc
+    return ApplyError(f"{type(exc).__name__}: {exc}")

@@ -7,7 +7,8 @@ tracker tells pgsub's commits from other writers' by it
 (``apply.delta.origins``). ``StoredTableState`` is a row of the state
 store's ``table_states`` (PostgreSQL's pg_subscription_rel).
 ``message_rows`` are a batch's logical decoding messages as rows of the
-messages table.
+messages table. ``BatchResult`` is what a batch's commits made (the
+checkpoint row records its versions).
 """
 
 from __future__ import annotations
@@ -164,3 +165,25 @@ def message_rows(
             "content_text": pa.array([text(m.content) for m in changes], pa.string()),
         }
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TableResult:
+    """One table's commit of a batch: what it wrote, in how long, for how many changes."""
+
+    table: str
+    write: WriteResult
+    seconds: float
+    changes: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """A batch applied: its end LSN and each table's commit (the checkpoint's versions)."""
+
+    end_lsn: Lsn
+    tables: tuple[TableResult, ...]
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return {t.table: t.write.version for t in self.tables if t.write.version is not None}

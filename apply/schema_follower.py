@@ -18,6 +18,7 @@ from apply.ddl import DdlMessageError, SchemaChange, new_columns, schema_changes
 from apply.transactions import MessageChange, RemoteTransaction
 from apply.typemap import TypeLookup
 from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Relation
 
 log = structlog.get_logger(__name__)
 
@@ -89,3 +90,23 @@ class SchemaFollower:
                 hint=f"`pgsub resync -c <config> {self.subscription} {change.table}`",
             )
         self._tables.follow_ddl(change, columns.types, columns.fills)
+
+
+def guess_renames(table: str, before: Relation, after: Relation) -> None:
+    """Columns gone and others new in one Relation change: maybe a rename on the publisher,
+    which pgoutput cannot say (it carries no DDL). Logged as the guess it is."""
+    old = [c.name for c in before.columns]
+    new = [c.name for c in after.columns]
+    gone = [name for name in old if name not in new]
+    added = [name for name in new if name not in old]
+    if gone and added:
+        log.warning(
+            "columns dropped and added at once: renamed on the publisher?",
+            table=table,
+            dropped=gone,
+            added=added,
+            applied_as="new columns from here on; the dropped ones kept in the Delta table, "
+            "NULL in rows written from here on",
+            detail="pgoutput carries no DDL, so a rename looks like a drop and an add; "
+            "`pgsub resync` copies the table again if the old values belong in the new column",
+        )

@@ -33,12 +33,13 @@ from dataclasses import replace
 
 import structlog
 
-from apply.applier import BatchApplier, BatchResult
+from apply.applier import BatchApplier
 from apply.assembly import AssembledTransaction, Prepared
 from apply.batch import Batch, Batcher
 from apply.errors import ApplyError
 from apply.failpoints import failpoint
 from apply.queue import Queued, TransactionQueue, in_memory_transaction
+from apply.records import BatchResult
 from apply.roles import PreparedTransactions
 from apply.spool import (
     SpoolDirectory,

@@ -30,8 +30,8 @@ from subscriber.replication.lsn import Lsn
 from subscriber.replication.wire import PG_EPOCH_OFFSET
 
 if TYPE_CHECKING:
-    from apply.applier import TableResult
     from apply.batch import Batch
+    from apply.records import TableResult
     from subscriber.metrics import Metrics
 
 log = structlog.get_logger(__name__)
