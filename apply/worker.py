@@ -103,6 +103,9 @@ class ApplyWorker:
 
     def run(self, stopping: threading.Event) -> None:
         batcher = self._batcher
+        # The leader's first look at the tables to sync (their workers started) comes now,
+        # not at its first idle tick half a second on: 0.6 of a 2M-row sync's 3.3 s to READY.
+        self._hooks.idle(self._progress.flushed)
         while not stopping.is_set():
             self._forget_leftovers()
             wait = batcher.time_left() if len(batcher) else 0.5
