@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from apply.columnar import arrow_schema
 from apply.delta import sql as delta_sql
+from apply.delta.maintenance import vacuuming
 from apply.delta.session import struct
 from apply.records import CommitMark
 from apply.schema import TargetSchema, quote
@@ -182,9 +183,10 @@ def drop(session: SparkSession, path: str) -> None:
     before = conf.get(RETENTION_CHECK, "true")
     conf.set(RETENTION_CHECK, "false")
     try:
-        # A full VACUUM (22 s against LITE's 3 s for a small table on a local Spark; it runs
-        # beside the catch-up): LITE removes only what the log removed, not the files of a
-        # killed daemon's jobs that a Spark Connect server ran on and never committed.
-        session.sql(f"VACUUM {delta_sql.table_ref(path)} RETAIN 0 HOURS").collect()
+        # A full VACUUM (it runs beside the catch-up): LITE removes only what the log
+        # removed, not the files of a killed daemon's jobs that a Spark Connect server ran on
+        # and never committed.
+        with vacuuming(session):
+            session.sql(f"VACUUM {delta_sql.table_ref(path)} RETAIN 0 HOURS").collect()
     finally:
         conf.set(RETENTION_CHECK, before or "true")
