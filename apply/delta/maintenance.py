@@ -153,11 +153,11 @@ VACUUM_SETTINGS: Final = {VACUUM_LOGGING: "false", LISTING_TASKS: "16"}
 
 
 @contextmanager
-def vacuuming(session: SparkSession) -> Iterator[None]:
-    """``VACUUM_SETTINGS`` for the VACUUMs run inside, the session's own values after."""
+def settings(session: SparkSession, wanted: dict[str, str]) -> Iterator[None]:
+    """The session's SQL conf set to ``wanted`` inside, its own values after."""
     conf = session.conf
-    before = {name: conf.get(name, None) for name in VACUUM_SETTINGS}
-    for name, setting in VACUUM_SETTINGS.items():
+    before = {name: conf.get(name, None) for name in wanted}
+    for name, setting in wanted.items():
         conf.set(name, setting)
     try:
         yield
@@ -167,6 +167,11 @@ def vacuuming(session: SparkSession) -> Iterator[None]:
                 conf.unset(name)
             else:
                 conf.set(name, value)
+
+
+def vacuuming(session: SparkSession) -> AbstractContextManager[None]:
+    """``VACUUM_SETTINGS`` for the VACUUMs run inside."""
+    return settings(session, VACUUM_SETTINGS)
 
 
 def _vacuum(session: SparkSession, table: str, hours: int, *, lite: bool) -> None:
@@ -186,18 +191,13 @@ def _vacuum(session: SparkSession, table: str, hours: int, *, lite: bool) -> Non
 def _compact_small_files(session: SparkSession, table: str) -> None:
     """OPTIMIZE of the files below ``COMPACT_BELOW`` (and of those deletion vectors have
     emptied past ``PURGE_ABOVE``), into files of up to ``COMPACT_INTO``."""
-    settings = {
+    compaction = {
         "spark.databricks.delta.optimize.minFileSize": str(COMPACT_BELOW),
         "spark.databricks.delta.optimize.maxFileSize": str(COMPACT_INTO),
         "spark.databricks.delta.optimize.maxDeletedRowsRatio": str(PURGE_ABOVE),
     }
-    for name, value in settings.items():
-        session.conf.set(name, value)
-    try:
+    with settings(session, compaction):
         session.sql(f"OPTIMIZE {table}")
-    finally:
-        for name in settings:
-            session.conf.unset(name)
 
 
 def detail(session: SparkSession, path: str) -> tuple[int, int, dict[str, str]]:
