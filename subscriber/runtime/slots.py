@@ -81,6 +81,9 @@ class SubscriptionSlots:
         self._conninfo = conninfo
         self._settings = settings
         self.system_id = ""  # the publisher's, known once ``ensure`` ran
+        # Where the publisher streams the slot from, known once ``ensure`` ran: the slot's
+        # confirmed_flush_lsn, or a slot made now, its consistent point.
+        self.confirmed = ZERO
 
     def ensure(self, flushed: Lsn, *, export_snapshot: bool = False) -> ExportedSnapshot | None:
         """Check the publisher and the slot; create the slot only on the first start.
@@ -97,11 +100,13 @@ class SubscriptionSlots:
             check_publisher(self.name, recorded, found)
             self.system_id = system.system_id
             rows = connection.execute(
-                "SELECT plugin, wal_status FROM pg_catalog.pg_replication_slots"
+                "SELECT plugin, wal_status, confirmed_flush_lsn"
+                " FROM pg_catalog.pg_replication_slots"
                 " WHERE slot_name = " + quote_literal(slot)
             )
             if rows and rows[0]["wal_status"] == "lost":
                 raise SlotInvalidatedError(self.name, slot, flushed)
+            self.confirmed = Lsn.parse(rows[0]["confirmed_flush_lsn"] or "0/0") if rows else ZERO
             action = plan_slot(
                 subscription=self.name,
                 slot=slot,
@@ -119,6 +124,7 @@ class SubscriptionSlots:
                     failover=self._config.failover,
                     snapshot=SnapshotAction.EXPORT if export_snapshot else SnapshotAction.NOTHING,
                 )
+                self.confirmed = made.consistent_point
                 if export_snapshot and made.snapshot_name:
                     exported = ExportedSnapshot(
                         connection, made.snapshot_name, made.consistent_point

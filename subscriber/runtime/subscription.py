@@ -148,6 +148,7 @@ class SubscriptionRunner:
                 self._forget_done_skip(flushed)
                 self._prepare_spool()
                 self._start(flushed, stopping)
+                flushed = started_at = self._resume_point(flushed)
                 flushed = self._attempt(flushed, isolate, stopping)
                 isolate = None
             except TransactionError as exc:
@@ -181,6 +182,26 @@ class SubscriptionRunner:
         self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
+
+    def _resume_point(self, flushed: Lsn) -> Lsn:
+        """Where the leader stands as it starts: past ``flushed`` (the last checkpoint row,
+        up to ``checkpoint_interval`` old) when its slot confirmed more.
+
+        The publisher streams nothing at or before the slot's confirmed position, so
+        that is the leader's position before it has received a thing. A table-sync
+        worker handed CATCHUP at an older one would stop short of it, and the changes
+        between - skipped by the last leader, the table not yet its - would be nobody's.
+        """
+        confirmed = self.slots.confirmed
+        if confirmed <= flushed:
+            return flushed
+        log.info(
+            "subscription resumes at its slot's confirmed position",
+            subscription=self.name,
+            origin_lsn=str(flushed),
+            confirmed_lsn=str(confirmed),
+        )
+        return confirmed
 
     def _start(self, flushed: Lsn, stopping: threading.Event) -> None:
         """The slot checked (made on the first start), the tables to sync known; on the first

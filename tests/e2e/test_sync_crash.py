@@ -1,6 +1,8 @@
 """Table sync under kill -9 (during the copy, during the catch-up) and a copy that keeps failing."""
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,10 @@ import psycopg
 import pytest
 
 from apply.versions import CURRENT
+from subscriber.replication.commands import StreamOptions
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.progress import HeldProgress
+from subscriber.replication.stream import ReplicationConnection
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
@@ -27,16 +33,20 @@ CREATE PUBLICATION pub FOR TABLE a, bag;
 """
 
 
-def ready_states(daemon: DaemonProcess) -> bool:
-    """Both tables READY, as the daemon's /status says (whichever daemon got them there)."""
+def table_states(daemon: DaemonProcess) -> dict[str, str]:
+    """Each table's state, as the daemon's /status says (none while it does not answer)."""
     try:
         body = daemon.get("/status")[1]
     except OSError:
-        return False
-    tables = {
+        return {}
+    return {
         t["table"]: t["state"] for s in body.get("subscriptions", []) for t in s.get("tables") or []
     }
-    return tables == {"public.a": "ready", "public.bag": "ready"}
+
+
+def ready_states(daemon: DaemonProcess) -> bool:
+    """Both tables READY (whichever daemon got them there)."""
+    return table_states(daemon) == {"public.a": "ready", "public.bag": "ready"}
 
 
 def test_kills_during_sync_then_restart(
@@ -76,6 +86,90 @@ def test_kills_during_sync_then_restart(
         )
         assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
     assert publisher.slots() == ["sub1"]  # no sync slot left behind
+
+
+@contextmanager
+def slot_held(publisher: PgDatabase, slot: str) -> Iterator[None]:
+    """``slot`` streamed to this test, confirming nothing: the daemon's leader cannot
+    stream from it meanwhile (its tries fail with "replication slot ... is active")."""
+    connection = ReplicationConnection(publisher.dsn)
+    stream = connection.start_replication(
+        slot, Lsn(0), StreamOptions(("pub",)), HeldProgress(), status_interval=1.0
+    )
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            stream.read(timeout=0.2)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reader.join()
+        stream.stop()
+
+
+def test_a_finished_copy_catches_up_to_everything_the_slot_confirmed(
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """Killed with the table copied (FINISHEDCOPY) but not handed over. Meanwhile its slot
+    was confirmed past changes of the table, as a leader confirms the changes of a table not
+    yet its own, while its checkpoint rows lag behind. On restart the leader cannot stream
+    for a while (the slot is held): the catch-up it hands the table must still reach the
+    slot's confirmed position, or the changes between are nobody's (the leader once handed
+    over at its last checkpoint row's LSN; the rows below went missing)."""
+    publisher.execute(
+        "CREATE TABLE bag (x int, y text);"
+        "INSERT INTO bag SELECT g % 5, 'b' FROM generate_series(1, 2000) g;"
+        "CREATE PUBLICATION pub FOR TABLE bag;"
+    )
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    # Each table on its own sync slot, as PostgreSQL (not the first start's initial load).
+    port = write_config(config, publisher, warehouse, copy_data=True, copy={"initial_load": False})
+    doomed = daemons(config, port, "tablesync.before_syncdone")
+    assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
+    publisher.execute("INSERT INTO bag SELECT g, 'skipped' FROM generate_series(1, 500) g")
+    written = publisher.fetchval("SELECT pg_current_wal_insert_lsn()")
+
+    def advanced() -> bool:  # not past the WAL flushed yet: tried until it is
+        return bool(
+            publisher.fetchval(
+                "SELECT end_lsn >= %s FROM pg_replication_slot_advance('sub1', %s)",
+                [written, written],
+            )
+        )
+
+    wait_until(advanced, timeout=60, what="slot sub1 confirmed past the skipped rows")
+    with slot_held(publisher, "sub1"):
+        survivor = daemons(config, port)
+        # The sync worker runs on its own slot: its catch-up ends while the leader waits
+        # (and the leader, at the slot's position, takes the table over at once).
+        wait_until(
+            lambda: table_states(survivor).get("public.bag") in ("syncdone", "ready"),
+            timeout=300,
+            what="bag SYNCDONE",
+        )
+    ready = {"public.bag": "ready"}
+    wait_until(lambda: table_states(survivor) == ready, timeout=300, what="bag READY")
+    publisher.execute("INSERT INTO bag VALUES (7, 'after')")
+    wait_confirmed(publisher)
+    assert survivor.terminate() == 0, survivor.logs()
+    with publisher.connect() as conn:
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+    (resumed,) = [
+        e
+        for e in survivor.events()
+        if e.get("event") == "subscription resumes at its slot's confirmed position"
+    ]
+    assert Lsn.parse(resumed["confirmed_lsn"]) > Lsn.parse(resumed["origin_lsn"])
+    assert publisher.slots() == ["sub1"]
 
 
 def test_failing_copy_is_retried_while_other_tables_replicate(
