@@ -17,9 +17,8 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,8 +31,9 @@ from apply.change_columns import ChangeColumns
 from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.columns_net import keyed_columns_source
+from apply.conflict_handling import ConflictHandling
 from apply.ddl import SchemaChange, renamed_work
-from apply.error_context import TransactionError, conflict_of
+from apply.error_context import TransactionError
 from apply.errors import ConflictError, as_apply_error
 from apply.failpoints import failpoint
 from apply.records import (
@@ -56,9 +56,6 @@ from apply.tables import Tables
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
 from apply.typemap import TypeLookup, resolve
 from apply.versions import findings
-from conflicts.findings import Finding
-from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
-from conflicts.reporter import ConflictReporter
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Column, Relation
 
@@ -72,14 +69,6 @@ Stages = dict[str, StagedSource]  # per table
 MERGE_THREADS = 4  # tables of a batch written at once
 
 
-@dataclass(frozen=True, slots=True)
-class ConflictHandling:
-    """What each kind of conflict meets (``conflicts.resolutions``), and who reports it."""
-
-    resolutions: Mapping[ConflictKind, Resolution] = field(default_factory=lambda: dict(DEFAULTS))
-    reporter: ConflictReporter | None = None
-
-
 class BatchApplier:
     """Applies batches of one subscription to its Delta tables."""
 
@@ -90,7 +79,7 @@ class BatchApplier:
         types: TypeLookup,
         *,
         should_apply: ShouldApply | None = None,
-        conflicts: ConflictHandling = ConflictHandling(),
+        conflicts: ConflictHandling | None = None,
         staging: Path | None = None,
         text_forms: TextForms | None = None,
         messages: bool = True,
@@ -104,8 +93,8 @@ class BatchApplier:
         self._tables = tables
         self._types = types
         self._should_apply = should_apply
+        self._conflicts = conflicts = conflicts or ConflictHandling()
         self._resolutions = dict(conflicts.resolutions)
-        self._reporter = conflicts.reporter
         self._applied: dict[str, Lsn] = {}
         self._within: dict[str, Within | None] = {}
         self._schemas: dict[str, tuple[Relation, TargetSchema]] = {}
@@ -215,7 +204,7 @@ class BatchApplier:
             try:
                 written, seconds = future.result()
             except ConflictError as exc:
-                self._report(exc.findings, schema, batch, stopping=exc.kind)
+                self._conflicts.report(exc.findings, schema, batch, stopping=exc.kind)
                 tx = batch.transactions[exc.tx_index]
                 failure = failure or TransactionError(exc, self.subscription, name, tx, batch)
                 continue
@@ -226,7 +215,7 @@ class BatchApplier:
             if mark.within is None:
                 self._applied[name] = batch.end_lsn
             self._within[name] = mark.within
-            self._report(written.conflicts, schema, batch)
+            self._conflicts.report(written.conflicts, schema, batch)
             results.append(TableResult(name, written, seconds, changes))
         if failure is not None:
             raise failure
@@ -441,7 +430,7 @@ class BatchApplier:
             try:
                 write = self._tables.write_staged(stage.schema, stage, mark, resolutions, nets)
             except ConflictError as exc:
-                self._report(exc.findings, stage.schema, batch, stopping=exc.kind)
+                self._conflicts.report(exc.findings, stage.schema, batch, stopping=exc.kind)
                 raise TransactionError(exc, self.subscription, name, tx.head, batch) from exc
             except Exception as exc:
                 cause = as_apply_error(exc)
@@ -449,30 +438,9 @@ class BatchApplier:
             failpoint("apply.after_table_write")
             self._applied[name] = tx.end_lsn
             self._within[name] = None
-            self._report(write.conflicts, stage.schema, batch)
+            self._conflicts.report(write.conflicts, stage.schema, batch)
             results.append(TableResult(name, write, time.monotonic() - started, stage.rows))
         return BatchResult(tx.end_lsn, tuple(results))
-
-    def _report(
-        self,
-        findings: Sequence[Finding],
-        schema: TargetSchema,
-        batch: Batch,
-        stopping: str | None = None,
-    ) -> None:
-        if self._reporter is None or not findings:
-            return
-        conflicts = []
-        for finding in findings:
-            kind = ConflictKind(finding.kind)
-            if finding.kind == stopping:
-                resolution = Resolution.ERROR
-            elif finding.resolution is not None:
-                resolution = Resolution(finding.resolution)
-            else:
-                resolution = self._resolutions[kind]
-            conflicts.append(conflict_of(finding, kind, resolution, schema, batch))
-        self._reporter.report(conflicts)
 
     def _timed(self, write: Callable[[], WriteResult]) -> tuple[WriteResult, float]:
         started = time.monotonic()

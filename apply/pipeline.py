@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from apply.applier import BatchApplier, ConflictHandling
+from apply.applier import BatchApplier
 from apply.assembly import TransactionAssembler
 from apply.batch import Batcher, ShouldApply
+from apply.conflict_handling import ConflictHandling
 from apply.queue import TransactionQueue
 from apply.rendering import TextForms
 from apply.roles import Leader, Role
