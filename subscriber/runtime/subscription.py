@@ -148,7 +148,6 @@ class SubscriptionRunner:
                 self._forget_done_skip(flushed)
                 self._prepare_spool()
                 self._start(flushed, stopping)
-                flushed = started_at = self._resume_point(flushed)
                 flushed = self._attempt(flushed, isolate, stopping)
                 isolate = None
             except TransactionError as exc:
@@ -184,13 +183,16 @@ class SubscriptionRunner:
         self.catalog.close()
 
     def _resume_point(self, flushed: Lsn) -> Lsn:
-        """Where the leader stands as it starts: past ``flushed`` (the last checkpoint row,
-        up to ``checkpoint_interval`` old) when its slot confirmed more.
+        """Where the leader stands as it starts, for the table-sync handoff: past ``flushed``
+        (the last checkpoint row, up to ``checkpoint_interval`` old) when its slot confirmed
+        more.
 
-        The publisher streams nothing at or before the slot's confirmed position, so
-        that is the leader's position before it has received a thing. A table-sync
-        worker handed CATCHUP at an older one would stop short of it, and the changes
-        between - skipped by the last leader, the table not yet its - would be nobody's.
+        The publisher streams no transaction that committed before the slot's confirmed
+        position (but for one prepared before two-phase was on, sent whole at its COMMIT
+        PREPARED, which the stream still starts at ``flushed`` for), so that is the
+        leader's position before it has received a thing. A table-sync worker handed
+        CATCHUP at an older one would stop short of it, and the changes between - skipped
+        by the last leader, the table not yet its - would be nobody's.
         """
         confirmed = self.slots.confirmed
         if confirmed <= flushed:
@@ -381,11 +383,16 @@ class SubscriptionRunner:
     ) -> Lsn:
         two_phase = self._two_phase()
         context = replace(self.context, options=replace(self.options, two_phase=two_phase))
+        resumed_at = self._resume_point(flushed)
+
+        def sync_tables(position: Lsn) -> None:
+            self.coordinator.process(max(position, resumed_at))
+
         leader = Leader(
             slot=self.config.slot,
             checkpoints=self._checkpoints,
             should_apply=self.coordinator.should_apply,
-            sync_tables=self.coordinator.process,
+            sync_tables=sync_tables,
             skip=self.settings,
             isolate_through=isolate[0] if isolate else None,
             isolate_size=isolate[1] if isolate else 1,
