@@ -304,7 +304,10 @@ class BatchApplier:
         shutil.rmtree(root, ignore_errors=True)
         try:
             started = time.monotonic()
-            stages = self._stage(tx, bounds, root, on_piece)
+            stages = self._prestaged(tx, on_piece)
+            arriving = stages is not None
+            if stages is None:
+                stages = self._stage(tx, bounds, root, on_piece)
             if stages is None or not all(map(self._keys_unique, stages.values())):
                 log.info(
                     "transaction applied in pieces",
@@ -322,10 +325,47 @@ class BatchApplier:
                 changes=tx.change_count,
                 tables=len(stages),
                 seconds=round(time.monotonic() - started, 3),
+                while_arriving=arriving,
             )
             return self._write_stages(tx, bounds, stages)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+    def _prestaged(
+        self, tx: SpooledTransaction, on_piece: Callable[[Counter[str]], None]
+    ) -> Stages | None:
+        """The stages made while ``tx`` arrived (``apply.prestage``), when the commit finds
+        them right: what ``_stage`` checks of each table, checked once. None: staged now."""
+        prestaged = tx.prestage.result() if tx.prestage is not None else None
+        if prestaged is None or prestaged.changes != tx.change_count:
+            return None
+        stages: Stages = {}
+        for name, stage in prestaged.stages.items():
+            relation = prestaged.relations[name]
+            if not self._applies_in(relation, tx.head):
+                continue  # not the leader's now: as ``_stage`` leaves it out
+            try:
+                schema = self._schema(TableWork(relation))
+            except Exception as exc:
+                cause = as_apply_error(exc)
+                batch = Batch([tx.head])
+                raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
+            if (
+                schema != stage.schema
+                or self.applied_through(name, tx.end_lsn)
+                or not self._tables.plain_mirror(schema)
+            ):
+                log.info(
+                    "transaction staged at its commit",
+                    subscription=self.subscription,
+                    xid=tx.xid,
+                    table=name,
+                    why="the table's schema or layout, or a restart part way through it",
+                )
+                return None
+            stages[name] = stage
+        on_piece(prestaged.operations)
+        return stages
 
     def _stage(
         self,

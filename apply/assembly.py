@@ -307,7 +307,7 @@ class TransactionAssembler:
         bound = self._spill_after
         if bound is not None and (len(open_.changes) > bound.changes or open_.size > bound.size):
             assert self._spools is not None
-            spool = self._spools.open(f"tx-{open_.begin.xid}", open_.begin.xid)
+            spool = self._spools.open(f"tx-{open_.begin.xid}", open_.begin.xid, prestaged=True)
             _spool_held(spool, open_.changes)
             open_.changes = []
             open_.size = 0
@@ -349,7 +349,11 @@ class TransactionAssembler:
         assert self._spools is not None
         spool.close()
         self._spools.track(spool)
-        return SpooledTransaction(head, spool.path, spool.changes, self._spools.release)
+        if spool.prestage is not None:
+            spool.prestage.finish()
+        return SpooledTransaction(
+            head, spool.path, spool.changes, self._spools.release, spool.prestage
+        )
 
     def _message(self, message: LogicalMessage) -> RemoteTransaction | None:
         """A transactional message joins its transaction; another one is a transaction of
@@ -386,7 +390,8 @@ class TransactionAssembler:
         if streamed is None or first:
             if streamed is not None:
                 self._discard(streamed.spool)
-            streamed = self._streams[xid] = _Streamed(self._spools.open(f"stream-{xid}", xid))
+            spool = self._spools.open(f"stream-{xid}", xid, prestaged=True)
+            streamed = self._streams[xid] = _Streamed(spool)
         self._block = streamed
 
     def _stream_stop(self) -> None:

@@ -23,6 +23,7 @@ from apply.applier import BatchApplier
 from apply.assembly import TransactionAssembler
 from apply.batch import Batcher, ShouldApply
 from apply.conflict_handling import ConflictHandling
+from apply.prestage import Prestager
 from apply.queue import TransactionQueue
 from apply.rendering import TextForms
 from apply.roles import Leader, Role
@@ -81,6 +82,20 @@ def _only(relid: int) -> ShouldApply:
     return applies
 
 
+def _prestager(context: ApplyContext, name: str) -> Prestager | None:
+    """Where a pipeline stages its large transactions while they arrive (``apply.prestage``):
+    beside their staging at the commit, and only where there is one."""
+    if context.staging is None:
+        return None
+    return Prestager(
+        context.subscription,
+        context.staging / f"arriving-{name}",
+        context.types,
+        context.bounds,
+        binary_needs_text=context.text_forms is not None,
+    )
+
+
 class ApplyPipeline:
     def __init__(self, context: ApplyContext, role: Role, start: Lsn) -> None:
         if isinstance(role, Leader):
@@ -89,6 +104,7 @@ class ApplyPipeline:
             spools = SpoolDirectory(
                 SpoolLayout(context.spool_root).leader,
                 on_size=context.metrics.spill_bytes.labels(context.subscription).set,
+                prestager=_prestager(context, context.subscription),
             )
             status_interval = context.status_interval
         else:
@@ -101,7 +117,10 @@ class ApplyPipeline:
                 schema_changes=context.options.schema_changes,
             )
             should_apply = _only(role.relid)
-            spools = SpoolDirectory(SpoolLayout(context.spool_root).sync_worker(role.relid))
+            spools = SpoolDirectory(
+                SpoolLayout(context.spool_root).sync_worker(role.relid),
+                prestager=_prestager(context, self.name),
+            )
             status_interval = 1.0  # the leader waits on this worker's progress
         self.progress = Progress(start)
         self.spools = spools
@@ -190,4 +209,6 @@ class ApplyPipeline:
         for thread in self._threads:
             thread.join()
         self._applier.close()
+        if self.spools.prestager is not None:
+            self.spools.prestager.close()
         return [e for e in self._errors if not isinstance(e, _StopRequestedError)]

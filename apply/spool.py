@@ -50,7 +50,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 import pyarrow as pa
 
@@ -69,6 +69,9 @@ from apply.transactions import (
 )
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation, TupleData
+
+if TYPE_CHECKING:
+    from apply.prestage import Prestage, Prestager
 
 FRAME: Final = 2_000  # changes per pickled frame
 _LENGTH: Final = struct.Struct("!I")
@@ -174,6 +177,8 @@ class Spool:
     _order: list[int] = field(default_factory=list)
     _relations: list[Relation] = field(default_factory=list)
     _file: BinaryIO | None = None
+    # The transaction staged while it arrives (``apply.prestage``): told of each frame.
+    prestage: Prestage | None = None
 
     @property
     def size(self) -> int:
@@ -221,6 +226,8 @@ class Spool:
             writer.write_batch(batch)
         self._write(sink.getvalue())
         self.changes += changes.rows
+        if self.prestage is not None:
+            self.prestage.columns(changes)
 
     def flush(self) -> None:
         if not self._pending:
@@ -228,6 +235,8 @@ class Spool:
         frame = pickle.dumps(encode_frame(self._pending), protocol=pickle.HIGHEST_PROTOCOL)
         self._pending = []
         self._write(frame)
+        if self.prestage is not None:
+            self.prestage.rows()
 
     def _write(self, frame: bytes | pa.Buffer) -> None:
         length = len(frame) if isinstance(frame, bytes) else frame.size
@@ -255,6 +264,8 @@ class Spool:
         sub = self._subxacts.get(subxid)
         if sub is None:
             return  # nothing of it was streamed
+        if self.prestage is not None:
+            self.prestage.abandon("a subtransaction rolled back")
         self.close()
         try:
             os.truncate(self.path, sub.offset)
@@ -270,6 +281,8 @@ class Spool:
 
     def discard(self) -> None:
         self._pending = []
+        if self.prestage is not None:
+            self.prestage.discard()
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -344,6 +357,7 @@ class SpooledTransaction:
     path: Path
     change_count: int
     _release: Callable[[Path], None] = lambda path: path.unlink(missing_ok=True)
+    prestage: Prestage | None = None  # staged while it arrived (``apply.prestage``)
 
     @property
     def xid(self) -> int:
@@ -409,6 +423,8 @@ class SpooledTransaction:
         yield SpooledPiece(self.head, tuple(frames), first, count)
 
     def discard(self) -> None:
+        if self.prestage is not None:
+            self.prestage.discard()
         self._release(self.path)
 
 
@@ -436,18 +452,27 @@ def private_directory(path: Path) -> Path:
 class SpoolDirectory:
     """The spool files of one pipeline, and how many bytes they hold."""
 
-    def __init__(self, root: Path, on_size: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        on_size: Callable[[int], None] | None = None,
+        prestager: Prestager | None = None,
+    ) -> None:
         self.root = root
         self._on_size = on_size
+        self.prestager = prestager  # stages what the assembler spools while it arrives
         self._lock = threading.Lock()
         self._sizes: dict[Path, int] = {}
         shutil.rmtree(root, ignore_errors=True)  # what an earlier run left is sent again
         private_directory(root)
 
-    def open(self, name: str, xid: int) -> Spool:
+    def open(self, name: str, xid: int, *, prestaged: bool = False) -> Spool:
+        """A new spool file; ``prestaged``: its transaction is staged while it arrives, where
+        this directory has a prestager."""
         path = self.root / name
         path.unlink(missing_ok=True)
-        return Spool(xid, path)
+        prestager = self.prestager if prestaged else None
+        return Spool(xid, path, prestage=None if prestager is None else prestager.open(xid))
 
     def track(self, spool: Spool) -> None:
         """Account for what ``spool`` holds on disk now."""
