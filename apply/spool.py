@@ -17,9 +17,7 @@ frames, each a length and then either
   effect is computed from the columns without a Python step per change
   (``SpooledTransaction.frames``, ``apply.columns_net``);
 - or up to ``FRAME`` other changes pickled as plain tuples, with the
-  Relations they were read with (plain tuples because pickling them runs
-  in C, where a dataclass goes through Python-level state functions per
-  object),
+  Relations they were read with (``apply.spool_frames``),
 
 so memory stays bounded by one frame whatever the transaction's size.
 
@@ -41,120 +39,37 @@ only).
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import shutil
 import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 import pyarrow as pa
 
-from apply.change_columns import ChangeColumns, relation_of, relation_values
-from apply.errors import ApplyError
+from apply.change_columns import ChangeColumns
+from apply.spool_frames import FRAME, SpoolError, decode_pickled, encode_frame
 from apply.spooled_piece import SpooledPiece
 from apply.transactions import (
     Bounds,
     Change,
-    MessageChange,
-    Op,
     RemoteTransaction,
-    RowChange,
-    TruncateChange,
     change_size,
 )
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import Relation, TupleData
+from subscriber.replication.messages import Relation
 
 if TYPE_CHECKING:
     from apply.prestage import Prestage, Prestager
 
-FRAME: Final = 2_000  # changes per pickled frame
 _LENGTH: Final = struct.Struct("!I")
 # LZ4: a 1M-row UPDATE's columns spool as 23 MB instead of 76, for little CPU.
 _IPC: Final = pa.ipc.IpcWriteOptions(compression="lz4")
 _ARROW: Final = b"\xff"  # an Arrow IPC stream's first byte (a pickle's is 0x80)
-
-_OPS: Final = (Op.INSERT, Op.UPDATE, Op.DELETE)
-_OP_CODES: Final = {op: code for code, op in enumerate(_OPS)}
-_TRUNCATE: Final = len(_OPS)
-_MESSAGE: Final = _TRUNCATE + 1
-
-Frame = tuple[tuple[Any, ...], list[tuple[Any, ...]]]
-
-
-class SpoolError(ApplyError):
-    """A spool file cannot be written or read back."""
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise SpoolError(f"spool frame names {module}.{name}; frames hold plain values only")
-
-
-def encode_frame(changes: list[Change]) -> Frame:
-    """Changes as plain tuples, their Relations listed once."""
-    relations: list[tuple[Any, ...]] = []
-    index: dict[int, int] = {}
-
-    def ref(relation: Relation) -> int:
-        at = index.get(id(relation))
-        if at is None:
-            at = index[id(relation)] = len(relations)
-            relations.append(relation_values(relation))
-        return at
-
-    rows: list[tuple[Any, ...]] = []
-    for change in changes:
-        if isinstance(change, RowChange):
-            new, old = change.new, change.old
-            rows.append(
-                (
-                    _OP_CODES[change.op],
-                    ref(change.relation),
-                    None if new is None else new.kinds,
-                    None if new is None else new.values,
-                    None if old is None else old.kinds,
-                    None if old is None else old.values,
-                )
-            )
-        elif isinstance(change, MessageChange):
-            message = (int(change.lsn), change.transactional, change.prefix, change.content)
-            rows.append((_MESSAGE, *message))
-        else:
-            oids = tuple(ref(r) for r in change.relations)
-            rows.append((_TRUNCATE, oids, change.cascade, change.restart_identity))
-    return tuple(relations), rows
-
-
-def decode_frame(frame: Frame, known: dict[tuple[Any, ...], Relation]) -> list[Change]:
-    """The changes of a frame; ``known`` keeps one Relation object per description."""
-    values, rows = frame
-    relations = [relation_of(value, known) for value in values]
-    changes: list[Change] = []
-    for row in rows:
-        if row[0] == _MESSAGE:
-            _, lsn, transactional, prefix, content = row
-            changes.append(MessageChange(Lsn(lsn), transactional, prefix, content))
-            continue
-        if row[0] == _TRUNCATE:
-            _, refs, cascade, restart = row
-            changes.append(TruncateChange(tuple(relations[r] for r in refs), cascade, restart))
-            continue
-        code, ref, new_kinds, new_values, old_kinds, old_values = row
-        changes.append(
-            RowChange(
-                relations[ref],
-                _OPS[code],
-                None if new_kinds is None else TupleData(new_kinds, new_values),
-                None if old_kinds is None else TupleData(old_kinds, old_values),
-            )
-        )
-    return changes
 
 
 @dataclass
@@ -315,7 +230,7 @@ def _decoded(
             return ChangeColumns.from_record_batch(
                 pa.ipc.open_stream(pa.py_buffer(frame)).read_next_batch(), known
             )
-        return decode_frame(_Unpickler(io.BytesIO(frame)).load(), known)
+        return decode_pickled(frame, known)
     except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError) as exc:
         raise SpoolError(f"spool file {path} holds a damaged frame: {exc}") from exc
 
@@ -324,29 +239,6 @@ def read_changes(path: Path) -> Iterator[Change]:
     """The changes of a spool file, in order, one frame in memory at a time."""
     for frame in read_frames(path):
         yield from frame.row_changes() if isinstance(frame, ChangeColumns) else frame
-
-
-def frames_of(changes: Iterable[Change]) -> Iterator[bytes]:
-    """``changes`` as pickled frames of ``FRAME`` changes (what a spool file holds, without
-    the length headers): how a prepared transaction is staged in the state store."""
-    pending: list[Change] = []
-    for change in changes:
-        pending.append(change)
-        if len(pending) >= FRAME:
-            yield pickle.dumps(encode_frame(pending), protocol=pickle.HIGHEST_PROTOCOL)
-            pending = []
-    if pending:
-        yield pickle.dumps(encode_frame(pending), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def changes_of(frames: Iterable[bytes]) -> Iterator[Change]:
-    """The changes of frames made by ``frames_of``, read as spool files are (plain values)."""
-    known: dict[tuple[Any, ...], Relation] = {}
-    for frame in frames:
-        try:
-            yield from decode_frame(_Unpickler(io.BytesIO(frame)).load(), known)
-        except (pickle.UnpicklingError, ValueError, TypeError, IndexError) as exc:
-            raise SpoolError(f"a staged frame is damaged: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)

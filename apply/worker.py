@@ -41,13 +41,8 @@ from apply.failpoints import failpoint
 from apply.queue import Queued, TransactionQueue, in_memory_transaction
 from apply.records import BatchResult
 from apply.roles import PreparedTransactions
-from apply.spool import (
-    SpoolDirectory,
-    SpooledTransaction,
-    changes_of,
-    frames_of,
-    read_changes,
-)
+from apply.spool import SpoolDirectory, SpooledTransaction, read_changes
+from apply.spool_frames import changes_of, frames_of
 from apply.transactions import (
     Change,
     PreparedFinish,

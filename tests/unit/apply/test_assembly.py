@@ -12,13 +12,12 @@ import pytest
 from apply.assembly import TransactionAssembler, UnsupportedStreamError
 from apply.change_columns import ChangeColumns
 from apply.spool import (
-    FRAME,
     SpoolDirectory,
     SpooledTransaction,
-    SpoolError,
     read_changes,
     read_frames,
 )
+from apply.spool_frames import FRAME, SpoolError
 from apply.transactions import (
     Bounds,
     Change,

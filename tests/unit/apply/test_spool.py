@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from apply.spool import SpoolDirectory, SpoolError, private_directory
+from apply.spool import SpoolDirectory, private_directory
+from apply.spool_frames import SpoolError
 
 
 def test_the_spool_directory_is_made_private_and_emptied(tmp_path: Path) -> None:
