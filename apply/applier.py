@@ -7,6 +7,11 @@ in one commit. Tables are written concurrently; the batch counts as applied
 only when every table committed - the caller then records the checkpoint
 and confirms the flush position upstream.
 
+A batch usually comes split and collapsed as it formed (``apply.forming``,
+``forming``), its work done while the batch before was written; while its
+own tables are written, the worker forms the next (``while_writing``). A
+spooled transaction is applied whole by ``apply.whole`` where it can be.
+
 An error names the remote transaction it concerns when it is known (a
 conflict), as PostgreSQL's CONTEXT line does; its finish LSN is what
 ``pgsub skip`` takes.
@@ -14,11 +19,11 @@ conflict), as PostgreSQL's CONTEXT line does; its finish LSN is what
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,16 +31,15 @@ from typing import TYPE_CHECKING
 import structlog
 
 import apply.binary
-from apply.batch import Batch, ShouldApply, TableChange, TableWork
-from apply.change_columns import ChangeColumns
+from apply.batch import Batch, TableFilter, TableWork
 from apply.changelog import change_rows
 from apply.collapse import KeyedNet, Net, collapse, is_keyed
-from apply.columns_net import keyed_columns_source
 from apply.conflict_handling import ConflictHandling
 from apply.ddl import SchemaChange, renamed_work
 from apply.error_context import TransactionError
 from apply.errors import ConflictError, as_apply_error
 from apply.failpoints import failpoint
+from apply.forming import Formed, Forming
 from apply.records import (
     MESSAGES_TABLE,
     BatchResult,
@@ -46,16 +50,14 @@ from apply.records import (
     message_rows,
 )
 from apply.rendering import TextForms, in_text_form
-from apply.resolve import looks_up_first, origin_looks_up_first
 from apply.schema import TargetSchema, target_schema
 from apply.schema_follower import SchemaFollower, guess_renames
-from apply.source import KeyedSource, keyed_source
 from apply.spool import SpooledTransaction
-from apply.staging import StagedSource
 from apply.tables import Tables
 from apply.transactions import Bounds, MessageChange, RemoteTransaction
 from apply.typemap import TypeLookup, resolve
 from apply.versions import findings
+from apply.whole import WholeTransactions
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Column, Relation
 
@@ -64,9 +66,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-Stages = dict[str, StagedSource]  # per table
-
 MERGE_THREADS = 4  # tables of a batch written at once
+
+# Called while a batch's tables are written, with how long it may wait for the next batch's
+# transactions; False: it takes no more now (then the writes are waited for plainly).
+WhileWriting = Callable[[float], bool]
+WAIT_SLICE = 0.01  # seconds between looks at the writes while the next batch forms
 
 
 class BatchApplier:
@@ -78,7 +83,7 @@ class BatchApplier:
         tables: Tables,
         types: TypeLookup,
         *,
-        should_apply: ShouldApply | None = None,
+        applies: TableFilter | None = None,
         conflicts: ConflictHandling | None = None,
         staging: Path | None = None,
         text_forms: TextForms | None = None,
@@ -87,12 +92,9 @@ class BatchApplier:
         self.subscription = subscription
         # Binary values of types pgsub has no reader for, as the publisher's text forms.
         self._text_forms = text_forms
-        # Where a large transaction's pieces are staged for one MERGE per table (None: never;
-        # the Spark executors must read this local folder, so a local master only).
-        self._staging = staging
         self._tables = tables
         self._types = types
-        self._should_apply = should_apply
+        self._should_apply = None if applies is None else applies.should_apply
         self._conflicts = conflicts = conflicts or ConflictHandling()
         self._resolutions = dict(conflicts.resolutions)
         self._applied: dict[str, Lsn] = {}
@@ -102,6 +104,17 @@ class BatchApplier:
         self._ddl = SchemaFollower(subscription, tables, types, self._applies, self.applied_lsn)
         self._keeps_messages = messages  # messages: true (else only DDL ones arrive)
         self._pool = ThreadPoolExecutor(max_workers=MERGE_THREADS, thread_name_prefix="merge")
+        # What ``should_apply`` answers from (None: it never changes its answers).
+        self._table_states = None if applies is None else applies.states
+        self.forming = Forming(self)  # the open batch, split and collapsed as it forms
+        self._whole = WholeTransactions(
+            self,
+            tables,
+            conflicts,
+            self._resolutions,
+            staging=staging,
+            renders_binary=text_forms is not None,
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -122,6 +135,25 @@ class BatchApplier:
                 log.info("table progress read", table=table, within=str(self._within[table]))
         within = self._within[table]
         return within.through if within is not None and within.end_lsn == end_lsn else 0
+
+    # -- what the forming batch asks (``apply.forming.FormingView``) -----------------------
+
+    def applies(self, relation: Relation, tx: RemoteTransaction) -> bool:
+        return self._applies(relation, tx)
+
+    def known_applied_lsn(self, table: str) -> Lsn | None:
+        return self._applied.get(table)
+
+    def formable(self, relation: Relation) -> bool | None:
+        known = self._schemas.get(relation.qualified_name)
+        if known is None or known[0] != relation:
+            return None
+        if self._tables.appends_changes(known[1].table) or self._tables.keeps_versions(known[1]):
+            return False
+        return self._text_forms is None or all(map(self._reads_binary, relation.columns))
+
+    def table_states(self) -> object:
+        return None if self._table_states is None else self._table_states()
 
     def _applies(self, relation: Relation, tx: RemoteTransaction) -> bool:
         """``should_apply``; a table this applier does not apply forgets its cached progress.
@@ -167,8 +199,17 @@ class BatchApplier:
     def _reads_binary(self, column: Column) -> bool:
         return apply.binary.readable(resolve(column.type_oid, column.typmod, self._types))
 
-    def apply(self, batch: Batch) -> BatchResult:
+    def apply(
+        self,
+        batch: Batch,
+        formed: Formed | None = None,
+        while_writing: WhileWriting | None = None,
+    ) -> BatchResult:
         """Apply ``batch``; on error nothing is confirmed and the batch may be applied again.
+
+        ``formed``: the batch's work as it formed (``apply.forming``), else it is split and
+        collapsed now. ``while_writing`` is called while the tables are written (the next
+        batch forms meanwhile).
 
         A transaction that changes a table's columns (``apply.ddl``) splits the batch: the
         transactions before it are applied first, then the change, then the rest.
@@ -179,30 +220,52 @@ class BatchApplier:
             rest = self.apply(Batch(batch.transactions[at:]))
             return BatchResult(rest.end_lsn, first.tables + rest.tables)
         followed = self._follow_schema_changes(batch)
-        work = batch.tables(self.applied_lsn, self._applies, self.applied_through)
+        if formed is None or followed:
+            formed = None
+            work = batch.tables(self.applied_lsn, self._applies, self.applied_through)
+        else:
+            work = formed.works
         for name, change in followed.items():
             if name in work:  # images sent before the change, read under the new names
                 work[name] = renamed_work(work[name], change)
+        writes = self._submit(batch, work, formed)
+        if while_writing is not None:
+            _meanwhile([write.future for write in writes], while_writing)
+        messages = self._messages(batch)
+        results = self._collect(batch, writes)
+        if messages is not None:
+            results.append(self._write_messages(batch, messages))
+        return BatchResult(batch.end_lsn, tuple(results), formed=formed is not None)
+
+    def _submit(
+        self, batch: Batch, work: dict[str, TableWork], formed: Formed | None
+    ) -> list[_Write]:
+        """Each table's write of ``batch``, started on the pool."""
         commits = tuple((int(tx.end_lsn), tx.commit_time) for tx in batch.transactions)
-        jobs = []
+        writes = []
         for name, table_work in work.items():
             mark = self._mark(batch, name)
             try:
                 schema = self._schema(table_work)
-                write = self._writer(table_work, schema, batch, mark, commits)
+                net = None if formed is None else formed.nets.get(name)
+                write = self._writer(table_work, schema, batch, mark, commits, net)
                 if write is None:
                     continue
             except Exception as exc:
                 cause = as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, None, batch) from exc
-            changes = len(table_work.changes)
-            jobs.append((name, schema, mark, changes, self._pool.submit(self._timed, write)))
+            future = self._pool.submit(self._timed, write)
+            writes.append(_Write(name, schema, mark, len(table_work.changes), future))
+        return writes
+
+    def _collect(self, batch: Batch, writes: list[_Write]) -> list[TableResult]:
+        """Each table's commit, once every write ended; the first failure is raised."""
         results = []
         failure: TransactionError | None = None
-        messages = self._messages(batch)
-        for name, schema, mark, changes, future in jobs:
+        for write in writes:
+            name, schema = write.name, write.schema
             try:
-                written, seconds = future.result()
+                written, seconds = write.future.result()
             except ConflictError as exc:
                 self._conflicts.report(exc.findings, schema, batch, stopping=exc.kind)
                 tx = batch.transactions[exc.tx_index]
@@ -212,16 +275,14 @@ class BatchApplier:
                 cause = as_apply_error(exc)
                 failure = failure or TransactionError(cause, self.subscription, name, None, batch)
                 continue
-            if mark.within is None:
+            if write.mark.within is None:
                 self._applied[name] = batch.end_lsn
-            self._within[name] = mark.within
+            self._within[name] = write.mark.within
             self._conflicts.report(written.conflicts, schema, batch)
-            results.append(TableResult(name, written, seconds, changes))
+            results.append(TableResult(name, written, seconds, write.changes))
         if failure is not None:
             raise failure
-        if messages is not None:
-            results.append(self._write_messages(batch, messages))
-        return BatchResult(batch.end_lsn, tuple(results))
+        return results
 
     def _writer(
         self,
@@ -230,8 +291,10 @@ class BatchApplier:
         batch: Batch,
         mark: CommitMark,
         commits: tuple[tuple[int, int], ...],
+        net: Net | None = None,
     ) -> Callable[[], WriteResult] | None:
-        """The write of ``work`` to its table, kept as its history says; None: nothing to do."""
+        """The write of ``work`` to its table, kept as its history says; None: nothing to do.
+        ``net``: its net effect, collapsed as the batch formed."""
         if self._tables.appends_changes(work.name):
             rows = change_rows(self._readable(work), schema, batch)
             return partial(self._tables.append_changes, schema, rows, mark)
@@ -242,7 +305,8 @@ class BatchApplier:
             return partial(
                 self._tables.write_versions, schema, rows, mark, self._resolutions, witness
             )
-        net = self._net(work)
+        if net is None:
+            net = self._net(work)
         if _nothing_to_do(net):
             return None
         if isinstance(net, KeyedNet):
@@ -291,202 +355,50 @@ class BatchApplier:
     def apply_whole(
         self, tx: SpooledTransaction, bounds: Bounds, on_piece: Callable[[Counter[str]], None]
     ) -> BatchResult | None:
-        """Apply a spooled transaction in one commit per table (``apply.staging``); None when
+        """Apply a spooled transaction in one commit per table (``apply.whole``); None when
         it cannot be (the caller applies it in pieces instead, as before).
 
         ``on_piece`` is told of each piece read (for the change counters).
         """
-        if self._staging is None or looks_up_first(self._resolutions):
-            return None
-        if origin_looks_up_first(self._resolutions):
-            return None
-        root = self._staging / f"tx-{tx.xid}-{tx.end_lsn}"
-        shutil.rmtree(root, ignore_errors=True)
-        try:
-            started = time.monotonic()
-            stages = self._prestaged(tx, on_piece)
-            arriving = stages is not None
-            if stages is None:
-                stages = self._stage(tx, bounds, root, on_piece)
-            if stages is None or not all(map(self._keys_unique, stages.values())):
-                log.info(
-                    "transaction applied in pieces",
-                    subscription=self.subscription,
-                    xid=tx.xid,
-                    changes=tx.change_count,
-                    why="a table without a key, a truncate, a key changed in two pieces, or a "
-                    "table resuming pieces applied before a restart",
-                )
-                return None
-            log.info(
-                "transaction staged",
-                subscription=self.subscription,
-                xid=tx.xid,
-                changes=tx.change_count,
-                tables=len(stages),
-                seconds=round(time.monotonic() - started, 3),
-                while_arriving=arriving,
-            )
-            return self._write_stages(tx, bounds, stages)
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+        return self._whole.apply(tx, bounds, on_piece)
 
-    def _prestaged(
-        self, tx: SpooledTransaction, on_piece: Callable[[Counter[str]], None]
-    ) -> Stages | None:
-        """The stages made while ``tx`` arrived (``apply.prestage``), when the commit finds
-        them right: what ``_stage`` checks of each table, checked once. None: staged now."""
-        prestaged = tx.prestage.result() if tx.prestage is not None else None
-        if prestaged is None or prestaged.changes != tx.change_count:
-            return None
-        stages: Stages = {}
-        for name, stage in prestaged.stages.items():
-            relation = prestaged.relations[name]
-            if not self._applies_in(relation, tx.head):
-                continue  # not the leader's now: as ``_stage`` leaves it out
-            try:
-                schema = self._schema(TableWork(relation))
-            except Exception as exc:
-                cause = as_apply_error(exc)
-                batch = Batch([tx.head])
-                raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
-            if (
-                schema != stage.schema
-                or self.applied_through(name, tx.end_lsn)
-                or not self._tables.plain_mirror(schema)
-            ):
-                log.info(
-                    "transaction staged at its commit",
-                    subscription=self.subscription,
-                    xid=tx.xid,
-                    table=name,
-                    why="the table's schema or layout, or a restart part way through it",
-                )
-                return None
-            stages[name] = stage
-        on_piece(prestaged.operations)
-        return stages
+    # -- what a whole transaction asks (``apply.whole.WholeView``) ----------------------
 
-    def _stage(
-        self,
-        tx: SpooledTransaction,
-        bounds: Bounds,
-        root: Path,
-        on_piece: Callable[[Counter[str]], None],
-    ) -> Stages | None:
-        stages: Stages = {}
-        for piece in tx.frames(bounds):
-            on_piece(piece.operations())
-            if piece.has_messages:
-                return None  # the messages table follows the pieces' marks
-            columns, rows = piece.split()
-            batch = Batch([rows])
-            for name, work in batch.tables(self.applied_lsn, self._applies).items():
-                try:
-                    schema = self._schema(work)
-                    net = self._net(work)
-                except Exception as exc:
-                    cause = as_apply_error(exc)
-                    raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
-                stage = self._stage_of(stages, root, tx, schema)
-                if stage is None or not isinstance(net, KeyedNet) or not stage.add(net):
-                    return None
-            for name, changes in columns.items():
-                if not self._applies_in(changes.relation, tx.head):
-                    continue
-                try:
-                    schema = self._schema(TableWork(changes.relation))
-                    source = self._columns_source(changes, schema)
-                except Exception as exc:
-                    cause = as_apply_error(exc)
-                    raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
-                stage = self._stage_of(stages, root, tx, schema)
-                if stage is None or source is None or not stage.add_source(source):
-                    return None
-        return stages
+    def schema_of(self, work: TableWork) -> TargetSchema:
+        return self._schema(work)
 
-    def _keys_unique(self, stage: StagedSource) -> bool:
-        """Whether no key has rows in two of ``stage``'s pieces (then one MERGE takes them)."""
-        if stage.pieces < 2:
-            return True
-        held = stage.keys_unique()
-        return self._tables.staged_keys_unique(stage) if held is None else held
+    def net_of(self, work: TableWork) -> Net:
+        return self._net(work)
 
-    def _applies_in(self, relation: Relation, tx: RemoteTransaction) -> bool:
-        """Whether ``tx``'s changes of ``relation`` are the leader's to apply now (as
-        ``Batch.tables`` keeps them)."""
-        if self._applies is not None and not self._applies(relation, tx):
-            return False
-        return tx.end_lsn > self.applied_lsn(relation.qualified_name)
-
-    def _columns_source(self, changes: ChangeColumns, schema: TargetSchema) -> KeyedSource | None:
-        """The MERGE source of one table's changes held as columns: computed a column at a
-        time where it can be (``apply.columns_net``), else by the chain."""
-        if not schema.key:
-            return None
-        readable = self._text_forms is None or not changes.has_binary
-        source = keyed_columns_source(changes, schema) if readable else None
-        if source is not None:
-            return source
-        changed = [TableChange(0, change) for change in changes.row_changes()]
-        net = self._net(TableWork(changes.relation, changed))
-        return None if not isinstance(net, KeyedNet) or net.truncated else keyed_source(net, schema)
-
-    def _stage_of(
-        self, stages: Stages, root: Path, tx: SpooledTransaction, schema: TargetSchema
-    ) -> StagedSource | None:
-        """Where ``schema``'s table stages the transaction; None when it cannot."""
-        name = schema.table
-        if name not in stages:
-            if self.applied_through(name, tx.end_lsn) or not schema.key:
-                return None  # resumes pieces applied before a crash; or a multiset
-            if not self._tables.plain_mirror(schema):
-                return None  # each piece is a batch: its rows appended, or stamped
-            stages[name] = StagedSource(root / f"{len(stages):04d}", schema)
-        stage = stages[name]
-        return stage if stage.schema == schema else None
-
-    def _write_stages(
-        self,
-        tx: SpooledTransaction,
-        bounds: Bounds,
-        stages: dict[str, StagedSource],
-    ) -> BatchResult:
-        mark = CommitMark(self.subscription, tx.end_lsn, tx.commit_time)
-        batch = Batch([tx.head])
-        results = []
-        resolutions = self._resolutions
-        for name, stage in stages.items():
-
-            def nets(name: str = name) -> Iterator[KeyedNet]:
-                for piece in tx.pieces(bounds):
-                    work = Batch([piece]).tables(self.applied_lsn, self._applies).get(name)
-                    if work is not None:
-                        net = self._net(work)
-                        assert isinstance(net, KeyedNet)
-                        yield net
-
-            started = time.monotonic()
-            try:
-                write = self._tables.write_staged(stage.schema, stage, mark, resolutions, nets)
-            except ConflictError as exc:
-                self._conflicts.report(exc.findings, stage.schema, batch, stopping=exc.kind)
-                raise TransactionError(exc, self.subscription, name, tx.head, batch) from exc
-            except Exception as exc:
-                cause = as_apply_error(exc)
-                raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
-            failpoint("apply.after_table_write")
-            self._applied[name] = tx.end_lsn
-            self._within[name] = None
-            self._conflicts.report(write.conflicts, stage.schema, batch)
-            results.append(TableResult(name, write, time.monotonic() - started, stage.rows))
-        return BatchResult(tx.end_lsn, tuple(results))
+    def committed(self, table: str, lsn: Lsn) -> None:
+        self._applied[table] = lsn
+        self._within[table] = None
 
     def _timed(self, write: Callable[[], WriteResult]) -> tuple[WriteResult, float]:
         started = time.monotonic()
         result = write()
         failpoint("apply.after_table_write")
         return result, time.monotonic() - started
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """One table's write of a batch, running on the pool."""
+
+    name: str
+    schema: TargetSchema
+    mark: CommitMark
+    changes: int
+    future: Future[tuple[WriteResult, float]]
+
+
+def _meanwhile(writes: list[Future[tuple[WriteResult, float]]], call: WhileWriting) -> None:
+    """Call ``call`` until ``writes`` are done or it takes no more."""
+    pending = set(writes)
+    while pending:
+        pending = wait(pending, timeout=0)[1]
+        if pending and not call(WAIT_SLICE):
+            return
 
 
 def _nothing_to_do(net: Net) -> bool:

@@ -56,6 +56,22 @@ class TableWork:
 
 # (relation, transaction) -> whether the leader applies this change now.
 ShouldApply = Callable[[Relation, RemoteTransaction], bool]
+
+
+def _unchanging() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TableFilter:
+    """Which tables' changes a worker applies now: ``should_apply``, and what its answers
+    follow (the table states), compared between a batch's forming and its turn
+    (``apply.forming``)."""
+
+    should_apply: ShouldApply
+    states: Callable[[], object] = _unchanging
+
+
 # (table, end LSN of a spooled transaction) -> how many of its first changes the table
 # has applied already (a piece committed before a crash).
 AppliedThrough = Callable[[str, Lsn], int]

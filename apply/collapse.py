@@ -176,14 +176,16 @@ def collapse(work: TableWork) -> Net:
             truncated=truncated,
             truncate_tx=truncate_tx,
         )
-        _collapse_keyed(keyed, changes, layout)
+        fold_keyed(keyed, changes, layout)
         return keyed
     multiset = MultisetNet(work.relation, truncated=truncated)
     _collapse_multiset(multiset, changes, layout)
     return multiset
 
 
-def _collapse_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: Layout) -> None:
+def fold_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: Layout) -> None:
+    """Fold ``changes`` (none a TRUNCATE) into ``net``: folding a table's changes in parts,
+    in order, gives the net effect of all of them (``apply.forming``)."""
     rows = net.rows
     key_positions = [i for i, c in enumerate(net.relation.columns) if c.is_key]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from apply.applier import BatchApplier
 from apply.assembly import TransactionAssembler
-from apply.batch import Batcher, ShouldApply
+from apply.batch import Batcher, ShouldApply, TableFilter
 from apply.conflict_handling import ConflictHandling
 from apply.prestage import Prestager
 from apply.queue import TransactionQueue
@@ -100,7 +100,8 @@ class ApplyPipeline:
     def __init__(self, context: ApplyContext, role: Role, start: Lsn) -> None:
         if isinstance(role, Leader):
             self.name = context.subscription
-            options, should_apply = context.options, role.should_apply
+            options = context.options
+            applies = TableFilter(role.should_apply, role.table_states)
             spools = SpoolDirectory(
                 SpoolLayout(context.spool_root).leader,
                 on_size=context.metrics.spill_bytes.labels(context.subscription).set,
@@ -116,7 +117,7 @@ class ApplyPipeline:
                 origin=context.options.origin,
                 schema_changes=context.options.schema_changes,
             )
-            should_apply = _only(role.relid)
+            applies = TableFilter(_only(role.relid))  # its one table's changes, always
             spools = SpoolDirectory(
                 SpoolLayout(context.spool_root).sync_worker(role.relid),
                 prestager=_prestager(context, self.name),
@@ -128,7 +129,7 @@ class ApplyPipeline:
             context.subscription,
             context.tables,
             context.types,
-            should_apply=should_apply,
+            applies=applies,
             conflicts=ConflictHandling(context.resolutions, context.reporter),
             staging=context.staging,
             text_forms=context.text_forms,

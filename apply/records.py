@@ -183,6 +183,7 @@ class BatchResult:
 
     end_lsn: Lsn
     tables: tuple[TableResult, ...]
+    formed: bool = False  # split and collapsed as it formed (``apply.forming``)
 
     @property
     def versions(self) -> dict[str, int]:

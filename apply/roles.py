@@ -74,6 +74,9 @@ class Leader:
     slot: str
     checkpoints: Checkpoints
     should_apply: ShouldApply
+    # What ``should_apply`` answers from (the table states), compared between a batch's forming
+    # and its turn (``apply.forming``).
+    table_states: Callable[[], object]
     # Called after each batch and when idle, with the leader's position: the table-sync
     # coordinator's process_syncing_tables_for_apply.
     sync_tables: Callable[[Lsn], None]

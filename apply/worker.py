@@ -33,11 +33,12 @@ from dataclasses import replace
 
 import structlog
 
-from apply.applier import BatchApplier
+from apply.applier import BatchApplier, WhileWriting
 from apply.assembly import AssembledTransaction, Prepared
 from apply.batch import Batch, Batcher
 from apply.errors import ApplyError
 from apply.failpoints import failpoint
+from apply.forming import Formed
 from apply.queue import Queued, TransactionQueue, in_memory_transaction
 from apply.records import BatchResult
 from apply.roles import PreparedTransactions
@@ -108,7 +109,7 @@ class ApplyWorker:
             tx = queued.tx if queued is not None else None
             if isinstance(tx, SpooledTransaction | Prepared | PreparedFinish):
                 if len(batcher):  # what came before it is applied first: commit order
-                    self._apply(batcher.take())
+                    self._apply_formed(forming_next=False)
                 if isinstance(tx, Prepared):
                     self._stage_prepared(tx)
                 elif isinstance(tx, PreparedFinish):
@@ -129,7 +130,7 @@ class ApplyWorker:
             else:
                 self._hooks.refresh_skip()
             if len(batcher) and (batcher.due() or self._isolating(tx)):
-                self._apply(batcher.take())
+                self._apply_formed(forming_next=True)
             elif tx is None and not len(batcher):
                 progress = self._progress
                 # Idle: the position is everything received (PostgreSQL's last_received).
@@ -142,6 +143,26 @@ class ApplyWorker:
         if self._skipping(tx, len(tx.changes)):
             tx = replace(tx, changes=(), size=0)
         self._batcher.add(tx, arrived=queued.arrived)
+        self._applier.forming.add(tx)
+
+    def _apply_formed(self, *, forming_next: bool) -> None:
+        """The open batch, with its work as it formed; ``forming_next``: the next one forms
+        while it is written."""
+        batch = self._batcher.take()
+        formed = self._applier.forming.take(batch)
+        self._apply(batch, formed, self._take_arrived if forming_next else None)
+
+    def _take_arrived(self, timeout: float) -> bool:
+        """While a batch is written: a transaction that arrives within ``timeout`` joins the
+        next batch (``apply.forming``). False: the next batch takes no more now - it is full,
+        the queue's next transaction is spooled or prepared, or batches are being isolated."""
+        if self._batcher.full() or self._isolate_through is not None:
+            return False
+        queued = self._queue.get(timeout=timeout, accept=in_memory_transaction)
+        if queued is None:
+            return not len(self._queue)
+        self._add(queued)
+        return True
 
     def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:
         """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty)."""
@@ -358,9 +379,14 @@ class ApplyWorker:
             and len(self._batcher) >= self._isolate_size
         )
 
-    def _apply(self, batch: Batch) -> None:
+    def _apply(
+        self,
+        batch: Batch,
+        formed: Formed | None = None,
+        while_writing: WhileWriting | None = None,
+    ) -> None:
         with self._in_flight(batch) as started:
-            result = self._applier.apply(batch)
+            result = self._applier.apply(batch, formed, while_writing)
             self._hooks.counted(_operations(batch))
             self._finish(batch, result, started, changes=batch.change_count)
         self._batcher.applied(time.monotonic() - started)
@@ -393,7 +419,7 @@ class ApplyWorker:
             self._isolate_through = None
         seconds = time.monotonic() - started
         self.last_commit_time = batch.commit_time
-        self._hooks.finished(batch, result.tables, seconds, changes)
+        self._hooks.finished(batch, result, seconds, changes)
 
     def _skip_done(self, end_lsn: Lsn) -> None:
         """Clear the skip once the skipped transaction's checkpoint is recorded (or the skip

@@ -31,7 +31,7 @@ from subscriber.replication.wire import PG_EPOCH_OFFSET
 
 if TYPE_CHECKING:
     from apply.batch import Batch
-    from apply.records import TableResult
+    from apply.records import BatchResult
     from subscriber.metrics import Metrics
 
 log = structlog.get_logger(__name__)
@@ -68,9 +68,7 @@ class WorkerHooks(Protocol):
         """Changes applied, by operation."""
         ...
 
-    def finished(
-        self, batch: Batch, tables: tuple[TableResult, ...], seconds: float, changes: int
-    ) -> None:
+    def finished(self, batch: Batch, result: BatchResult, seconds: float, changes: int) -> None:
         """``batch`` is confirmed upstream."""
         ...
 
@@ -157,9 +155,7 @@ class LeaderHooks:
         for op, count in operations.items():
             self._metrics.changes_applied.labels(self.subscription, op).inc(count)
 
-    def finished(
-        self, batch: Batch, tables: tuple[TableResult, ...], seconds: float, changes: int
-    ) -> None:
+    def finished(self, batch: Batch, result: BatchResult, seconds: float, changes: int) -> None:
         name = self.subscription
         metrics = self._metrics
         metrics.transactions_applied.labels(name).inc(len(batch.transactions))
@@ -167,6 +163,7 @@ class LeaderHooks:
         metrics.flushed_lsn.labels(name).set(int(batch.end_lsn))
         commit_unix = batch.commit_time / 1e6 + PG_EPOCH_OFFSET
         metrics.apply_lag.labels(name).set(max(0.0, self._wall_clock() - commit_unix))
+        tables = result.tables
         for table in tables:
             metrics.merge_duration.labels(name, table.table).observe(table.seconds)
         if tables:
@@ -178,6 +175,7 @@ class LeaderHooks:
                 tables=len(tables),
                 seconds=round(seconds, 3),
                 end_lsn=str(batch.end_lsn),
+                formed_ahead=result.formed,
             )
         self._leader.sync_tables(batch.end_lsn)
 
@@ -225,9 +223,7 @@ class CatchUpHooks:
     def counted(self, operations: Counter[str]) -> None:
         pass
 
-    def finished(
-        self, batch: Batch, tables: tuple[TableResult, ...], seconds: float, changes: int
-    ) -> None:
+    def finished(self, batch: Batch, result: BatchResult, seconds: float, changes: int) -> None:
         pass
 
     def prepared(self) -> PreparedTransactions:

@@ -392,6 +392,7 @@ class SubscriptionRunner:
             slot=self.config.slot,
             checkpoints=self._checkpoints,
             should_apply=self.coordinator.should_apply,
+            table_states=lambda: self.coordinator.statuses,
             sync_tables=sync_tables,
             skip=self.settings,
             isolate_through=isolate[0] if isolate else None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from apply.applier import BatchApplier
-from apply.batch import Batch
+from apply.batch import Batch, TableFilter
 from apply.records import WriteResult
 from apply.transactions import RemoteTransaction
 from subscriber.replication.lsn import Lsn
@@ -22,7 +22,7 @@ def test_a_table_handed_over_by_a_sync_worker_is_applied_from_what_it_holds() ->
     def should_apply(rel: Relation, remote: RemoteTransaction) -> bool:
         return not syncing[0]
 
-    applier = BatchApplier("s", tables, lambda oid: None, should_apply=should_apply)
+    applier = BatchApplier("s", tables, lambda oid: None, applies=TableFilter(should_apply))
     applier.apply(Batch([tx(ins(T, 1, "a"), end=100)]))
     syncing[0] = True  # resync: a sync worker copies the table and catches up to 300
     applier.apply(Batch([tx(ins(T, 2, "b"), end=200)]))

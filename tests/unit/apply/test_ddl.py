@@ -10,7 +10,7 @@ import pytest
 
 from apply.applier import BatchApplier
 from apply.assembly import TransactionAssembler
-from apply.batch import Batch
+from apply.batch import Batch, TableFilter
 from apply.ddl import (
     DDL_PREFIX,
     DdlMessageError,
@@ -123,7 +123,9 @@ def test_the_applier_follows_a_change_at_its_lsn_splitting_the_batch() -> None:
 
 def test_a_table_another_worker_applies_is_not_followed_here() -> None:
     tables = MemoryTables()
-    applier = BatchApplier("s", tables, lambda oid: None, should_apply=lambda rel, tx: False)
+    applier = BatchApplier(
+        "s", tables, lambda oid: None, applies=TableFilter(lambda rel, tx: False)
+    )
     applier.apply(
         Batch([tx(ins(relation("id", "v"), 1, "a")), tx(message(BEFORE), message(AFTER))])
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from apply.applier import BatchApplier
 from apply.assembly import AssembledTransaction, Prepared, TransactionAssembler
@@ -28,7 +29,7 @@ from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, Insert
 from subscriber.replication.progress import Progress
-from tests.unit.apply.builders import ins, relation, row, tx
+from tests.unit.apply.builders import ins, relation, row, tx, upd
 from tests.unit.apply.memory import MemoryCheckpoints, MemorySkip, MemoryStaging, MemoryTables
 
 T = relation("id", "v")
@@ -65,6 +66,7 @@ class Harness:
             "s",
             self.checkpoints,
             should_apply=lambda relation, remote: True,
+            table_states=lambda: None,
             sync_tables=self.synced.append,
             skip=self.skip,
             isolate_through=isolate_through,
@@ -374,3 +376,46 @@ def test_the_leader_looks_at_the_tables_to_sync_as_it_starts_not_after_a_wait(
     harness.run(tx(ins(T, 1, "a"), end=100), until=Lsn(100))
     assert looks_before_the_first_wait == [1]
     assert harness.synced[0] == Lsn(0)  # the position confirmed so far
+
+
+class HeldWrites(MemoryTables):
+    """Every write waits until released: what arrives meanwhile forms the next batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, schema: TargetSchema, net: Net, mark: CommitMark, *args: Any) -> WriteResult:
+        self.writing.set()
+        assert self.release.wait(10)
+        return super().write(schema, net, mark, *args)
+
+
+def test_the_next_batch_forms_while_one_is_written_and_lands_as_it_would_have() -> None:
+    tables = HeldWrites()
+    harness = Harness(tables, max_delay=0.0)
+    stopping = threading.Event()
+    thread = threading.Thread(target=harness.worker.run, args=(stopping,))
+    with capture_logs() as logs:
+        assert harness.queue.put(tx(ins(T, 1, "a"), end=100), timeout=1)
+        thread.start()
+        try:
+            assert tables.writing.wait(10)
+            assert harness.queue.put(tx(upd(T, 1, "b"), end=200), timeout=1)
+            assert harness.queue.put(tx(ins(T, 2, "c"), end=300), timeout=1)
+            deadline = time.monotonic() + 10
+            while len(harness.queue) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not len(harness.queue), "taken while the first batch was written"
+            tables.release.set()
+            while harness.progress.flushed < Lsn(300) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            tables.release.set()
+            stopping.set()
+            thread.join()
+    assert harness.progress.flushed == Lsn(300)
+    assert tables.rows["public.t"] == {b"1": (b"1", b"b"), b"2": (b"2", b"c")}
+    batches = [e for e in logs if e["event"] == "batch applied"]
+    assert [(e["transactions"], e["formed_ahead"]) for e in batches] == [(1, False), (2, True)]
