@@ -68,10 +68,10 @@ log = structlog.get_logger(__name__)
 
 MERGE_THREADS = 4  # tables of a batch written at once
 
-# Called while a batch's tables are written, with how long it may wait for the next batch's
-# transactions; False: it takes no more now (then the writes are waited for plainly).
-WhileWriting = Callable[[float], bool]
-WAIT_SLICE = 0.01  # seconds between looks at the writes while the next batch forms
+# Called every ``FORM_EVERY`` seconds while a batch's tables are written: it takes what has
+# arrived for the next batch. False: it takes no more now (the writes are then waited for).
+WhileWriting = Callable[[], bool]
+FORM_EVERY = 0.05
 
 
 class BatchApplier:
@@ -393,11 +393,13 @@ class _Write:
 
 
 def _meanwhile(writes: list[Future[tuple[WriteResult, float]]], call: WhileWriting) -> None:
-    """Call ``call`` until ``writes`` are done or it takes no more."""
+    """Call ``call`` every ``FORM_EVERY`` seconds until ``writes`` are done or it takes no
+    more. What arrived is taken in bursts, not woken for one transaction at a time: the
+    receiver, which shares Python's lock, is interrupted as little as it was before."""
     pending = set(writes)
-    while pending:
-        pending = wait(pending, timeout=0)[1]
-        if pending and not call(WAIT_SLICE):
+    while True:
+        pending = wait(pending, timeout=FORM_EVERY)[1]
+        if not pending or not call():
             return
 
 

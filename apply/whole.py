@@ -151,11 +151,7 @@ class WholeTransactions:
                 cause = as_apply_error(exc)
                 batch = Batch([tx.head])
                 raise TransactionError(cause, self.subscription, name, tx.head, batch) from exc
-            if (
-                schema != stage.schema
-                or self._view.applied_through(name, tx.end_lsn)
-                or not self._tables.plain_mirror(schema)
-            ):
+            if schema != stage.schema or not self._stageable(tx, schema):
                 log.info(
                     "transaction staged at its commit",
                     subscription=self.subscription,
@@ -239,13 +235,19 @@ class WholeTransactions:
         """Where ``schema``'s table stages the transaction; None when it cannot."""
         name = schema.table
         if name not in stages:
-            if self._view.applied_through(name, tx.end_lsn) or not schema.key:
-                return None  # resumes pieces applied before a crash; or a multiset
-            if not self._tables.plain_mirror(schema):
-                return None  # each piece is a batch: its rows appended, or stamped
+            if not self._stageable(tx, schema):
+                return None
             stages[name] = StagedSource(root / f"{len(stages):04d}", schema)
         stage = stages[name]
         return stage if stage.schema == schema else None
+
+    def _stageable(self, tx: SpooledTransaction, schema: TargetSchema) -> bool:
+        """Whether ``schema``'s table can take ``tx`` in one commit: not when it resumes
+        pieces applied before a crash, has no key (a multiset), or is kept otherwise than as
+        a mirror (each piece is then a batch: its rows appended, or stamped)."""
+        if self._view.applied_through(schema.table, tx.end_lsn) or not schema.key:
+            return False
+        return self._tables.plain_mirror(schema)
 
     def _write_stages(
         self,

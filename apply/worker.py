@@ -152,17 +152,16 @@ class ApplyWorker:
         formed = self._applier.forming.take(batch)
         self._apply(batch, formed, self._take_arrived if forming_next else None)
 
-    def _take_arrived(self, timeout: float) -> bool:
-        """While a batch is written: a transaction that arrives within ``timeout`` joins the
+    def _take_arrived(self) -> bool:
+        """While a batch is written: the transactions queued since the last look join the
         next batch (``apply.forming``). False: the next batch takes no more now - it is full,
         the queue's next transaction is spooled or prepared, or batches are being isolated."""
-        if self._batcher.full() or self._isolate_through is not None:
-            return False
-        queued = self._queue.get(timeout=timeout, accept=in_memory_transaction)
-        if queued is None:
-            return not len(self._queue)
-        self._add(queued)
-        return True
+        while not (self._batcher.full() or self._isolate_through is not None):
+            queued = self._queue.get(timeout=0, accept=in_memory_transaction)
+            if queued is None:
+                return not len(self._queue)
+            self._add(queued)
+        return False
 
     def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:
         """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty)."""
