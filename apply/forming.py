@@ -21,7 +21,9 @@ since:
 - a table whose columns change within the batch;
 - the table states ``should_apply`` answers from (a table handed over by
   its sync worker, resynced, removed), compared at the turn;
-- a table's target schema, compared at the turn.
+- a table's target schema, compared at the turn;
+- an error while forming (a renamed table, say): the turn meets it again,
+  and raises it with the batch's context.
 
 The applied LSNs need no check at the turn: the batch's transactions all end
 after the batch before, so a table that batch commits keeps them as before.
@@ -110,7 +112,10 @@ class Forming:
             if isinstance(change, TruncateChange):
                 self._abandon("a TRUNCATE")
                 return
-            self._add_change(index, ordinal, tx, change)
+            try:
+                self._add_change(index, ordinal, tx, change)
+            except Exception as exc:  # noqa: BLE001 - met again at the batch's turn, and raised
+                self._abandon(f"{type(exc).__name__}: {exc}")
             if self.abandoned is not None:
                 return
 
@@ -119,12 +124,7 @@ class Forming:
     ) -> None:
         relation = change.relation
         name = relation.qualified_name
-        try:
-            applies = self.view.applies(relation, tx)
-        except Exception as exc:  # noqa: BLE001 - raised again at the batch's turn
-            self._abandon(f"should_apply: {exc}")
-            return
-        if not applies:
+        if not self.view.applies(relation, tx):
             return
         applied = self.view.known_applied_lsn(name)
         if applied is None:
@@ -155,7 +155,10 @@ class Forming:
         """The formed work when it is ``batch``'s, as ``Batch.tables`` and ``collapse`` would
         make it now; None: split and collapse ``batch`` at its turn. The next batch forms
         anew."""
-        formed = self._formed(batch)
+        try:
+            formed = self._formed(batch)
+        except Exception:  # noqa: BLE001 - met again at the batch's turn, and raised
+            formed = None
         self.abandoned, self._count, self._last, self._states = None, 0, None, None
         self._tables = {}
         return formed

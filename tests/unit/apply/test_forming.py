@@ -173,3 +173,15 @@ def test_only_the_batch_formed_takes_the_formed_work_and_the_next_forms_anew() -
     formed = forming.take(Batch([second]))
     assert formed is not None
     assert [c.change for c in formed.works[T.qualified_name].changes] == list(second.changes)
+
+
+def test_an_error_while_forming_is_left_to_the_turn_which_raises_it() -> None:
+    class Renamed(View):
+        def applies(self, relation: Relation, tx: RemoteTransaction) -> bool:
+            raise ValueError("table public.t was renamed to public.u on the publisher")
+
+    view = Renamed().ready(T)
+    batch = Batch([tx(ins(T, 1, "a"))])
+    forming = formed_at_turn(view, batch)
+    assert forming.abandoned is not None and "renamed to public.u" in forming.abandoned
+    assert forming.take(batch) is None
