@@ -18,7 +18,7 @@ DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-bigtable
+.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-bigtable bench-backlog
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool"
@@ -40,6 +40,8 @@ help:
 	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files,"
 	@echo "                   warehouse size per minute (SOAK_ARGS='--deletion-vectors always --retention-hours 1')"
 	@echo "make bench-ceiling the highest steady rate each subscriber keeps up with (RATES=...)"
+	@echo "make bench-backlog BACKLOG single-row updates written while each subscriber is down,"
+	@echo "                   then drained: seconds, transactions/s, beside PostgreSQL's subscriber"
 	@echo "make bench-tables  TABLES tables x TABLE_ROWS rows: initial sync, then TABLE_RATE updates/s"
 	@echo "                   spread over all of them for TABLE_SECONDS, beside PostgreSQL's subscriber"
 	@echo "make bench-bigtable a BIG_ROWS-row table (10M), RATE random updates/s for BIG_MINUTES (10):"
@@ -164,6 +166,10 @@ bench-bigtable: setup
 RATES ?= 1000,2000,4000,8000
 bench-ceiling: setup
 	$(BIN)/python -m benchmarks.ceiling --rates $(RATES) --seconds $(LOAD_SECONDS)
+
+BACKLOG ?= 200000
+bench-backlog: setup
+	$(BIN)/python -m benchmarks.backlog --rows $(ROWS) --transactions $(BACKLOG)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache

@@ -34,6 +34,7 @@ from benchmarks.harness import (
     TABLE,
     PgsubRun,
     jvm_peak_rss_mb,
+    long_load_publisher,
     lsn_of,
     percentile,
     steady_load,
@@ -170,12 +171,8 @@ def main() -> None:
     args = parser.parse_args()
     stop_on_sigterm()
 
-    publisher = PgCluster(
-        major=15, settings={"max_wal_size": "4GB", "checkpoint_timeout": "30min"}
-    ).start()
+    publisher = long_load_publisher()
     try:
-        with publisher.connect() as conn:
-            conn.execute("CREATE DATABASE bench")
         with publisher.connect("bench") as conn:
             for name in ("bench_native", "bench_pgsub"):
                 conn.execute(TABLE.format(name=name))

@@ -46,9 +46,12 @@ def lsn_of(conn: psycopg.Connection[Any], query: str) -> Lsn:
     return Lsn.parse(str(row[0])) if row and row[0] else Lsn(0)
 
 
-def wait_for(position: Callable[[], Lsn], target: Lsn, timeout: float = 3600) -> float:
-    """Seconds until ``position()`` reaches ``target``."""
-    started = time.monotonic()
+def wait_for(
+    position: Callable[[], Lsn], target: Lsn, timeout: float = 3600, since: float | None = None
+) -> float:
+    """Seconds until ``position()`` reaches ``target``, from now or from ``since`` (the
+    monotonic clock's time of what started it)."""
+    started = time.monotonic() if since is None else since
     while position() < target:
         if time.monotonic() - started > timeout:
             raise TimeoutError(f"did not reach {target} in {timeout}s")
@@ -156,6 +159,21 @@ def jvm_peak_rss_mb() -> float | None:
     return None
 
 
+def long_load_publisher() -> PgCluster:
+    """A PostgreSQL 15 publisher with an empty database ``bench``, its WAL kept through
+    loads of millions of rows (no checkpoint in their middle)."""
+    publisher = PgCluster(
+        major=15, settings={"max_wal_size": "4GB", "checkpoint_timeout": "30min"}
+    ).start()
+    try:
+        with publisher.connect() as conn:
+            conn.execute("CREATE DATABASE bench")
+    except BaseException:
+        publisher.destroy()
+        raise
+    return publisher
+
+
 def bench_publisher(rows: int, names: Sequence[str], **settings: str) -> PgCluster:
     """A PostgreSQL 15 publisher with database ``bench``: per name a table of ``rows`` rows
     (``TABLE``) and a publication ``pub_<name>``."""
@@ -211,10 +229,12 @@ class NativeRun:
 
 
 class PgsubRun:
-    """One subscription of pgsub, run as the daemon runs it, with a temporary warehouse."""
+    """One subscription of pgsub, run as the daemon runs it, with a temporary warehouse
+    (``warehouse``: the one an earlier run kept, kept again)."""
 
-    def __init__(self, spark: Any, **settings: Any) -> None:
-        self.warehouse = Path(tempfile.mkdtemp(prefix="pgsub-bench-wh-"))
+    def __init__(self, spark: Any, *, warehouse: Path | None = None, **settings: Any) -> None:
+        self._keeps = warehouse is not None
+        self.warehouse = warehouse or Path(tempfile.mkdtemp(prefix="pgsub-bench-wh-"))
         self.spool = Path(tempfile.mkdtemp(prefix="pgsub-bench-spool-"))
         self.config = SubscriptionConfig(
             **{"name": "bench", "copy_data": False, "status_interval": 1.0, **settings},
@@ -266,7 +286,8 @@ class PgsubRun:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout=300)
-        shutil.rmtree(self.warehouse, ignore_errors=True)
+        if not self._keeps:
+            shutil.rmtree(self.warehouse, ignore_errors=True)
         shutil.rmtree(self.spool, ignore_errors=True)
 
 
