@@ -25,10 +25,10 @@ import structlog
 from apply.changelog import PREFIX, HistoryMode
 from apply.columnar import arrow_schema
 from apply.delta import sql as delta_sql
-from apply.delta.local_tables import create_table, delta_rs_creates
+from apply.delta.local_tables import create_table, delta_rs_creates, described
 from apply.delta.origins import ROW_TRACKING
 from apply.delta.session import SparkErrors, struct
-from apply.errors import TargetTableError
+from apply.errors import ApplyError, TargetTableError
 from apply.features import (
     CHANGE_DATA_FEED,
     Gain,
@@ -103,6 +103,8 @@ class TableDefinition:
     ) -> Evolution:
         """Evolve the table to ``schema``: columns added and widened, features gained; one kept
         otherwise than ``history`` says is refused."""
+        if self.local and self._unchanged(schema, path, history):
+            return Evolution()
         existing = {
             f.name: f.dataType.simpleString()
             for f in session.read.format("delta").load(path).schema.fields
@@ -152,6 +154,31 @@ class TableDefinition:
             delta_sql.set_properties(session, path, {"pgsub.key": json.dumps(list(schema.key))})
             log.info("target table key recorded", table=schema.table, key=list(schema.key))
         return evolution
+
+    def _unchanged(self, schema: TargetSchema, path: str, history: HistoryMode) -> bool:
+        """Whether the table already is what ``evolve`` would make it, read by delta-rs from
+        its log: a restart's first batch of each table then starts no Spark job (a cold
+        JVM's first ones took 11 s of a backlog's drain: docs/performance.md). Anything to
+        change, or to refuse, is left to Spark's path."""
+        found = described(path)
+        if found is None:
+            return False
+        existing, properties = found
+        try:
+            evolution = plan_evolution(existing, schema, self.subscription)
+            _check_history(schema.table, path, properties, history, self.subscription)
+            needed = gains(properties, [], [], self.features, schema.table)
+        except ApplyError:
+            return False
+        return not (
+            evolution.add
+            or evolution.widen
+            or evolution.dropped
+            or needed
+            or feed_wanted(properties, self.features)
+            or properties.get(WRITER) != self.subscription
+            or properties.get("pgsub.key") != json.dumps(list(schema.key))
+        )
 
     def _check_writer(
         self, session: SparkSession, table: str, path: str, properties: Mapping[str, str]

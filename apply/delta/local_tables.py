@@ -109,6 +109,41 @@ def is_table(path: str) -> bool:
     return bool(deltalake.DeltaTable.is_deltatable(folder(path)))
 
 
+# delta-rs's names of Delta's primitive types, as Spark's simpleString spells them.
+_SPARK_NAMES: Final = {"integer": "int", "long": "bigint", "short": "smallint", "byte": "tinyint"}
+
+
+def described(path: str) -> tuple[dict[str, str], dict[str, str]] | None:
+    """The table's columns (name -> Spark's simpleString of its type) and its properties,
+    read from its log by delta-rs, without a Spark job; None for a type this does not
+    spell (Spark reads it then)."""
+    import deltalake
+
+    try:
+        table = deltalake.DeltaTable(folder(path))
+        columns = {field.name: _spark_name(field.type) for field in table.schema().fields}
+        properties = dict(table.metadata().configuration)
+    except (deltalake.exceptions.DeltaError, OSError, LookupError):
+        return None
+    if None in columns.values():
+        return None
+    return {name: str(spelled) for name, spelled in columns.items()}, properties
+
+
+def _spark_name(kind: object) -> str | None:
+    from deltalake.schema import ArrayType, MapType, PrimitiveType
+
+    if isinstance(kind, PrimitiveType):
+        return _SPARK_NAMES.get(kind.type, kind.type)
+    if isinstance(kind, ArrayType):
+        element = _spark_name(kind.element_type)
+        return None if element is None else f"array<{element}>"
+    if isinstance(kind, MapType):
+        key, value = _spark_name(kind.key_type), _spark_name(kind.value_type)
+        return None if key is None or value is None else f"map<{key},{value}>"
+    return None  # a struct: Spark spells it
+
+
 def marked(mark: CommitMark) -> deltalake.CommitProperties:
     """A delta-rs commit carrying ``mark``: its ``userMetadata`` and idempotent-write id."""
     import deltalake

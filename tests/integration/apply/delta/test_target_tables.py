@@ -341,3 +341,51 @@ def test_delta_rs_creates_the_table_spark_would_create(spark: Any, warehouse: Pa
     replace(definition, local=False).create(spark, plain, f"{warehouse}/plain_spark")
     assert described(f"{warehouse}/plain_rs") == described(f"{warehouse}/plain_spark")
     assert described(f"{warehouse}/plain_rs")[1:3] == (1, 2)
+
+
+def test_a_restart_checks_an_unchanged_table_without_spark(spark: Any, warehouse: Path) -> None:
+    """After a restart each table's first batch checks its schema and properties: read by
+    delta-rs from a local table's log, with no Spark job, when nothing is to change; a
+    column to add still goes through Spark."""
+    from apply.delta.definition import TableDefinition
+    from apply.delta.tables import DeltaTables
+    from apply.schema import Evolution, target_schema
+    from tests.unit.apply.builders import relation
+
+    rel = relation("id", "v")
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    schema = target_schema(rel, lambda oid: None, keyed=True)
+    tables.prepare(schema)
+    restarted = DeltaTables(spark, str(warehouse), "sub1")
+    definition: TableDefinition = restarted._definition
+    no_spark: Any = None  # any Spark call fails
+    path = restarted.path("public.t")
+    assert definition.evolve(no_spark, schema, path) == Evolution()
+    wider = target_schema(relation("id", "v", "w"), lambda oid: None, keyed=True)
+    with pytest.raises(AttributeError):
+        definition.evolve(no_spark, wider, path)  # a column to add: Spark's path
+    evolution = restarted.prepare(wider)
+    assert evolution is not None and [c.name for c in evolution.add] == ["w"]
+    other = DeltaTables(spark, str(warehouse), "sub2")._definition
+    with pytest.raises(AttributeError):  # another subscription's table: Spark's path refuses it
+        other.evolve(no_spark, wider, path)
+
+
+def test_delta_rs_spells_each_type_as_spark_does(spark: Any, warehouse: Path) -> None:
+    """The columns delta-rs reads from a table's log, spelled as Spark's simpleString: what
+    the check above compares with the wanted schema."""
+    from apply.delta.local_tables import described
+
+    path = str(warehouse / "types")
+    spark.sql(
+        f"CREATE TABLE delta.`{path}` (a int, b bigint, c smallint, d tinyint, e decimal(12,3),"
+        " f double, g float, h boolean, i binary, j date, k timestamp, l timestamp_ntz,"
+        " m string, n array<int>, o array<array<bigint>>, p map<string,bigint>) USING delta"
+    )
+    by_spark = {
+        f.name: f.dataType.simpleString()
+        for f in spark.read.format("delta").load(path).schema.fields
+    }
+    found = described(path)
+    assert found is not None
+    assert found[0] == by_spark
