@@ -15,6 +15,12 @@ MERGE, DELETE) left. The formats, as the protocol and Spark spell them:
 - ``storageType`` ``i``: the bitmap itself in Z85, in the log; ``p``: an
   absolute path.
 
+Spark writes the bitmap in the portable format; the native one (the magic
+number 1681511376, a 32-bit count, each bitmap with its size and no key)
+is read too, as Delta's readers do. A vector pgsub cannot read - a format
+it does not know, a damaged file, a wrong checksum - is a
+``DeletionVectorError``, and the batch then takes Spark's path.
+
 Pure but for ``write_file`` and ``read``; positions are NumPy ``uint64``.
 """
 
@@ -24,15 +30,20 @@ import struct
 import uuid
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
 
+from apply.delta.store import canonical
+
+if TYPE_CHECKING:
+    from apply.delta.store import TableStore
+
 Positions = npt.NDArray[np.uint64]
 
-MAGIC: Final = 1681511377
+MAGIC: Final = 1681511377  # the portable format's
+NATIVE_MAGIC: Final = 1681511376
 _FORMAT: Final = 1
 _NO_RUNS: Final = 12346  # the portable format's cookie without run containers
 _RUNS: Final = 12347
@@ -84,13 +95,17 @@ class Descriptor:
         out["cardinality"] = self.cardinality
         return out
 
-    def file(self, table: str) -> Path:
-        """The file holding the vector (``u``, ``p``)."""
+    @property
+    def name(self) -> str:
+        """The file holding the vector (``u``: relative to the table; ``p``: absolute)."""
         if self.storage_type == "p":
-            return Path(self.path_or_inline.removeprefix("file://"))
+            return canonical(self.path_or_inline, "")
         prefix, encoded = self.path_or_inline[:-20], self.path_or_inline[-20:]
-        name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
-        return Path(table, prefix, name) if prefix else Path(table, name)
+        try:
+            name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
+        except ValueError as exc:  # not 16 bytes
+            raise DeletionVectorError(f"a deletion vector named {self.path_or_inline!r}") from exc
+        return f"{prefix}/{name}" if prefix else name
 
 
 def z85_encode(data: bytes) -> str:
@@ -110,15 +125,18 @@ def z85_encode(data: bytes) -> str:
 
 def z85_decode(text: str) -> bytes:
     """The bytes ``text`` (Z85, a multiple of 5 characters) encodes."""
-    raw = text.encode("ascii")
-    if len(raw) % 5:
-        raise DeletionVectorError(f"a Z85 text of {len(raw)} characters")
-    out = bytearray()
-    for at in range(0, len(raw), 5):
-        word = 0
-        for c in raw[at : at + 5]:
-            word = word * 85 + _Z85_VALUE[c]
-        out += struct.pack(">I", word)
+    try:
+        raw = text.encode("ascii")
+        if len(raw) % 5:
+            raise DeletionVectorError(f"a Z85 text of {len(raw)} characters")
+        out = bytearray()
+        for at in range(0, len(raw), 5):
+            word = 0
+            for c in raw[at : at + 5]:
+                word = word * 85 + _Z85_VALUE[c]
+            out += struct.pack(">I", word)
+    except (UnicodeEncodeError, KeyError, struct.error) as exc:  # a character Z85 lacks
+        raise DeletionVectorError(f"{text[:40]!r} is not Z85") from exc
     return bytes(out)
 
 
@@ -164,16 +182,37 @@ def _encode32(values: npt.NDArray[np.uint32]) -> bytes:
 
 
 def decode(data: bytes) -> Positions:
-    """The sorted positions of a ``RoaringBitmapArray``."""
-    if len(data) < 12 or struct.unpack_from("<I", data)[0] != MAGIC:
-        raise DeletionVectorError("not a RoaringBitmapArray (its magic number differs)")
-    (count,) = struct.unpack_from("<q", data, 4)
-    at = 12
+    """The sorted positions of a ``RoaringBitmapArray``, in either format."""
+    try:
+        return _decode(data)
+    except (struct.error, ValueError, IndexError) as exc:  # cut short, or sizes that lie
+        if isinstance(exc, DeletionVectorError):
+            raise
+        raise DeletionVectorError(f"a damaged RoaringBitmapArray ({exc})") from exc
+
+
+def _decode(data: bytes) -> Positions:
+    magic = struct.unpack_from("<I", data)[0] if len(data) >= 4 else None
     parts = []
-    for _ in range(count):
-        (high,) = struct.unpack_from("<I", data, at)
-        low, at = _decode32(data, at + 4)
-        parts.append((np.uint64(high) << np.uint64(32)) | low.astype(np.uint64))
+    if magic == MAGIC:
+        (count,) = struct.unpack_from("<q", data, 4)
+        at = 12
+        for _ in range(count):
+            (high,) = struct.unpack_from("<I", data, at)
+            low, at = _decode32(data, at + 4)
+            parts.append((np.uint64(high) << np.uint64(32)) | low.astype(np.uint64))
+    elif magic == NATIVE_MAGIC:
+        (count,) = struct.unpack_from("<i", data, 4)
+        at = 8
+        for high in range(count):  # one bitmap per 32 high bits, empty ones too
+            (size,) = struct.unpack_from("<i", data, at)
+            low, end = _decode32(data, at + 4)
+            if end != at + 4 + size:
+                raise DeletionVectorError("a native bitmap whose size does not match")
+            at = end
+            parts.append((np.uint64(high) << np.uint64(32)) | low.astype(np.uint64))
+    else:
+        raise DeletionVectorError("not a RoaringBitmapArray (its magic number differs)")
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
 
 
@@ -218,34 +257,35 @@ def _decode32(data: bytes, at: int) -> tuple[npt.NDArray[np.uint32], int]:
     return values, at
 
 
-def write_file(table: str, bitmaps: list[bytes]) -> tuple[str, list[int]]:
-    """``bitmaps`` in one new deletion vector file of the table at the local folder
-    ``table``: the descriptor's ``pathOrInlineDv`` and each bitmap's offset."""
+def write_file(store: TableStore, bitmaps: list[bytes]) -> tuple[str, list[int], int]:
+    """``bitmaps`` in one new deletion vector file of the table in ``store``: the
+    descriptor's ``pathOrInlineDv``, each bitmap's offset and the file's size."""
     name = uuid.uuid4()
     body = bytearray([_FORMAT])
     offsets = []
     for bitmap in bitmaps:
         offsets.append(len(body))
         body += struct.pack(">I", len(bitmap)) + bitmap + struct.pack(">I", zlib.crc32(bitmap))
-    Path(table, f"deletion_vector_{name}.bin").write_bytes(bytes(body))
-    return z85_encode(name.bytes), offsets
+    size = store.write(f"deletion_vector_{name}.bin", bytes(body))
+    return z85_encode(name.bytes), offsets, size
 
 
-def read(table: str, descriptor: Descriptor) -> Positions:
-    """The positions a descriptor of the table at the local folder ``table`` deletes."""
+def read(store: TableStore, descriptor: Descriptor) -> Positions:
+    """The positions a descriptor of the table in ``store`` deletes."""
     if descriptor.storage_type == "i":
         data = z85_decode(descriptor.path_or_inline)[: descriptor.size]
     elif descriptor.storage_type in ("u", "p"):
         offset = descriptor.offset or 0
-        with descriptor.file(table).open("rb") as file:
-            file.seek(offset)
-            head = file.read(4 + descriptor.size + 4)
-        (size,) = struct.unpack_from(">I", head)
-        data = head[4 : 4 + size]
-        (checksum,) = struct.unpack_from(">I", head, 4 + size)
+        head = store.read_range(descriptor.name, offset, 4 + descriptor.size + 4)
+        try:
+            (size,) = struct.unpack_from(">I", head)
+            data = head[4 : 4 + size]
+            (checksum,) = struct.unpack_from(">I", head, 4 + size)
+        except struct.error:
+            size, data, checksum = -1, b"", 0
         if size != descriptor.size or zlib.crc32(data) != checksum:
             raise DeletionVectorError(
-                f"the deletion vector at {descriptor.file(table)}:{offset} is damaged"
+                f"the deletion vector at {descriptor.name}:{offset} is damaged"
             )
     else:
         raise DeletionVectorError(f"a deletion vector of storage type {descriptor.storage_type!r}")

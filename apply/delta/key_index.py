@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from apply.delta import deletion_vectors
 from apply.delta.live_files import VectorFile
+from apply.delta.store import TableStore
 
 Alive = npt.NDArray[np.bool_]
 
@@ -114,8 +115,8 @@ class KeyIndex:
     """The key of each row of each live file of a table, and which of its rows are alive.
     ``keys``: the key columns (``lookup_keys``)."""
 
-    def __init__(self, table: str, keys: pa.Schema) -> None:
-        self.table = table
+    def __init__(self, store: TableStore, keys: pa.Schema) -> None:
+        self.store = store
         self.keys = keys
         self.key_type = keys.field(0).type if len(keys) == 1 else pa.string()
         self._files: dict[str, _Keys] = {}
@@ -131,29 +132,29 @@ class KeyIndex:
 
     def refresh(self, files: list[VectorFile]) -> None:
         """Brought to the live ``files``: new files read, changed vectors read anew."""
-        live = {file.path: file for file in files}
+        live = {file.name: file for file in files}
         for gone in set(self._files) - set(live):
             del self._files[gone]
-        new = [file for path, file in live.items() if path not in self._files]
+        new = [file for name, file in live.items() if name not in self._files]
         if len(new) > 1:  # a table's first batch: its files read and sorted side by side
             with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="keys") as pool:
                 read = pool.map(self._read, new)
-                self._files.update(zip([f.path for f in new], read, strict=True))
-        for path, file in live.items():
-            known = self._files.get(path)
+                self._files.update(zip([f.name for f in new], read, strict=True))
+        for name, file in live.items():
+            known = self._files.get(name)
             unique = None if file.vector is None else file.vector.unique_id
             if known is None:
-                known = self._files[path] = self._read(file)
+                known = self._files[name] = self._read(file)
             if known.vector != unique:
                 known.alive = np.ones(known.rows, dtype=np.bool_)
                 if file.vector is not None:
-                    deleted = deletion_vectors.read(self.table, file.vector)
+                    deleted = deletion_vectors.read(self.store, file.vector)
                     known.alive[deleted.astype(np.int64)] = False
                 known.vector = unique
 
     def _read(self, file: VectorFile) -> _Keys:
         """The file's keys, every row alive (its vector is read by ``refresh``)."""
-        keys = pq.ParquetFile(file.local(self.table)).read(columns=self.keys.names)
+        keys = pq.ParquetFile(self.store.source(file.name)).read(columns=self.keys.names)
         return _Keys.of(self.key_of(keys))
 
     def find(self, files: list[VectorFile], wanted: pa.Array) -> tuple[list[Match], pa.Array]:
@@ -161,7 +162,7 @@ class KeyIndex:
         numbers = wanted.to_numpy() if pa.types.is_integer(wanted.type) else None
         matches, found = [], []
         for file in files:
-            known = self._files[file.path]
+            known = self._files[file.name]
             hits = known.find(wanted, numbers)
             alive = known.alive[hits.positions]
             positions = hits.positions[alive]
@@ -173,26 +174,26 @@ class KeyIndex:
             return [], pa.array([], type=self.key_type)
         return matches, pa.concat_arrays([k.cast(self.key_type) for k in found])
 
-    def deleted(self, path: str, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
-        """Every row of the file at ``path`` deleted once ``positions`` are."""
-        return np.flatnonzero(~self.alive_after(path, positions)).astype(np.uint64)
+    def deleted(self, name: str, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """Every row of the file ``name`` deleted once ``positions`` are."""
+        return np.flatnonzero(~self.alive_after(name, positions)).astype(np.uint64)
 
-    def alive_after(self, path: str, positions: npt.NDArray[np.int64] | None) -> Alive:
-        """Which rows of the file at ``path`` are alive once ``positions`` are deleted."""
-        alive = self._files[path].alive.copy()
+    def alive_after(self, name: str, positions: npt.NDArray[np.int64] | None) -> Alive:
+        """Which rows of the file ``name`` are alive once ``positions`` are deleted."""
+        alive = self._files[name].alive.copy()
         if positions is not None:
             alive[positions] = False
         return alive
 
-    def rows(self, path: str) -> int:
-        """The rows the file at ``path`` holds, deleted ones too."""
-        return self._files[path].rows
+    def rows(self, name: str) -> int:
+        """The rows the file ``name`` holds, deleted ones too."""
+        return self._files[name].rows
 
-    def committed(self, path: str, positions: npt.NDArray[np.int64], vector: str) -> None:
-        known = self._files[path]
+    def committed(self, name: str, positions: npt.NDArray[np.int64], vector: str) -> None:
+        known = self._files[name]
         known.alive[positions] = False
         known.vector = vector
 
-    def added(self, path: str, rows: pa.Table) -> None:
+    def added(self, name: str, rows: pa.Table) -> None:
         """The file at ``path``, just written with ``rows``."""
-        self._files[path] = _Keys.of(self.key_of(rows))
+        self._files[name] = _Keys.of(self.key_of(rows))

@@ -1,35 +1,53 @@
-"""A local table's live files with their deletion vectors, as its Delta log says.
+"""A table's live files with their deletion vectors, as its Delta log says.
 
 delta-rs lists a table's files but not the deletion vector each carries,
 and a commit that gives a file a new vector must name the old one in its
 ``remove`` (Delta's protocol: a file is the pair of its path and its
-vector). ``LiveFiles`` replays the log for them: the latest checkpoint (one
-Parquet file, or its parts), then the JSON commits after it; after that
-only the commits it has not read, and pgsub's own commits as it makes them
-(``applied``).
+vector). ``LiveFiles`` replays the log for them: the latest checkpoint it
+can read (one Parquet file, or every part of a multi-part one), then the
+JSON commits after it; after that only the commits it has not read, and
+pgsub's own commits as it makes them (``applied``).
+
+A file is known by its path as the log spells it, decoded
+(``apply.delta.store.canonical``): an ``add`` and a ``remove`` that spell
+one file two ways (``a%20b`` and ``a b``, ``file:/t/a`` and ``file:///t/a``,
+the absolute path of a relative one) are one file.
+
+What it does not read is an ``UnreadableLogError``, never a wrong answer:
+a V2 checkpoint (UUID-named, or with sidecars: the ``v2Checkpoint``
+feature, which ``apply.delta.vector_write.vector_writable`` refuses before
+this is asked), a partitioned table. A multi-part checkpoint missing a part
+is passed over for an older one, or for the commits from the first.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Final
-from urllib.parse import unquote
+from typing import TYPE_CHECKING, Final
 
 import pyarrow.parquet as pq
 
 from apply.delta.deletion_vectors import Descriptor
+from apply.delta.store import LOG, canonical, commit_name
 from apply.errors import TargetTableError
 
+if TYPE_CHECKING:
+    from apply.delta.store import TableStore
+
 _CHECKPOINT_COLUMNS: Final = ["add"]
+_CLASSIC: Final = re.compile(r"(\d{20})\.checkpoint\.parquet")
+_PART: Final = re.compile(r"(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet")
+_V2: Final = re.compile(r"(\d{20})\.checkpoint\.[0-9a-fA-F-]{36}\.(json|parquet)")
 
 
 @dataclass(frozen=True, slots=True)
 class VectorFile:
     """A live data file: its ``add`` action as the log holds it."""
 
-    path: str  # as the log names it
+    path: str  # as the log spells it (what a ``remove`` names)
+    name: str  # the file, decoded: relative to the table, or absolute
     size: int
     modification_time: int
     stats: str | None  # the ``add``'s statistics (JSON), as written
@@ -37,12 +55,8 @@ class VectorFile:
 
     @property
     def identity(self) -> tuple[str, str | None]:
-        """What tells live files apart: the path and the vector (Delta's protocol)."""
-        return self.path, None if self.vector is None else self.vector.unique_id
-
-    def local(self, table: str) -> str:
-        path = unquote(self.path.removeprefix("file://"))
-        return path if path.startswith("/") else str(Path(table, path))
+        """What tells live files apart: the file and its vector (Delta's protocol)."""
+        return self.name, None if self.vector is None else self.vector.unique_id
 
     def rows(self) -> int | None:
         """The rows the file holds (deleted ones too), from its statistics."""
@@ -56,15 +70,20 @@ class VectorFile:
 
 
 class UnreadableLogError(TargetTableError):
-    """A log pgsub does not replay itself (a v2 checkpoint, a partitioned table)."""
+    """A log pgsub does not replay itself (a V2 checkpoint, a partitioned table)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    version: int
+    parts: list[str]  # every part, in order
 
 
 class LiveFiles:
-    """The live files of the table at the local folder ``table``, as of ``version``."""
+    """The live files of the table in ``store``, as of ``version``."""
 
-    def __init__(self, table: str) -> None:
-        self.table = table
-        self._log = Path(table, "_delta_log")
+    def __init__(self, store: TableStore) -> None:
+        self.store = store
         self.version = -1
         self._files: dict[tuple[str, str | None], VectorFile] = {}
 
@@ -76,12 +95,10 @@ class LiveFiles:
         """Brought to ``version``: the commits after the one read, or the log anew."""
         if version == self.version:
             return
-        commits = [self._log / f"{v:020d}.json" for v in range(self.version + 1, version + 1)]
-        if self.version < 0 or not all(c.exists() for c in commits):
-            self._replay_checkpoint(version)
-            commits = [self._log / f"{v:020d}.json" for v in range(self.version + 1, version + 1)]
-        for commit in commits:
-            self._apply(commit.read_text().splitlines())
+        if self.version < 0 or version < self.version or not self._commits(self.version, version):
+            self._replay(version)
+        for at in range(self.version + 1, version + 1):
+            self._apply(self.store.read(commit_name(at)).decode().splitlines())
         self.version = version
 
     def applied(self, version: int, actions: list[dict[str, object]]) -> None:
@@ -91,41 +108,64 @@ class LiveFiles:
         self._apply([json.dumps(a) for a in actions])
         self.version = version
 
-    def _replay_checkpoint(self, version: int) -> None:
-        """The files as of the latest checkpoint at or below ``version`` (none: commit 0)."""
+    def _commits(self, after: int, through: int) -> bool:
+        """Whether the log holds every commit after ``after`` through ``through``."""
+        return all(self.store.exists(commit_name(v)) for v in range(after + 1, through + 1))
+
+    def _replay(self, version: int) -> None:
+        """The files as of the latest checkpoint at or below ``version`` that this can read
+        and that the commits after it follow on from (none: from commit 0)."""
         self._files = {}
         self.version = -1
-        checkpoint = self._checkpoint(version)
-        if checkpoint is None:
-            return
-        at, parts = checkpoint
-        for part in parts:
-            adds = pq.read_table(part, columns=_CHECKPOINT_COLUMNS).column("add")
-            for add in adds.to_pylist():
-                if add is not None:
-                    self._add(add)
-        self.version = at
-
-    def _checkpoint(self, version: int) -> tuple[int, list[Path]] | None:
-        """The latest classic checkpoint at or below ``version``: its version and files."""
-        found: dict[int, list[Path]] = {}
-        for file in self._log.glob("*.checkpoint*.parquet"):
-            at = int(file.name.split(".", 1)[0])
-            if at <= version:
-                found.setdefault(at, []).append(file)
-        for file in self._log.glob("*.checkpoint.*.json"):
+        found = self._checkpoints(version)
+        for checkpoint in found:
+            if self._commits(checkpoint.version, version):
+                for part in checkpoint.parts:
+                    self._read_checkpoint(part)
+                self.version = checkpoint.version
+                return
+        if not self._commits(-1, version):
+            newest = found[0].version if found else None
             raise UnreadableLogError(
-                f"{self.table} has a v2 checkpoint ({file.name}), which pgsub does not read"
+                f"{self.store.location}: no checkpoint pgsub reads (newest readable: "
+                f"{newest}) is followed by every commit through version {version}"
             )
-        if not found:
-            return None
-        at = max(found)
-        parts = sorted(found[at])
-        if len(parts) > 1 or ".checkpoint.parquet" not in parts[0].name:
-            expected = int(parts[0].name.split(".")[-2])  # <v>.checkpoint.<i>.<n>.parquet
-            if len(parts) != expected:
-                raise UnreadableLogError(f"checkpoint {at} of {self.table} is incomplete")
-        return at, parts
+
+    def _checkpoints(self, version: int) -> list[_Checkpoint]:
+        """The complete classic checkpoints at or below ``version``, newest first; a V2 one
+        among them is an ``UnreadableLogError``."""
+        classic: dict[int, str] = {}
+        parts: dict[tuple[int, int], dict[int, str]] = {}
+        for name in self.store.listed(LOG):
+            base = name.rsplit("/", 1)[-1]
+            if match := _V2.fullmatch(base):
+                if int(match[1]) <= version:
+                    raise UnreadableLogError(
+                        f"{self.store.location} has a V2 checkpoint ({base}), which pgsub "
+                        "does not read"
+                    )
+            elif match := _CLASSIC.fullmatch(base):
+                classic[int(match[1])] = name
+            elif match := _PART.fullmatch(base):
+                parts.setdefault((int(match[1]), int(match[3])), {})[int(match[2])] = name
+        found = [_Checkpoint(v, [name]) for v, name in classic.items()]
+        for (at, count), got in parts.items():
+            if sorted(got) == list(range(1, count + 1)):  # a part missing: passed over
+                found.append(_Checkpoint(at, [got[i] for i in sorted(got)]))
+        return sorted((c for c in found if c.version <= version), key=lambda c: -c.version)
+
+    def _read_checkpoint(self, part: str) -> None:
+        file = pq.ParquetFile(self.store.source(part))
+        if "sidecar" in file.schema_arrow.names:
+            sidecars = file.read(columns=["sidecar"]).column("sidecar")
+            if sidecars.null_count < len(sidecars):
+                raise UnreadableLogError(
+                    f"checkpoint {part} of {self.store.location} names sidecar files (a V2 "
+                    "checkpoint), which pgsub does not read"
+                )
+        for add in file.read(columns=_CHECKPOINT_COLUMNS).column("add").to_pylist():
+            if add is not None:
+                self._add(add)
 
     def _apply(self, lines: list[str]) -> None:
         for line in lines:
@@ -134,16 +174,19 @@ class LiveFiles:
                 remove = action["remove"]
                 vector = remove.get("deletionVector")
                 unique = Descriptor.of(vector).unique_id if isinstance(vector, dict) else None
-                self._files.pop((str(remove["path"]), unique), None)
+                name = canonical(str(remove["path"]), self.store.location)
+                self._files.pop((name, unique), None)
             elif "add" in action:
                 self._add(action["add"])
 
     def _add(self, add: dict[str, object]) -> None:
         if add.get("partitionValues"):
-            raise UnreadableLogError(f"{self.table} is partitioned")
+            raise UnreadableLogError(f"{self.store.location} is partitioned")
         vector = add.get("deletionVector")
+        path = str(add["path"])
         file = VectorFile(
-            str(add["path"]),
+            path,
+            canonical(path, self.store.location),
             int(str(add["size"])),
             int(str(add["modificationTime"])),
             None if add.get("stats") is None else str(add["stats"]),

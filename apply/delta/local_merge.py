@@ -47,7 +47,7 @@ delta-rs would write differently, multiset tables, large tables.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
@@ -57,9 +57,10 @@ import structlog
 
 from apply.collapse import KeyedNet
 from apply.columnar import arrow_schema
+from apply.delta.deletion_vectors import DeletionVectorError
 from apply.delta.key_index import KeyIndex, lookup_keys
 from apply.delta.key_lookup import keys_apart, keys_conflict
-from apply.delta.live_files import LiveFiles
+from apply.delta.live_files import LiveFiles, UnreadableLogError
 from apply.delta.local_tables import delta_rs_writes, folder, marked, no_checkpoint
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import (
@@ -71,6 +72,7 @@ from apply.delta.overwrite import (
     keep_log,
     overwrite,
 )
+from apply.delta.store import LocalStore, TableStore
 from apply.delta.vector_write import VectorTable, vector_writable, write_by_vectors
 from apply.errors import TargetTableError
 from apply.merge_plan import (
@@ -120,16 +122,23 @@ class LocalMerges:
     anew (a table created again after it was deleted).
     """
 
-    def __init__(self, max_bytes: int = LOCAL_MERGE_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        max_bytes: int = LOCAL_MERGE_MAX_BYTES,
+        store_of: Callable[[str], TableStore] | None = None,
+    ) -> None:
         self.max_bytes = max_bytes  # a larger table's batches go to Spark
+        # Where a table's files are, by its path (``apply.delta.store``).
+        self._store_of = store_of or (lambda path: LocalStore(folder(path)))
         self._open: dict[str, OpenTable] = {}
         self._vectors: dict[str, VectorTable] = {}  # tables written with deletion vectors
         self._lock = threading.Lock()
 
     def forget(self, path: str) -> None:
+        location = self._store_of(path).location
         with self._lock:
-            self._open.pop(folder(path), None)
-            self._vectors.pop(folder(path), None)
+            self._open.pop(location, None)
+            self._vectors.pop(location, None)
 
     def merge(
         self,
@@ -179,7 +188,7 @@ class LocalMerges:
         if stage.keep or stage.expected != (stage.rows, 0, 0):
             return None  # some row is not an insert of an absent key
         with self._failing(path, f"appending {schema.table} to {path} at LSN {mark.lsn}"):
-            open_table = self._table(folder(path))
+            open_table = self._table(path)
             table = open_table.table
             have = _types(open_table, schema)
             if (
@@ -197,7 +206,7 @@ class LocalMerges:
             if not keys_apart(table, schema.key[0], stage.bounds):
                 return None
             if hand_appendable(table, nullable=True):
-                append(open_table.local, table.version(), stage.reader(have), have, mark)
+                append(open_table.store, table.version(), stage.reader(have), have, mark)
                 table = open_table.synced()
             else:
                 deltalake.write_deltalake(
@@ -208,8 +217,10 @@ class LocalMerges:
                     commit_properties=marked(mark),
                     post_commithook_properties=no_checkpoint(),
                 )
-        keep_log(table, open_table.local)
-        open_table.wrote(app_id, version)
+                table = open_table.synced()
+                open_table.store.make_durable(table.version())
+            open_table.wrote(app_id, version)
+            keep_log(table, open_table.store.location)
         return WriteResult(schema.table, table.version(), stage.rows, 0, 0)
 
     def merge_source(
@@ -227,7 +238,7 @@ class LocalMerges:
         if source.moved:
             return None
         with self._failing(path, f"writing {schema.table} to {path} at LSN {mark.lsn}"):
-            open_table = self._table(folder(path))
+            open_table = self._table(path)
             done = open_table.done(mark.txn[0])
             if not stamping.stamps and vector_writable(open_table.table, schema):
                 return self._write_by_vectors(open_table, schema, source, mark, done)
@@ -253,7 +264,7 @@ class LocalMerges:
         except CommitRacedError:
             self.forget(path)
             raise
-        except deltalake.exceptions.DeltaError as exc:
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
             self.forget(path)
             raise TargetTableError(f"{what} through delta-rs failed: {exc}") from exc
 
@@ -268,12 +279,24 @@ class LocalMerges:
         """A batch into a table with deletion vectors on (``apply.delta.vector_write``)."""
         if done is not None and done >= mark.txn[1]:
             return WriteResult(schema.table, None)  # committed before: Delta's txn says so
-        state = self._vector_state(open_table, schema)
-        if state is None:
-            return None
         try:
+            state = self._vector_state(open_table, schema)
+            if state is None:
+                return None
             return write_by_vectors(open_table, state, schema, source, mark)
         except pa.ArrowException:  # a key type pyarrow cannot look up
+            return None
+        except (DeletionVectorError, UnreadableLogError) as exc:
+            # Another writer's vector or checkpoint this path does not read: Spark writes
+            # the batch (and every later one the same, until the log is one this reads).
+            self.forget(open_table.store.location)
+            log.warning(
+                "table written by Spark: pgsub's own writer cannot read its log",
+                table=schema.table,
+                path=open_table.store.location,
+                lsn=str(mark.lsn),
+                error=str(exc),
+            )
             return None
 
     def _vector_state(self, open_table: OpenTable, schema: TargetSchema) -> VectorTable | None:
@@ -283,12 +306,13 @@ class LocalMerges:
         keys = None if types is None else lookup_keys(types, schema.key)
         if keys is None:
             return None
+        location = open_table.store.location
         with self._lock:
-            state = self._vectors.get(open_table.local)
+            state = self._vectors.get(location)
         if state is None or state.index.keys != keys:
-            state = VectorTable(LiveFiles(open_table.local), KeyIndex(open_table.local, keys))
+            state = VectorTable(LiveFiles(open_table.store), KeyIndex(open_table.store, keys))
             with self._lock:
-                self._vectors[open_table.local] = state
+                self._vectors[location] = state
         return state
 
     def warm(self, path: str, schema: TargetSchema) -> None:
@@ -298,34 +322,43 @@ class LocalMerges:
         import deltalake
 
         try:
-            open_table = self._table(folder(path))
+            open_table = self._table(path)
             if not schema.key or not vector_writable(open_table.table, schema):
                 return
             state = self._vector_state(open_table, schema)
             if state is not None:
                 state.files.read(open_table.version)
                 state.index.refresh(state.files.files)
-        except (deltalake.exceptions.DeltaError, pa.ArrowException, OSError) as exc:
+        except (
+            deltalake.exceptions.DeltaError,
+            pa.ArrowException,
+            OSError,
+            DeletionVectorError,
+            UnreadableLogError,
+        ) as exc:
             self.forget(path)
             log.info("key index left to the first batch", path=path, error=str(exc))
 
     def opened(self, path: str) -> OpenTable:
         """The table at ``path``, kept open between batches and brought up to its latest
         commit (a versions table's lookup and MERGE, ``apply.delta.versions``)."""
-        return self._table(folder(path))
+        return self._table(path)
 
-    def _table(self, local: str) -> OpenTable:
-        """The table at ``local``, brought up to its latest commit."""
+    def _table(self, path: str) -> OpenTable:
+        """The table at ``path``, brought up to its latest commit."""
         import deltalake
 
+        store = self._store_of(path)
+        location = store.location
         with self._lock:
-            open_table = self._open.get(local)
+            open_table = self._open.get(location)
         if open_table is not None and open_table.latest():
             return open_table
-        open_table = OpenTable(local, deltalake.DeltaTable(local))  # new, or deleted since
+        opened = deltalake.DeltaTable(location, storage_options=dict(store.options) or None)
+        open_table = OpenTable(store, opened)  # new, or deleted since
         with self._lock:
-            self._open[local] = open_table
-            self._vectors.pop(local, None)
+            self._open[location] = open_table
+            self._vectors.pop(location, None)
         return open_table
 
 
@@ -371,7 +404,8 @@ def merge_into(
         schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, stamping=stamping
     )
     metrics = run_merge(table, source.table, plan, mark)
-    keep_log(table, open_table.local)
+    open_table.store.make_durable(table.version())
+    keep_log(table, open_table.store.location)
     counts = (
         metrics.get("num_target_rows_inserted", 0),
         metrics.get("num_target_rows_updated", 0),
@@ -421,18 +455,18 @@ def _rewrite(
 
     have = pa.schema(open_table.table.schema().to_arrow())
     live = open_table.files()
-    current = _read(have, [f.local for f in live])
+    current = _read(have, [open_table.store.source(f.name) for f in live])
     rows = rewritten(current, source, list(schema.key))
     if rows is None:
         return None
     app_id, version = mark.txn
     counts = expected_counts(source.table)
     if hand_writable(open_table.table, rows):
-        own = overwrite(open_table.local, open_table.version, live, rows, mark)
+        own = overwrite(open_table.store, open_table.version, live, rows, mark)
         open_table.wrote(app_id, version, own)
         configuration = open_table.table.metadata().configuration
-        if checkpoint_due(open_table.version, configuration, open_table.local):
-            keep_log(open_table.synced(), open_table.local)
+        if checkpoint_due(open_table.version, configuration, open_table.store.location):
+            keep_log(open_table.synced(), open_table.store.location)
         return WriteResult(schema.table, open_table.version, *counts)
     table = open_table.synced()
     deltalake.write_deltalake(
@@ -442,7 +476,8 @@ def _rewrite(
         commit_properties=marked(mark),
         post_commithook_properties=no_checkpoint(),
     )
-    keep_log(table, open_table.local)
+    open_table.store.make_durable(table.version())
+    keep_log(table, open_table.store.location)
     open_table.wrote(app_id, version)
     return WriteResult(schema.table, table.version(), *counts)
 

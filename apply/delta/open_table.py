@@ -15,10 +15,11 @@ overwrite does not change them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+from apply.delta.store import TableStore, canonical, commit_name
 
 if TYPE_CHECKING:
     import deltalake
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class LiveFile:
     log_path: str  # as the log names it (what a ``remove`` must name)
-    local: str  # the file on disk
+    name: str  # the file, decoded (``apply.delta.store.canonical``)
     size: int
 
 
@@ -42,10 +43,9 @@ class _Own:
 class OpenTable:
     """One table's delta-rs snapshot plus the state of pgsub's commits after it."""
 
-    def __init__(self, local: str, table: deltalake.DeltaTable) -> None:
-        self.local = local
+    def __init__(self, store: TableStore, table: deltalake.DeltaTable) -> None:
+        self.store = store
         self.table = table  # protocol, schema, properties: current; files: see ``files``
-        self._log = Path(local, "_delta_log")
         self._own: _Own | None = None
         self._marks: dict[str, int] = {}  # app id -> its batch version, as of _marks_at
         self._marks_at = -1
@@ -57,9 +57,9 @@ class OpenTable:
     def latest(self) -> bool:
         """Brought up to the table's latest commit; False: the log is not the one read (the
         table was made anew). A commit file that is not there says no one else wrote."""
-        if Path(self._log, f"{self.version + 1:020d}.json").exists():
+        if self.store.exists(commit_name(self.version + 1)):
             self.synced()
-        return Path(self._log, f"{self.version:020d}.json").exists()
+        return self.store.exists(commit_name(self.version))
 
     def synced(self) -> deltalake.DeltaTable:
         """delta-rs's snapshot, brought up to the log's latest commit."""
@@ -76,10 +76,9 @@ class OpenTable:
             return []
         paths = actions.column("path").to_pylist()
         sizes = actions.column("size_bytes").to_pylist()
-        locals_ = [uri.removeprefix("file://") for uri in self.table.file_uris()]
-        by_name = {Path(p).name: p for p in locals_}
+        location = self.store.location
         return [
-            LiveFile(path, by_name.get(Path(path).name, str(Path(self.local, path))), int(size))
+            LiveFile(path, canonical(path, location), int(size))
             for path, size in zip(paths, sizes, strict=True)
         ]
 

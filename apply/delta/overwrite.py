@@ -5,14 +5,14 @@ commit), pyarrow 0.7 ms to write the same rows as Parquet: at 200 tables a
 batch, that is most of the batch (docs/performance.md, "Many tables"). The
 commit of an overwrite is the simplest the protocol has, so pgsub writes it:
 
-1. the rows as one Parquet file in the table's folder (pyarrow);
-2. ``_delta_log/<version + 1>.json``, made by a hard link from a temporary
-   file, so that it appears whole and only if no other writer made that
-   version first (Delta's "mutual exclusion" for a local file system, as
-   delta-rs does): a ``remove`` of every live file, the ``add`` of the new
+1. the rows as one Parquet file in the table's folder (pyarrow), durable
+   before the commit names it (``apply.delta.store``);
+2. ``_delta_log/<version + 1>.json``, put only if no other writer made
+   that version first (``TableStore.put_if_absent``: Delta's "mutual
+   exclusion"): a ``remove`` of every live file, the ``add`` of the new
    one (its row count as statistics; no min/max: a reader that finds none
    reads the file, the safe side), the batch's ``txn`` and a ``commitInfo``
-   with its ``userMetadata``;
+   with its ``userMetadata`` and a ``txnId`` of its own;
 3. every ``delta.checkpointInterval`` commits (100 unless set), a
    checkpoint and the removal of expired log files, by delta-rs
    (``keep_log``; the caller asks for them). Each table checkpoints at
@@ -29,26 +29,29 @@ columns' minimum, maximum and null count as statistics).
 Only for a table whose protocol asks nothing more of a writer
 (``hand_writable``): no column invariants, not append-only, no table
 feature. Another writer's commit in between is a ``CommitRacedError`` and
-nothing is committed (the Parquet file is removed).
+nothing is committed (the Parquet file is removed). Any other failure
+leaves the files it wrote where they are: the commit may have been made
+(the temporary file's removal failing after the link, an interrupt), and
+removing a file a commit names would leave every reader failing on it; a
+file no commit names is removed by the next full VACUUM.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import IO, TYPE_CHECKING, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from apply.delta.open_table import LiveFile
+from apply.delta.store import TableStore, commit_name
 from apply.errors import TargetTableError
 
 if TYPE_CHECKING:
@@ -99,51 +102,55 @@ def hand_appendable(table: deltalake.DeltaTable, nullable: bool = False) -> bool
 
 
 def append(
-    local: str,
+    store: TableStore,
     version: int,
     batches: Iterable[pa.RecordBatch],
     schema: pa.Schema,
     mark: CommitMark,
     file_rows: int = APPEND_FILE_ROWS,
 ) -> int:
-    """``batches`` added to the table at the local folder ``local`` (latest version
-    ``version``) as files of up to ``file_rows`` rows, written a batch at a time, in one
-    commit carrying ``mark``; the rows added. Each file's statistics hold its row count and
-    its integer columns' minimum, maximum and nulls (what data skipping by key needs)."""
-    files: list[Path] = []
+    """``batches`` added to the table in ``store`` (latest version ``version``) as files of
+    up to ``file_rows`` rows, written a batch at a time, in one commit carrying ``mark``;
+    the rows added. Each file's statistics hold its row count and its integer columns'
+    minimum, maximum and nulls (what data skipping by key needs)."""
+    names: list[str] = []
     adds: list[dict[str, object]] = []
-    rows = 0
-    try:
+    rows = size = 0
+    with contextlib.ExitStack() as open_file:
         writer: pq.ParquetWriter | None = None
+        file: IO[bytes] | None = None
         stats = _Stats(schema)
         for batch in batches:
             if writer is None:
-                files.append(
-                    Path(local, f"part-{len(files):05d}-{uuid.uuid4()}-c000.snappy.parquet")
-                )
-                writer = pq.ParquetWriter(files[-1], schema, compression="snappy")
+                names.append(f"part-{len(names):05d}-{uuid.uuid4()}-c000.snappy.parquet")
+                file = open_file.enter_context(store.writing(names[-1]))
+                writer = pq.ParquetWriter(file, schema, compression="snappy")
             writer.write_batch(batch)
             stats.add(batch)
             if stats.rows >= file_rows:
                 writer.close()
-                writer = None
-                adds.append(_add(files[-1], stats))
+                assert file is not None
+                adds.append(_add(names[-1], file.tell(), stats))
+                size += file.tell()
+                open_file.close()  # the file durable
+                writer, file = None, None
                 rows, stats = rows + stats.rows, _Stats(schema)
-        if writer is not None:
+        if writer is not None and file is not None:
             writer.close()
-            adds.append(_add(files[-1], stats))
+            adds.append(_add(names[-1], file.tell(), stats))
+            size += file.tell()
             rows += stats.rows
-        size = sum(file.stat().st_size for file in files)
-        metrics = {
-            "numFiles": str(len(adds)),
-            "numOutputRows": str(rows),
-            "numOutputBytes": str(size),
-        }
-        actions = opening_actions("WRITE", {"mode": "Append"}, metrics, mark, _now())
-        commit(Path(local, "_delta_log"), version + 1, actions + adds)
-    except BaseException:
-        for file in files:
-            file.unlink(missing_ok=True)
+    metrics = {
+        "numFiles": str(len(adds)),
+        "numOutputRows": str(rows),
+        "numOutputBytes": str(size),
+    }
+    actions = opening_actions("WRITE", {"mode": "Append"}, metrics, mark, _now())
+    try:
+        commit(store, version + 1, actions + adds)
+    except CommitRacedError:
+        for name in names:
+            store.delete(name)
         raise
     return rows
 
@@ -179,12 +186,12 @@ class _Stats:
         )
 
 
-def _add(file: Path, stats: _Stats) -> dict[str, object]:
+def _add(name: str, size: int, stats: _Stats) -> dict[str, object]:
     return {
         "add": {
-            "path": file.name,
+            "path": name,
             "partitionValues": {},
-            "size": file.stat().st_size,
+            "size": size,
             "modificationTime": _now(),
             "dataChange": True,
             "stats": stats.json(),
@@ -197,15 +204,15 @@ def _now() -> int:
 
 
 def overwrite(
-    local: str, version: int, live: list[LiveFile], rows: pa.Table, mark: CommitMark
+    store: TableStore, version: int, live: list[LiveFile], rows: pa.Table, mark: CommitMark
 ) -> LiveFile:
-    """``rows`` as the whole table at the local folder ``local``, whose latest version is
-    ``version`` and live files ``live``, in one commit carrying ``mark``: the new file."""
+    """``rows`` as the whole table in ``store``, whose latest version is ``version`` and
+    live files ``live``, in one commit carrying ``mark``: the new file."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    data = Path(local, name)
-    pq.write_table(rows, data, compression="snappy")
+    with store.writing(name) as file:
+        pq.write_table(rows, file, compression="snappy")
+        size = file.tell()
     now = int(time.time() * 1000)
-    size = data.stat().st_size
     actions = opening_actions(
         "WRITE",
         {"mode": "Overwrite"},
@@ -240,11 +247,11 @@ def overwrite(
         }
     )
     try:
-        commit(Path(local, "_delta_log"), version + 1, actions)
+        commit(store, version + 1, actions)
     except CommitRacedError:
-        data.unlink(missing_ok=True)
+        store.delete(name)
         raise
-    return LiveFile(name, str(data), size)
+    return LiveFile(name, name, size)
 
 
 def opening_actions(
@@ -265,6 +272,7 @@ def opening_actions(
         "engineInfo": ENGINE,
         "clientVersion": ENGINE,
         "userMetadata": mark.user_metadata(),
+        "txnId": str(uuid.uuid4()),
     }
     return [
         {"commitInfo": info},
@@ -272,35 +280,29 @@ def opening_actions(
     ]
 
 
-def checkpoint_due(version: int, properties: Mapping[str, str], local: str) -> bool:
-    """Whether the table at ``local`` checkpoints at ``version``: once every checkpoint
+def checkpoint_due(version: int, properties: Mapping[str, str], location: str) -> bool:
+    """Whether the table at ``location`` checkpoints at ``version``: once every checkpoint
     interval, at a version shifted by an amount of its own (from its folder's name), so that
     tables written by the same batches do not all checkpoint in one. A reader may find a
     checkpoint at any version."""
     interval = max(int(properties.get("delta.checkpointInterval") or _CHECKPOINT_INTERVAL), 1)
-    shift = zlib.crc32(local.rstrip("/").encode()) % interval
+    shift = zlib.crc32(location.rstrip("/").encode()) % interval
     return (version + shift) % interval == 0
 
 
-def keep_log(table: deltalake.DeltaTable, local: str) -> None:
+def keep_log(table: deltalake.DeltaTable, location: str) -> None:
     """After a commit pgsub made (by hand, or by delta-rs with ``NO_CHECKPOINT``): the
     table's checkpoint, and the removal of its expired log files, if its version is due."""
-    if checkpoint_due(table.version(), table.metadata().configuration, local):
+    if checkpoint_due(table.version(), table.metadata().configuration, location):
         table.create_checkpoint()
         table.cleanup_metadata()
 
 
-def commit(log: Path, version: int, actions: list[dict[str, object]]) -> None:
-    """``actions`` as the log's ``version``, atomically and only if it is not there yet."""
-    final = log / f"{version:020d}.json"
-    temporary = log / f".{final.name}.{uuid.uuid4()}.tmp"
-    temporary.write_text("".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions))
-    try:
-        os.link(temporary, final)
-    except FileExistsError:
+def commit(store: TableStore, version: int, actions: list[dict[str, object]]) -> None:
+    """``actions`` as the log's ``version`` of the table in ``store``, whole, durable and
+    only if it is not there yet (a ``CommitRacedError`` if it is)."""
+    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
+    if not store.put_if_absent(commit_name(version), text.encode()):
         raise CommitRacedError(
-            f"another writer committed version {version} of {log.parent} first"
-        ) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
+            f"another writer committed version {version} of {store.location} first"
+        )

@@ -44,7 +44,6 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
@@ -58,6 +57,7 @@ from apply.delta.deletion_vectors import Descriptor
 from apply.delta.key_index import Alive, KeyIndex, Match
 from apply.delta.live_files import LiveFiles, VectorFile
 from apply.delta.overwrite import CommitRacedError, commit, keep_log, opening_actions
+from apply.delta.store import TableStore
 from apply.maintenance_policy import PURGE_ABOVE
 from apply.merge_plan import expected_counts
 from apply.rewrite import found_as_expected, kept_values
@@ -74,6 +74,10 @@ if TYPE_CHECKING:
 # and the legacy features Spark lists beside them when it upgrades a table's protocol.
 VECTOR_WRITES: Final = frozenset({"deletionVectors", "appendOnly", "invariants", "timestampNtz"})
 VECTOR_READS: Final = frozenset({"deletionVectors", "timestampNtz"})
+# What pgsub's own log replay (``apply.delta.live_files``) cannot follow: V2 checkpoints
+# (UUID-named, with sidecars). A table that lists it is never written by this path, whatever
+# the two sets above come to hold.
+REPLAY_REFUSES: Final = frozenset({"v2Checkpoint"})
 # Each batch adds a small file; once FOLD_AT files below FOLD_BELOW bytes (together at most
 # FOLD_MAX_BYTES) are live, the batch folds their alive rows into its own file and removes
 # them: the table's file count stays bounded without a compaction that holds the table.
@@ -93,6 +97,9 @@ def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
     its protocol asks nothing more, no invariant or append-only rule, no partitions, a
     key."""
     protocol = table.protocol()
+    listed = {*(protocol.writer_features or ()), *(protocol.reader_features or ())}
+    if listed & REPLAY_REFUSES:
+        return False
     if protocol.min_writer_version < 7 or protocol.min_reader_version < 3:
         return False
     if not set(protocol.writer_features or ()) <= VECTOR_WRITES:
@@ -147,53 +154,53 @@ def write_by_vectors(
     carried = tuple(name for name in have.names if name not in rows.schema.names)
     if (source.keep_columns or carried) and staying.num_rows:
         kept = [rows.schema.names[i] for i in source.keep_columns]
-        old = _old_rows(open_table.local, matches, have, [*keys, *kept, *carried])
+        old = _old_rows(open_table.store, matches, have, [*keys, *kept, *carried])
         staying = kept_values(staying, old, source.keep_columns, keys, carried)
     new_rows = staying.select(have.names).cast(have)
     for field in have:
         if not field.nullable and new_rows.column(field.name).null_count:
             return None  # Spark reports the NOT NULL violation
     folded = _small_files(live)
-    worn = _worn_file(live, state.index, {f.path for f in folded})
+    worn = _worn_file(live, state.index, {f.name for f in folded})
     folded += [worn] if worn is not None else []
     if folded:
-        touched = {match.file.path: match.positions for match in matches}
-        alive = [state.index.alive_after(f.path, touched.get(f.path)) for f in folded]
-        copies = [_rows(open_table.local, f, a, have) for f, a in zip(folded, alive, strict=True)]
+        touched = {match.file.name: match.positions for match in matches}
+        alive = [state.index.alive_after(f.name, touched.get(f.name)) for f in folded]
+        copies = [_rows(open_table.store, f, a, have) for f, a in zip(folded, alive, strict=True)]
         new_rows = pa.concat_tables([new_rows, *copies])
     app_id, batch_version = mark.txn
     version = open_table.version + 1
     counts = expected_counts(rows)
     written = _write(
-        open_table.local, state.index, matches, new_rows, mark, counts=counts, folded=folded
+        open_table.store, state.index, matches, new_rows, mark, counts=counts, folded=folded
     )
     try:
-        commit(Path(open_table.local, "_delta_log"), version, written.actions)
+        commit(open_table.store, version, written.actions)
     except CommitRacedError:
-        for file in written.files:
-            file.unlink(missing_ok=True)
+        for name in written.files:
+            open_table.store.delete(name)
         raise
     state.files.applied(version, written.actions)
     for match, unique in written.vectors:
-        state.index.committed(match.file.path, match.positions, unique)
+        state.index.committed(match.file.name, match.positions, unique)
     if written.new_file is not None:
         state.index.added(written.new_file, new_rows)
     table = open_table.synced()
     open_table.wrote(app_id, batch_version)
-    keep_log(table, open_table.local)
+    keep_log(table, open_table.store.location)
     return WriteResult(schema.table, version, *counts)
 
 
 @dataclass(frozen=True, slots=True)
 class _Written:
     actions: list[dict[str, object]]
-    files: list[Path]  # what to remove if the commit is refused
+    files: list[str]  # what to remove if the commit is refused
     vectors: list[tuple[Match, str]]  # each file left with rows, and its new vector's id
     new_file: str | None
 
 
 def _write(
-    local: str,
+    store: TableStore,
     index: KeyIndex,
     matches: list[Match],
     rows: pa.Table,
@@ -206,33 +213,33 @@ def _write(
     metrics are named as a Spark MERGE's (``counts``: rows inserted, updated, deleted).
     ``folded`` files are removed: ``rows`` holds what is alive of them."""
     now = int(time.time() * 1000)
-    files: list[Path] = []
-    gone = {file.path for file in folded}
+    files: list[str] = []
+    gone = {file.name for file in folded}
     changes: list[dict[str, object]] = [_remove(match.file, now) for match in matches]
-    changes += [_remove(file, now) for file in folded if file.path not in _paths(matches)]
+    changes += [_remove(file, now) for file in folded if file.name not in _names(matches)]
     kept: list[tuple[Match, npt.NDArray[np.uint64]]] = []
     for match in matches:
-        if match.file.path in gone:
+        if match.file.name in gone:
             continue
-        deleted = index.deleted(match.file.path, match.positions)
-        if len(deleted) < index.rows(match.file.path):
+        deleted = index.deleted(match.file.name, match.positions)
+        if len(deleted) < index.rows(match.file.name):
             kept.append((match, deleted))  # else every row is gone: the file goes
     vectors: list[tuple[Match, str]] = []
     if kept:
         bitmaps = [deletion_vectors.encode(deleted) for _, deleted in kept]
-        encoded, offsets = deletion_vectors.write_file(local, bitmaps)
+        encoded, offsets, _ = deletion_vectors.write_file(store, bitmaps)
         for (match, deleted), bitmap, offset in zip(kept, bitmaps, offsets, strict=True):
             vector = Descriptor("u", encoded, offset, len(bitmap), len(deleted))
-            changes.append(_add_again(match.file, vector, index.rows(match.file.path)))
+            changes.append(_add_again(match.file, vector, index.rows(match.file.name)))
             vectors.append((match, vector.unique_id))
-        files.append(Descriptor("u", encoded, 1, 0, 0).file(local))
+        files.append(Descriptor("u", encoded, 1, 0, 0).name)
     new_file, size = None, 0
     if rows.num_rows:
         new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        data = Path(local, new_file)
-        pq.write_table(rows, data, compression="snappy")
-        files.append(data)
-        size = data.stat().st_size
+        with store.writing(new_file) as file:
+            pq.write_table(rows, file, compression="snappy")
+            size = file.tell()
+        files.append(new_file)
         stats = json.dumps({"numRecords": rows.num_rows})
         add = {"path": new_file, "partitionValues": {}, "size": size, "modificationTime": now}
         changes.append({"add": {**add, "dataChange": True, "stats": stats}})
@@ -246,10 +253,10 @@ def _write(
         "numTargetRowsCopied": str(rows.num_rows - inserted - updated),
         "numOutputRows": str(rows.num_rows),
         "numTargetFilesAdded": str(1 if new_file else 0),
-        "numTargetFilesRemoved": str(len(_paths(matches) | gone) - len(kept)),
+        "numTargetFilesRemoved": str(len(_names(matches) | gone) - len(kept)),
         "numTargetBytesAdded": str(size),
         "numTargetBytesRemoved": str(
-            sum({f.path: f.size for f in [*(m.file for m in matches), *folded]}.values())
+            sum({f.name: f.size for f in [*(m.file for m in matches), *folded]}.values())
             - sum(m.file.size for m, _ in kept)
         ),
         "numTargetDeletionVectorsAdded": str(len(kept)),
@@ -261,8 +268,8 @@ def _write(
     return _Written(actions, files, vectors, new_file)
 
 
-def _paths(matches: list[Match]) -> set[str]:
-    return {match.file.path for match in matches}
+def _names(matches: list[Match]) -> set[str]:
+    return {match.file.name for match in matches}
 
 
 def _small_files(live: list[VectorFile]) -> list[VectorFile]:
@@ -283,19 +290,19 @@ def _worn_file(live: list[VectorFile], index: KeyIndex, folded: set[str]) -> Vec
     file and removes it. Else every batch that touches it rewrites its ever larger vector,
     and every reader reads its removed rows, for as long as the table lives."""
     shares = [
-        (file.vector.cardinality / max(1, index.rows(file.path)), file)
+        (file.vector.cardinality / max(1, index.rows(file.name)), file)
         for file in live
-        if file.vector is not None and file.size <= PURGE_MAX_BYTES and file.path not in folded
+        if file.vector is not None and file.size <= PURGE_MAX_BYTES and file.name not in folded
     ]
     share, file = max(shares, key=lambda pair: pair[0], default=(0.0, None))
     return file if share > PURGE_ABOVE else None
 
 
-def _rows(local: str, file: VectorFile, alive: Alive, schema: pa.Schema) -> pa.Table:
+def _rows(store: TableStore, file: VectorFile, alive: Alive, schema: pa.Schema) -> pa.Table:
     """The ``alive`` rows of ``file``, in the table's ``schema``."""
     import pyarrow.dataset as ds
 
-    rows = ds.dataset([file.local(local)], schema=schema, format="parquet").to_table()
+    rows = ds.dataset([store.source(file.name)], schema=schema, format="parquet").to_table()
     return rows.filter(pa.array(alive))
 
 
@@ -333,14 +340,16 @@ def _add_again(file: VectorFile, vector: Descriptor, rows: int) -> dict[str, obj
     }
 
 
-def _old_rows(local: str, matches: list[Match], schema: pa.Schema, columns: list[str]) -> pa.Table:
+def _old_rows(
+    store: TableStore, matches: list[Match], schema: pa.Schema, columns: list[str]
+) -> pa.Table:
     """The ``columns`` of the rows the batch replaces, read from their files (only the row
     groups that hold them)."""
     names = list(dict.fromkeys(columns))
     wanted = pa.schema([schema.field(n) for n in names])
     parts = [wanted.empty_table()]
     for match in matches:
-        parquet = pq.ParquetFile(match.file.local(local))
+        parquet = pq.ParquetFile(store.source(match.file.name))
         sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
         starts = np.cumsum([0, *sizes])
         groups = np.unique(np.searchsorted(starts, match.positions, side="right") - 1)

@@ -18,6 +18,7 @@ from apply.delta import local_merge
 from apply.delta.local_merge import merge_locally
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import CommitRacedError, checkpoint_due, overwrite
+from apply.delta.store import LocalStore
 from apply.delta.tables import DeltaTables
 from apply.records import CommitMark
 from apply.schema import target_schema
@@ -168,11 +169,11 @@ def test_a_commit_another_writer_made_first_is_not_overwritten(warehouse: Path) 
     rows = pa.table({"id": pa.array([1], pa.int32())})
     deltalake.write_deltalake(str(folder), rows)
     table = deltalake.DeltaTable(str(folder))
-    live = OpenTable(str(folder), table).files()
+    live = OpenTable(LocalStore(str(folder)), table).files()
     deltalake.write_deltalake(str(folder), rows, mode="append")  # version 1, by another
     before = sorted(p.name for p in folder.glob("*.parquet"))
     with pytest.raises(CommitRacedError):
-        overwrite(str(folder), 0, live, rows, CommitMark("sub1", Lsn(100), 0))
+        overwrite(LocalStore(str(folder)), 0, live, rows, CommitMark("sub1", Lsn(100), 0))
     assert sorted(p.name for p in folder.glob("*.parquet")) == before
     assert deltalake.DeltaTable(str(folder)).to_pyarrow_table().num_rows == 2
     assert not list((folder / "_delta_log").glob(".*"))  # no temporary file left

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apply.delta import deletion_vectors as dv
+from apply.delta.store import LocalStore
 
 
 def test_z85_encodes_as_zeromq_specifies() -> None:
@@ -59,29 +60,80 @@ def test_run_containers_are_read() -> None:
 
 
 def test_a_vector_file_is_written_and_read_back(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path))
     first, second = np.array([3, 1, 2], np.uint64), np.arange(0, 10_000, 2, dtype=np.uint64)
     bitmaps = [dv.encode(first), dv.encode(second)]
-    encoded, offsets = dv.write_file(str(tmp_path), bitmaps)
+    encoded, offsets, size = dv.write_file(store, bitmaps)
     assert offsets[0] == 1  # after the format byte, as Spark's readers expect
     for bitmap, offset, want in zip(bitmaps, offsets, [first, second], strict=True):
         descriptor = dv.Descriptor("u", encoded, offset, len(bitmap), len(want))
-        assert descriptor.file(str(tmp_path)).exists()
-        assert dv.read(str(tmp_path), descriptor).tolist() == sorted(want.tolist())
+        assert (tmp_path / descriptor.name).stat().st_size == size
+        assert dv.read(store, descriptor).tolist() == sorted(want.tolist())
     padded = bitmaps[0] + b"\0" * (-len(bitmaps[0]) % 4)  # Delta pads an inline bitmap
     inline = dv.Descriptor("i", dv.z85_encode(padded), None, len(bitmaps[0]), 3)
-    assert dv.read(str(tmp_path), inline).tolist() == [1, 2, 3]
+    assert dv.read(store, inline).tolist() == [1, 2, 3]
 
 
 def test_a_damaged_vector_is_an_error(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path))
     bitmap = dv.encode(np.array([5], np.uint64))
-    encoded, (offset,) = dv.write_file(str(tmp_path), [bitmap])
+    encoded, (offset,), _ = dv.write_file(store, [bitmap])
     descriptor = dv.Descriptor("u", encoded, offset, len(bitmap), 1)
-    file = descriptor.file(str(tmp_path))
+    file = tmp_path / descriptor.name
     data = bytearray(file.read_bytes())
     data[-5] ^= 0xFF  # a byte of the bitmap: its CRC no longer matches
     file.write_bytes(bytes(data))
     assert zlib.crc32(bytes(data[5:-4])) != struct.unpack(">I", data[-4:])[0]
     with pytest.raises(dv.DeletionVectorError, match="damaged"):
-        dv.read(str(tmp_path), descriptor)
+        dv.read(store, descriptor)
     with pytest.raises(dv.DeletionVectorError, match="magic"):
         dv.decode(b"\0" * 16)
+    file.write_bytes(bytes(data[:3]))  # cut short
+    with pytest.raises(dv.DeletionVectorError, match="damaged"):
+        dv.read(store, descriptor)
+
+
+def _native(positions: list[int]) -> bytes:
+    """The native ``RoaringBitmapArray`` format, as Delta's Scala writes it: its magic
+    number, a 32-bit count of bitmaps (one per 32 high bits, empty ones too), then each
+    bitmap's size and its standard Roaring serialization, with no key."""
+    highs = max(p >> 32 for p in positions) + 1 if positions else 0
+    body = struct.pack("<Ii", dv.NATIVE_MAGIC, highs)
+    for high in range(highs):
+        low = np.array(sorted(p & 0xFFFFFFFF for p in positions if p >> 32 == high), np.uint32)
+        bitmap = dv._encode32(low)
+        body += struct.pack("<i", len(bitmap)) + bitmap
+    return body
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sets(st.one_of(st.integers(0, 70_000), st.integers(2**33, 2**33 + 9)), max_size=200))
+def test_the_native_format_spark_also_reads_is_read(positions: set[int]) -> None:
+    assert dv.decode(_native(sorted(positions))).tolist() == sorted(positions)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (struct.pack("<Iq", dv.MAGIC, 3), "cut short after its count"),
+        (struct.pack("<Ii", dv.NATIVE_MAGIC, 1) + struct.pack("<i", 999), "a size that lies"),
+        (struct.pack("<IqI", dv.MAGIC, 1, 0) + struct.pack("<II", 7, 1), "an unknown cookie"),
+    ],
+)
+def test_a_bitmap_that_is_not_whole_is_a_deletion_vector_error(data: bytes, reason: str) -> None:
+    """Never a bare struct.error or IndexError, which no caller would take for a vector
+    pgsub cannot read (the batch then goes to Spark): ``reason``."""
+    with pytest.raises(dv.DeletionVectorError):
+        dv.decode(data)
+
+
+@pytest.mark.parametrize("text", ["abcd~", "héllo", "abc"])
+def test_a_name_that_is_not_z85_is_a_deletion_vector_error(text: str) -> None:
+    with pytest.raises(dv.DeletionVectorError):
+        dv.z85_decode(text)
+
+
+def test_a_vector_file_name_that_is_not_z85_is_a_deletion_vector_error() -> None:
+    assert dv.Descriptor("u", "ab" + "0" * 20, 1, 4, 1).name.startswith("ab/deletion_vector_")
+    with pytest.raises(dv.DeletionVectorError):
+        _ = dv.Descriptor("u", "0" * 19 + "~", 1, 4, 1).name

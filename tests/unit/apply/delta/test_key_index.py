@@ -11,6 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from apply.delta.key_index import KeyIndex, lookup_keys
+from apply.delta.store import LocalStore
 
 TYPES = pa.schema(
     [
@@ -65,7 +66,7 @@ def test_a_composite_keys_string_is_equal_exactly_when_every_column_is(
             for i, name in enumerate(names)
         }
     )
-    joined = KeyIndex("unused", fields).key_of(rows).to_pylist()
+    joined = KeyIndex(LocalStore("unused"), fields).key_of(rows).to_pylist()
     by_key: dict[tuple[object, ...], str] = {}
     for key, text in zip(keys, joined, strict=True):
         assert by_key.setdefault(key, text) == text  # equal keys: one string
@@ -76,4 +77,4 @@ def test_a_one_column_key_is_the_column_itself() -> None:
     fields = lookup_keys(TYPES, ("id",))
     assert fields is not None
     rows = pa.table({"id": pa.array([3, 1], pa.int32()), "v": ["a", "b"]})
-    assert KeyIndex("unused", fields).key_of(rows).equals(pa.array([3, 1], pa.int64()))
+    assert KeyIndex(LocalStore("unused"), fields).key_of(rows).equals(pa.array([3, 1], pa.int64()))

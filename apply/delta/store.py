@@ -1,0 +1,215 @@
+"""Where one table's files live, as pgsub's own Delta writer reads and writes them.
+
+Delta's protocol asks two things of the storage under a table's log: a
+commit file appears whole and only if no other writer made that version
+first (mutual exclusion, "put if absent"), and what a writer made is
+there for good before it says so. pgsub confirms a batch's LSN to the
+publisher once its commits are made, so both are what makes it exactly
+once (docs/tables.md, "pgsub's own commits"). ``LocalStore`` gives them on
+this machine's file system:
+
+- a data or deletion vector file is written and fsynced (``write``): a
+  power loss after the confirmation cannot leave it truncated;
+- a commit file is written to a temporary name and fsynced, then linked
+  into place (``put_if_absent``): a hard link refuses a name that exists,
+  so the file appears whole and only once (as delta-rs does on a local
+  folder); the log's folder and the table's are fsynced after, so the
+  names are durable too;
+- a commit another engine made (delta-rs, Spark: neither fsyncs) is made
+  durable after it (``make_durable``): its commit file, the files it adds
+  and the folders that hold them.
+
+Names are relative to the table's folder, ``/``-separated, as Delta's log
+spells a data file's relative path once decoded (``canonical``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final, Protocol
+from urllib.parse import unquote, urlsplit
+
+LOG: Final = "_delta_log"
+
+
+def commit_name(version: int) -> str:
+    """The log's file of ``version``, relative to the table."""
+    return f"{LOG}/{version:020d}.json"
+
+
+class TableStore(Protocol):
+    """One table's files (``LocalStore``)."""
+
+    @property
+    def location(self) -> str:
+        """The table's location as Delta readers open it (a folder, or a URL)."""
+        ...
+
+    @property
+    def options(self) -> Mapping[str, str]:
+        """What delta-rs opens the table with (``storage_options``)."""
+        ...
+
+    def read(self, name: str) -> bytes: ...
+
+    def read_range(self, name: str, start: int, length: int) -> bytes: ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def source(self, name: str) -> str:
+        """What pyarrow opens the file ``name`` with."""
+        ...
+
+    def listed(self, prefix: str) -> list[str]:
+        """The names of the files under the folder ``prefix`` (not its subfolders)."""
+        ...
+
+    def write(self, name: str, data: bytes) -> int:
+        """``data`` as the file ``name``, durable when this returns; its size."""
+        ...
+
+    def writing(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """A file to write ``name`` through, durable once the block exits."""
+        ...
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        """``data`` as the file ``name``, whole and durable, unless the name exists already
+        (False, nothing written)."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Remove the file ``name``, if it is there."""
+        ...
+
+    def make_durable(self, version: int) -> None:
+        """The commit ``version`` another engine made, durable with the files it adds."""
+        ...
+
+
+def canonical(path: str, root: str) -> str:
+    """A path as Delta's log spells it (a URI: relative to the table at ``root``, or
+    absolute, percent-encoded) reduced to one spelling per file: decoded, relative to the
+    table when it is inside it. ``file:/a``, ``file:///a`` and ``/a`` are one file; so are
+    ``a%20b`` and ``a b``."""
+    parts = urlsplit(path)
+    if parts.scheme in ("", "file"):
+        decoded = unquote(parts.path)
+        if not decoded.startswith("/"):
+            return decoded
+        base = unquote(urlsplit(root).path).rstrip("/") + "/" if root else None
+    else:
+        decoded = f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
+        base = root.rstrip("/") + "/" if root else None
+    return decoded[len(base) :] if base and decoded.startswith(base) else decoded
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStore:
+    """A table in a folder of this machine."""
+
+    folder: str
+
+    @property
+    def location(self) -> str:
+        return self.folder
+
+    @property
+    def options(self) -> Mapping[str, str]:
+        return {}
+
+    def _path(self, name: str) -> Path:
+        return Path(name) if name.startswith("/") else Path(self.folder, name)
+
+    def read(self, name: str) -> bytes:
+        return self._path(name).read_bytes()
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        with self._path(name).open("rb") as file:
+            file.seek(start)
+            return file.read(length)
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).exists()
+
+    def source(self, name: str) -> str:
+        return str(self._path(name))
+
+    def listed(self, prefix: str) -> list[str]:
+        folder = self._path(prefix)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+        return [f"{prefix.rstrip('/')}/{n}" for n in names if (folder / n).is_file()]
+
+    def write(self, name: str, data: bytes) -> int:
+        with self.writing(name) as file:
+            file.write(data)
+        return len(data)
+
+    @contextlib.contextmanager
+    def writing(self, name: str) -> Iterator[IO[bytes]]:
+        path = self._path(name)
+        with path.open("xb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        final = self._path(name)
+        temporary = final.with_name(f".{final.name}.{uuid.uuid4()}.tmp")
+        self.write(str(temporary), data)
+        try:
+            os.link(temporary, final)
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+        _sync_folder(final.parent)
+        _sync_folder(Path(self.folder))
+        return True
+
+    def delete(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)
+
+    def make_durable(self, version: int) -> None:
+        commit = self._path(commit_name(version))
+        folders = {commit.parent, Path(self.folder)}
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            add = action.get("add") or action.get("cdc")
+            if not isinstance(add, dict):
+                continue
+            added = [canonical(str(add["path"]), self.folder)]
+            vector = add.get("deletionVector")
+            if isinstance(vector, dict) and vector.get("storageType") in ("u", "p"):
+                from apply.delta.deletion_vectors import Descriptor
+
+                added.append(Descriptor.of(vector).name)
+            for name in added:
+                path = self._path(name)
+                _sync_file(path)
+                folders.add(path.parent)
+        _sync_file(commit)
+        for folder in folders:
+            _sync_folder(folder)
+
+
+def _sync_file(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):  # removed since: VACUUM, a later commit
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def _sync_folder(path: Path) -> None:
+    _sync_file(path)
