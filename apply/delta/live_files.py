@@ -193,3 +193,19 @@ class LiveFiles:
             Descriptor.of(vector) if isinstance(vector, dict) else None,
         )
         self._files[file.identity] = file
+
+
+def make_durable(store: TableStore, version: int) -> None:
+    """The commit ``version`` another engine made (delta-rs, Spark), durable with the files
+    it adds: its data and deletion vector files, itself, and the folders naming them."""
+    names: list[str] = []
+    for line in store.read(commit_name(version)).decode().splitlines():
+        action = json.loads(line)
+        add = action.get("add") or action.get("cdc")
+        if not isinstance(add, dict):
+            continue
+        names.append(canonical(str(add["path"]), store.location))
+        vector = add.get("deletionVector")
+        if isinstance(vector, dict) and vector.get("storageType") in ("u", "p"):
+            names.append(Descriptor.of(vector).name)
+    store.sync([*names, commit_name(version)])

@@ -16,8 +16,9 @@ this machine's file system:
   folder); the log's folder and the table's are fsynced after, so the
   names are durable too;
 - a commit another engine made (delta-rs, Spark: neither fsyncs) is made
-  durable after it (``make_durable``): its commit file, the files it adds
-  and the folders that hold them.
+  durable after it (``sync``, of the files ``apply.delta.live_files.
+  make_durable`` reads from the commit): its commit file, the files it
+  adds and the folders that hold them.
 
 Names are relative to the table's folder, ``/``-separated, as Delta's log
 spells a data file's relative path once decoded (``canonical``).
@@ -26,7 +27,6 @@ spells a data file's relative path once decoded (``canonical``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import uuid
 from collections.abc import Iterator, Mapping
@@ -87,8 +87,8 @@ class TableStore(Protocol):
         """Remove the file ``name``, if it is there."""
         ...
 
-    def make_durable(self, version: int) -> None:
-        """The commit ``version`` another engine made, durable with the files it adds."""
+    def sync(self, names: list[str]) -> None:
+        """The files ``names``, which another engine wrote, durable with their names."""
         ...
 
 
@@ -179,26 +179,11 @@ class LocalStore:
     def delete(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)
 
-    def make_durable(self, version: int) -> None:
-        commit = self._path(commit_name(version))
-        folders = {commit.parent, Path(self.folder)}
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            add = action.get("add") or action.get("cdc")
-            if not isinstance(add, dict):
-                continue
-            added = [canonical(str(add["path"]), self.folder)]
-            vector = add.get("deletionVector")
-            if isinstance(vector, dict) and vector.get("storageType") in ("u", "p"):
-                from apply.delta.deletion_vectors import Descriptor
-
-                added.append(Descriptor.of(vector).name)
-            for name in added:
-                path = self._path(name)
-                _sync_file(path)
-                folders.add(path.parent)
-        _sync_file(commit)
-        for folder in folders:
+    def sync(self, names: list[str]) -> None:
+        files = [self._path(name) for name in names]
+        for file in files:
+            _sync_file(file)
+        for folder in {file.parent for file in files} | {Path(self.folder)}:
             _sync_folder(folder)
 
 

@@ -12,6 +12,7 @@ import deltalake
 import pyarrow as pa
 import pytest
 
+from apply.delta.live_files import make_durable
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import CommitRacedError, append, commit, overwrite
 from apply.delta.store import LocalStore, commit_name
@@ -100,7 +101,7 @@ def test_another_engines_commit_is_made_durable_with_its_files(
     folder = _table(tmp_path)
     deltalake.write_deltalake(str(folder), ROWS, mode="append")
     synced.clear()
-    LocalStore(str(folder)).make_durable(1)
+    make_durable(LocalStore(str(folder)), 1)
     added = {
         str(Path(u.removeprefix("file://"))) for u in deltalake.DeltaTable(str(folder)).file_uris()
     }
