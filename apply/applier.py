@@ -37,7 +37,7 @@ from apply.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.conflict_handling import ConflictHandling
 from apply.ddl import SchemaChange, renamed_work
 from apply.error_context import TransactionError
-from apply.errors import ConflictError, as_apply_error
+from apply.errors import ConflictError, TargetTableError, as_apply_error
 from apply.failpoints import failpoint
 from apply.forming import Formed, Forming
 from apply.records import (
@@ -279,7 +279,7 @@ class BatchApplier:
                 self._applied[name] = batch.end_lsn
             self._within[name] = write.mark.within
             self._conflicts.report(written.conflicts, schema, batch)
-            results.append(TableResult(name, written, seconds, write.changes))
+            results.append(TableResult(name, written, seconds, write.changes, write.mark))
         if failure is not None:
             raise failure
         return results
@@ -350,7 +350,22 @@ class BatchApplier:
         if mark.within is None:
             self._applied[MESSAGES_TABLE] = batch.end_lsn
         self._within[MESSAGES_TABLE] = mark.within
-        return TableResult(MESSAGES_TABLE, write, time.monotonic() - started, rows.num_rows)
+        seconds = time.monotonic() - started
+        return TableResult(MESSAGES_TABLE, write, seconds, rows.num_rows, mark)
+
+    def verify(self, result: BatchResult) -> None:
+        """Before ``result`` is confirmed: each commit it made is still in its table's log
+        (``Tables.verify_commit``); one another engine replaced fails the batch, which is
+        applied again on the table as it is now."""
+        for table in result.tables:
+            if table.write.version is None or table.mark is None:
+                continue
+            try:
+                self._tables.verify_commit(table.table, table.write.version, table.mark)
+            except TargetTableError:
+                self._applied.pop(table.table, None)  # read from the table again
+                self._within.pop(table.table, None)
+                raise
 
     def apply_whole(
         self, tx: SpooledTransaction, bounds: Bounds, on_piece: Callable[[Counter[str]], None]

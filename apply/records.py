@@ -175,6 +175,7 @@ class TableResult:
     write: WriteResult
     seconds: float
     changes: int
+    mark: CommitMark | None = None  # what the commit carries (checked before confirming)
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,12 @@ class Tables(Protocol):
 
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult: ...
 
+    def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
+        """Raise a ``TargetTableError`` if version ``version`` of ``table`` is no longer the
+        commit made for ``mark`` (another engine replaced it); asked before the commit's
+        batch is confirmed upstream."""
+        ...
+
     def appends_changes(self, table: str) -> bool:
         """Whether ``table`` is kept as a change log (``history: changelog``)."""
         ...

@@ -282,5 +282,6 @@ class WholeTransactions:
             failpoint("apply.after_table_write")
             self._view.committed(name, tx.end_lsn)
             self._conflicts.report(write.conflicts, stage.schema, batch)
-            results.append(TableResult(name, write, time.monotonic() - started, stage.rows))
+            seconds = time.monotonic() - started
+            results.append(TableResult(name, write, seconds, stage.rows, mark))
         return BatchResult(tx.end_lsn, tuple(results))

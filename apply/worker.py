@@ -404,6 +404,7 @@ class ApplyWorker:
 
     def _finish(self, batch: Batch, result: BatchResult, started: float, *, changes: int) -> None:
         """After the tables committed: checkpoint, confirm upstream, observe."""
+        self._applier.verify(result)  # each commit still the one made (not replaced since)
         failpoint("apply.before_checkpoint")
         self.versions.update(result.versions)
         skipped = self._clear_skip_at is not None and batch.end_lsn >= self._clear_skip_at

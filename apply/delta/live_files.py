@@ -35,6 +35,7 @@ from apply.errors import TargetTableError
 
 if TYPE_CHECKING:
     from apply.delta.store import TableStore
+    from apply.records import CommitMark
 
 _CHECKPOINT_COLUMNS: Final = ["add"]
 _CLASSIC: Final = re.compile(r"(\d{20})\.checkpoint\.parquet")
@@ -209,3 +210,38 @@ def make_durable(store: TableStore, version: int) -> None:
         if isinstance(vector, dict) and vector.get("storageType") in ("u", "p"):
             names.append(Descriptor.of(vector).name)
     store.sync([*names, commit_name(version)])
+
+
+def latest_version(store: TableStore) -> int:
+    """The table's latest version, found from its last checkpoint without listing the log
+    (which holds a commit a second for a week): the commits after it probed, doubling the
+    step, then halving it. -1: no commit."""
+    try:
+        low = int(json.loads(store.read(f"{LOG}/_last_checkpoint"))["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        low = 0 if store.exists(commit_name(0)) else -1
+    if low < 0:
+        return -1
+    step = 1
+    while store.exists(commit_name(low + step)):
+        low, step = low + step, step * 2
+    while step > 1:  # low exists, low + step does not
+        step //= 2
+        if store.exists(commit_name(low + step)):
+            low += step
+    return low
+
+
+def carries(store: TableStore, version: int, mark: CommitMark) -> bool:
+    """Whether the table's commit ``version`` carries ``mark``'s idempotent-write id: it is
+    the commit made for that mark, not another engine's made over it."""
+    app_id, batch_version = mark.txn
+    try:
+        lines = store.read(commit_name(version)).decode().splitlines()
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        txn = json.loads(line).get("txn")
+        if isinstance(txn, dict) and txn.get("appId") == app_id:
+            return int(txn.get("version", -1)) == batch_version
+    return False

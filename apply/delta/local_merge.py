@@ -60,7 +60,7 @@ from apply.columnar import arrow_schema
 from apply.delta.deletion_vectors import DeletionVectorError
 from apply.delta.key_index import KeyIndex, lookup_keys
 from apply.delta.key_lookup import keys_apart, keys_conflict
-from apply.delta.live_files import LiveFiles, UnreadableLogError, make_durable
+from apply.delta.live_files import LiveFiles, UnreadableLogError
 from apply.delta.local_tables import delta_rs_writes, folder, marked, no_checkpoint
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import (
@@ -218,7 +218,6 @@ class LocalMerges:
                     post_commithook_properties=no_checkpoint(),
                 )
                 table = open_table.synced()
-                make_durable(open_table.store, table.version())
             open_table.wrote(app_id, version)
             keep_log(table, open_table.store.location)
         return WriteResult(schema.table, table.version(), stage.rows, 0, 0)
@@ -264,6 +263,9 @@ class LocalMerges:
         except CommitRacedError:
             self.forget(path)
             raise
+        except deltalake.exceptions.CommitFailedError as exc:  # delta-rs lost the same race
+            self.forget(path)
+            raise CommitRacedError(f"{what} through delta-rs: {exc}") from exc
         except (deltalake.exceptions.DeltaError, OSError) as exc:
             self.forget(path)
             raise TargetTableError(f"{what} through delta-rs failed: {exc}") from exc
@@ -404,7 +406,6 @@ def merge_into(
         schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, stamping=stamping
     )
     metrics = run_merge(table, source.table, plan, mark)
-    make_durable(open_table.store, table.version())
     keep_log(table, open_table.store.location)
     counts = (
         metrics.get("num_target_rows_inserted", 0),
@@ -476,7 +477,6 @@ def _rewrite(
         commit_properties=marked(mark),
         post_commithook_properties=no_checkpoint(),
     )
-    make_durable(open_table.store, table.version())
     keep_log(table, open_table.store.location)
     open_table.wrote(app_id, version)
     return WriteResult(schema.table, table.version(), *counts)

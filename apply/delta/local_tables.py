@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
+from apply.delta.live_files import latest_version, make_durable
+from apply.delta.store import LocalStore
 from apply.errors import TargetTableError
 
 if TYPE_CHECKING:
@@ -249,6 +251,8 @@ def append_rows(path: str, ddl: str, rows: list[tuple[Any, ...]]) -> None:
     for attempt in range(1, APPEND_ATTEMPTS + 1):
         try:
             deltalake.write_deltalake(path, table, mode="append", schema_mode="merge")
+            store = LocalStore(folder(path))  # durable before the state it records is acted on
+            make_durable(store, latest_version(store))
             return
         except deltalake.exceptions.CommitFailedError as exc:
             # Nothing was committed, and a blind append may be made again on the newer

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Final
 
 from apply.delta import sql as delta_sql
 from apply.delta.definition import gain_by_size
-from apply.delta.local_tables import folder, is_local_folder
+from apply.delta.detail import detail
 from apply.delta.session import SparkErrors
 from apply.delta.target import USER_METADATA
 from apply.errors import TargetTableError
@@ -198,30 +198,3 @@ def _compact_small_files(session: SparkSession, table: str) -> None:
     }
     with settings(session, compaction):
         session.sql(f"OPTIMIZE {table}")
-
-
-def detail(session: SparkSession, path: str) -> tuple[int, int, dict[str, str]]:
-    """The table's data file count, bytes of data and properties: read by delta-rs for a
-    local table (milliseconds), by Spark's ``DESCRIBE DETAIL`` otherwise. A warm Spark
-    session took 7-15 s to bring its snapshot over the 30-40 commits pgsub made to a big
-    table since the last round, while the table's batches waited for it
-    (docs/performance.md, "Big tables")."""
-    if is_local_folder(path):
-        import deltalake
-
-        try:
-            opened = deltalake.DeltaTable(folder(path))
-        except (deltalake.exceptions.DeltaError, OSError) as exc:
-            raise TargetTableError(f"reading the log of {path} failed: {exc}") from exc
-        import pyarrow as pa
-
-        sizes = pa.table(opened.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
-        return len(sizes), sum(sizes), dict(opened.metadata().configuration)
-    row = (
-        session.sql(f"DESCRIBE DETAIL {delta_sql.table_ref(path)}")
-        .select("numFiles", "sizeInBytes", "properties")
-        .first()
-    )
-    if row is None:
-        return 0, 0, {}
-    return int(row["numFiles"] or 0), int(row["sizeInBytes"] or 0), dict(row["properties"] or {})

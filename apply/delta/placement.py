@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable
 
 from apply.delta.definition import gain_by_size
+from apply.delta.detail import detail
 from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
 from apply.delta.local_tables import is_local_folder
-from apply.delta.maintenance import detail
 from apply.delta.session import runs_here
 from apply.delta.target import TargetTable
 from apply.features import FeatureMode, TableFeatures

@@ -42,19 +42,25 @@ from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import copy_into, kept_copy, write_once
 from apply.delta.ddl import follow as follow_ddl
 from apply.delta.definition import TableDefinition
+from apply.delta.detail import detail
+from apply.delta.durability import Durability
 from apply.delta.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
+from apply.delta.live_files import carries, latest_version
 from apply.delta.local_tables import (
     delta_rs_can_write,
     delta_rs_writes,
+    folder,
     is_table,
 )
-from apply.delta.maintenance import Grown, Tended, detail, tend
+from apply.delta.maintenance import Grown, Tended, tend
 from apply.delta.marks import latest_mark
 from apply.delta.multiset import write_multiset
 from apply.delta.origins import OriginTracker
+from apply.delta.overwrite import CommitRacedError
 from apply.delta.placement import Placement
 from apply.delta.session import SparkErrors, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
+from apply.delta.store import LocalStore
 from apply.delta.table_options import (
     DEFAULT_OPTIONS,
     CreatedTables,
@@ -86,6 +92,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 HISTORY_PEEK: Final = 100
+# Tries of a batch whose commit another writer's beat (nothing committed): each on the table
+# as that writer left it.
+RACE_ATTEMPTS: Final = 3
 
 log = structlog.get_logger(__name__)
 
@@ -114,6 +123,7 @@ class DeltaTables:
             appended_only=self.appends_changes,
         )
         self._on_local_disk = self._placed.on_local_disk
+        self._durability = Durability(self._on_local_disk)
         self._local_merges = self._placed.local_merges
         self.subscription = subscription
         self.create_tables = options.create_tables
@@ -203,7 +213,9 @@ class DeltaTables:
                 return None
         path = self.path(schema.table)
         with self._held(schema.table, f"preparing {path} for {schema.table}"):
+            self._durability.known(path, self._latest_version(path))
             evolution = self._create_or_evolve(schema, path, recreate=recreate, remember=remember)
+            self._durability.settle(path, self._latest_version(path))
         with self._lock:
             self._schemas[schema.table] = schema
         return evolution
@@ -242,12 +254,27 @@ class DeltaTables:
             )
             self._placed.forget(schema.table, path)
             self._appends.forget(path)
+            self._durability.forget(path)
             with self._lock:
                 self._origins.pop(schema.table, None)
             if remember:
                 self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
         return self._definition.evolve(self.session(), schema, path, self._keeping(schema).mode)
+
+    def _latest_version(self, path: str) -> int | None:
+        """The latest version of the table at ``path`` on a local warehouse (None elsewhere,
+        or no table), read without opening its log (``live_files.latest_version``)."""
+        if not self._on_local_disk:
+            return None
+        version = latest_version(LocalStore(folder(path)))
+        return None if version < 0 else version
+
+    def _settled(self, path: str, result: WriteResult) -> WriteResult:
+        """``result``'s commit, and every commit before it, durable (``apply.delta.
+        durability``): what a batch confirms must survive a power loss."""
+        self._durability.settle(path, result.version)
+        return result
 
     def appends_changes(self, table: str) -> bool:
         return table != MESSAGES_TABLE and self.history.of(table) is HistoryMode.CHANGELOG
@@ -269,7 +296,9 @@ class DeltaTables:
             written = None
             if self._on_local_disk:
                 written = self._appends.append(target, stored, rows, mark)
-            return written if written is not None else target.append(stored, rows, mark)
+            if written is None:
+                written = target.append(stored, rows, mark)
+            return self._settled(target.path, written)
 
     def write_versions(
         self,
@@ -290,9 +319,10 @@ class DeltaTables:
                         opened = None
                 if opened is None:
                     self._placed.check_size(target)
-                return write_versions(
+                written = write_versions(
                     target, schema, changes, mark, resolutions, witness, opened=opened
                 )
+                return self._settled(target.path, written)
         except TargetTableError:  # open the table afresh next time
             self._local_merges.forget(target.path)
             raise
@@ -312,6 +342,7 @@ class DeltaTables:
                 done = follow_ddl(
                     self.session(), path, change, new_types, fills, keeps_history=keeps_history
                 )
+            self._durability.settle(path, self._latest_version(path))
         finally:
             with self._lock:
                 self._schemas.pop(change.table, None)  # prepared again, as it is now
@@ -352,7 +383,21 @@ class DeltaTables:
         target = self.target(schema.table)
         try:
             with self.exclusive(schema.table):
-                return self._write(target, schema, net, mark, resolutions)
+                for attempt in range(1, RACE_ATTEMPTS):
+                    try:
+                        written = self._write(target, schema, net, mark, resolutions)
+                        return self._settled(target.path, written)
+                    except CommitRacedError:
+                        # Another writer (a user's OPTIMIZE, say) took the version first and
+                        # nothing was committed: the table is read anew and the batch made on it.
+                        log.info(
+                            "commit raced another writer; writing the batch again",
+                            table=schema.table,
+                            lsn=str(mark.lsn),
+                            attempt=attempt,
+                        )
+                written = self._write(target, schema, net, mark, resolutions)  # a race raises
+                return self._settled(target.path, written)
         except ConflictError:
             raise
         except TargetTableError:  # delta-rs's write failed (the table deleted, say)
@@ -392,9 +437,10 @@ class DeltaTables:
                     if written is None:
                         written = local.merge_staged(target.path, schema, stage, mark)
                     if written is not None:
-                        return written
+                        return self._settled(target.path, written)
                 self._placed.check_size(target)
-                return write_staged(target, schema, stage, mark, resolutions, nets=nets)
+                written = write_staged(target, schema, stage, mark, resolutions, nets=nets)
+                return self._settled(target.path, written)
         except ConflictError:
             raise
         except SparkErrors as exc:
@@ -436,7 +482,38 @@ class DeltaTables:
         """Append logical decoding messages in one commit carrying ``mark`` (exactly once, as
         any table: a resent batch at or below the table's LSN is dropped by the applier)."""
         with self.exclusive(MESSAGES_TABLE):
-            return append_messages(self.target(MESSAGES_TABLE), rows, mark)
+            target = self.target(MESSAGES_TABLE)
+            return self._settled(target.path, append_messages(target, rows, mark))
+
+    def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
+        """Raise if version ``version`` of ``table`` is no longer the commit made for ``mark``.
+
+        On a local folder Spark's LogStore checks that a version is free, then
+        renames its commit into place over whatever is there by then: a user's
+        OPTIMIZE or DELETE from another Spark may replace a commit pgsub made
+        meanwhile. Read back before the batch is confirmed, such a commit fails
+        the batch (applied again on the table as it is), never loses it.
+        """
+        if not self._on_local_disk:
+            return
+        path = self.path(table)
+        if carries(LocalStore(folder(path)), version, mark):
+            return
+        self._forget_written(table, path)
+        raise TargetTableError(
+            f"version {version} of {table} at {path} is no longer the commit pgsub made for "
+            f"LSN {mark.lsn}: another engine committed over it (Spark's LogStore on a local "
+            "folder renames over a version it found free). Nothing was confirmed; the batch "
+            "is applied again. Stop the other writer, or let it write only while pgsub is "
+            'stopped (docs/tables.md, "Other writers")'
+        )
+
+    def _forget_written(self, table: str, path: str) -> None:
+        """What this process kept of the table's log: read again at its next write."""
+        with self._lock:
+            self._schemas.pop(table, None)
+        self._local_merges.forget(path)
+        self._appends.forget(path)
 
     @contextmanager
     def exclusive(self, table: str) -> Iterator[None]:
@@ -474,8 +551,20 @@ class DeltaTables:
             lite=lite,
             mark=partial(self._latest_mark, table),
             features=Grown(table, self._features(table)),
-            held=partial(self.exclusive, table),
+            held=partial(self._committing, table),
         )
+
+    @contextmanager
+    def _committing(self, table: str) -> Iterator[None]:
+        """``exclusive``, and what was committed meanwhile made durable before the table is
+        let go (maintenance's commits, which the next batch's builds on)."""
+        path = self.path(table)
+        with self.exclusive(table):
+            self._durability.known(path, self._latest_version(path))
+            try:
+                yield
+            finally:
+                self._durability.settle(path, self._latest_version(path))
 
     def _features(self, table: str) -> TableFeatures:
         """The features ``table`` may gain: a change log never needs deletion vectors."""
@@ -505,14 +594,19 @@ class DeltaTables:
                 and delta_rs_can_write(target.path)
                 and plan is None
             ):
-                copied_rows = write_once(target, schema, source.blocks(), mark, mode=mode), None
+                copied_rows: tuple[int, int | None] = (
+                    write_once(target, schema, source.blocks(), mark, mode=mode),
+                    None,
+                )
                 # A big table gains deletion vectors now, before READY, and its key index is
                 # read: not in its first batch while its changes wait (seconds each).
                 self._placed.check_size(target)
                 if self._placed.merges_locally(target) and keeping.plain:
                     self._local_merges.warm(target.path, schema)
-                return copied_rows
-            return copy_into(target, schema, source, mark, staging, mode=mode, plan=plan)
+            else:
+                copied_rows = copy_into(target, schema, source, mark, staging, mode=mode, plan=plan)
+            self._durability.settle(target.path, self._latest_version(target.path))
+            return copied_rows
 
     def _holds_rows(self, target: TargetTable) -> bool:
         """Whether the table has data files (a table copied before: a resync)."""

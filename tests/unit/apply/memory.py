@@ -15,7 +15,7 @@ from typing import Any
 from apply.collapse import KeyedNet, Net
 from apply.copy_source import StagedParts
 from apply.ddl import SchemaChange
-from apply.errors import ConflictError
+from apply.errors import ConflictError, TargetTableError
 from apply.records import CommitMark, Within, WriteResult
 from apply.schema import Evolution, TargetSchema
 from apply.staging import StagedSource
@@ -46,6 +46,7 @@ class MemoryTables:
         self.version_tables: set[str] = set()  # tables kept as versions (scd2)
         self.versions: dict[str, list[dict[str, Any]]] = {}  # their rows
         self.reads = 0
+        self.replaced: set[int] = set()  # versions another engine took over after the commit
 
     def applied_lsn(self, table: str) -> Lsn:
         self.reads += 1
@@ -118,6 +119,10 @@ class MemoryTables:
         self.lsn["pgsub:messages"] = mark.lsn
         self.commits.append(("pgsub:messages", mark))
         return WriteResult("pgsub:messages", len(self.commits))
+
+    def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
+        if version in self.replaced or self.commits[version - 1] != (table, mark):
+            raise TargetTableError(f"version {version} of {table} was replaced")
 
     def appends_changes(self, table: str) -> bool:
         return table in self.change_logs

@@ -16,7 +16,7 @@ from apply.assembly import AssembledTransaction, Prepared, TransactionAssembler
 from apply.batch import Batcher
 from apply.collapse import Net
 from apply.error_context import TransactionError
-from apply.errors import ApplyError
+from apply.errors import ApplyError, TargetTableError
 from apply.queue import TransactionQueue
 from apply.records import CommitMark, Within, WriteResult
 from apply.roles import Leader, PreparedLeftovers
@@ -159,6 +159,27 @@ def test_after_a_failed_batch_transactions_are_applied_one_at_a_time_to_name_the
     assert again.value.finish_lsn == Lsn(200 - 8)
     assert "in transaction 702 finished at 0/C0" in str(again.value)
     assert retry.checkpoints.recorded == [Lsn(100)] and retry.tables.keys() == [1]
+
+
+class ReplacedAfterItsCommit(MemoryTables):
+    """Another engine renames its own commit over the one just made (Spark's local LogStore
+    checks that a version is free, then renames over whatever is there by then)."""
+
+    def write(self, schema: TargetSchema, net: Net, mark: CommitMark, *args: object) -> WriteResult:
+        written = super().write(schema, net, mark)
+        assert written.version is not None
+        self.replaced.add(written.version)
+        return written
+
+
+def test_a_commit_another_engine_replaced_is_never_confirmed() -> None:
+    """The batch's commit is read back before its LSN is confirmed or checkpointed: replaced,
+    the batch fails (and is applied again on the table as it is), nothing is confirmed."""
+    harness = Harness(ReplacedAfterItsCommit())
+    with pytest.raises(TargetTableError, match="replaced"):
+        harness.run(tx(ins(T, 1, "a"), end=100), until=Lsn(100))
+    assert harness.progress.flushed == Lsn(0)
+    assert harness.checkpoints.recorded == []
 
 
 def test_a_batch_is_in_flight_until_confirmed_and_not_after_its_write_raised() -> None:

@@ -330,7 +330,7 @@ def test_a_composite_key_is_looked_up_as_its_joined_text(spark: Any, warehouse: 
 def test_maintenance_reads_a_local_tables_detail_as_spark_does(spark: Any, warehouse: Path) -> None:
     """Maintenance's file count, size and properties of a local table come from delta-rs
     (a Spark DESCRIBE DETAIL held the table for seconds); they are Spark's figures."""
-    from apply.delta.maintenance import detail
+    from apply.delta.detail import detail
 
     tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     applier = BatchApplier("sub1", tables, lambda oid: None)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from apply.delta.live_files import LiveFiles, UnreadableLogError
+from apply.delta.live_files import LiveFiles, UnreadableLogError, latest_version
 from apply.delta.store import LocalStore, canonical
 
 
@@ -150,3 +150,14 @@ def test_a_log_without_a_checkpoint_or_its_first_commits_is_refused(tmp_path: Pa
     (table / "_delta_log" / f"{0:020d}.json").unlink()
     with pytest.raises(UnreadableLogError, match="no checkpoint"):
         _live(table, 1)
+
+
+@pytest.mark.parametrize("commits", [1, 2, 5, 37])
+def test_the_latest_version_is_found_without_listing_the_log(tmp_path: Path, commits: int) -> None:
+    table = tmp_path / "t"
+    for version in range(commits):
+        _commit(table, version, _add(f"{version}.parquet"))
+    assert latest_version(LocalStore(str(table))) == commits - 1
+    (table / "_delta_log" / "_last_checkpoint").write_text('{"version": 0, "size": 1}')
+    assert latest_version(LocalStore(str(table))) == commits - 1
+    assert latest_version(LocalStore(str(tmp_path / "none"))) == -1

@@ -12,6 +12,7 @@ import deltalake
 import pyarrow as pa
 import pytest
 
+from apply.delta.durability import Durability
 from apply.delta.live_files import make_durable
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import CommitRacedError, append, commit, overwrite
@@ -136,3 +137,28 @@ def test_a_table_with_v2_checkpoints_is_never_written_by_the_vector_path(
     monkeypatch.setattr("apply.delta.vector_write.VECTOR_WRITES", VECTOR_WRITES | REPLAY_REFUSES)
     monkeypatch.setattr("apply.delta.vector_write.VECTOR_READS", VECTOR_READS | REPLAY_REFUSES)
     assert not vector_writable(_protocol([*dv, "v2Checkpoint"], [*dv, "v2Checkpoint"]), schema)
+
+
+def test_every_commit_since_the_last_settled_one_is_made_durable(
+    tmp_path: Path, synced: list[str]
+) -> None:
+    """A batch's commit by delta-rs, and the maintenance commit before it that it builds on:
+    both durable before the batch is confirmed (a lost one under a durable one is a gap)."""
+    folder = _table(tmp_path)
+    durability = Durability(local=True)
+    durability.known(str(folder), 0)
+    deltalake.write_deltalake(str(folder), ROWS, mode="append")  # maintenance's, say
+    deltalake.write_deltalake(str(folder), ROWS, mode="append")  # the batch's
+    synced.clear()
+    durability.settle(str(folder), 2)
+    log = folder / "_delta_log"
+    assert [s for s in synced if s.endswith(".json")] == [
+        str(log / f"{1:020d}.json"),
+        str(log / f"{2:020d}.json"),
+    ]
+    assert len([s for s in synced if s.endswith(".parquet")]) == 2
+    synced.clear()
+    durability.settle(str(folder), 2)
+    assert synced == []  # settled once
+    Durability(local=False).settle(str(folder), 2)
+    assert synced == []  # on object storage a PUT is durable when it returns
