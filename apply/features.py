@@ -78,6 +78,16 @@ class FeatureRefusedError(ApplyError):
     """A table needs a feature the subscription's ``table_features`` says never to use."""
 
 
+# The readers that refuse a table with each reader feature (docs/tables.md, "Which reader
+# opens what", checked by tests/integration/apply/delta/test_own_writer_conformance.py).
+EXCLUDED_READERS: Final = {
+    "columnMapping": "polars 2.1 (delta-rs 1.6 reads it)",
+    "typeWidening": "delta-rs 1.6 (deltalake: every way it reads) and polars 2.1",
+    "deletionVectors": "delta-rs 1.6's to_pyarrow_table, to_pyarrow_dataset and to_pandas "
+    "(its QueryBuilder and polars 2.1 read it)",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Gain:
     """A reader feature a table takes on, with why."""
@@ -86,6 +96,11 @@ class Gain:
     property: str
     value: str
     reason: str
+
+
+def excluded_readers(feature: str) -> str:
+    """The readers that can no longer open a table with the reader feature ``feature``."""
+    return EXCLUDED_READERS.get(feature, "readers that lack it")
 
 
 def needs_column_mapping(name: str) -> bool:

@@ -16,7 +16,7 @@ warning, since some readers cannot open it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -25,15 +25,19 @@ import structlog
 from apply.changelog import PREFIX, HistoryMode
 from apply.columnar import arrow_schema
 from apply.delta import sql as delta_sql
+from apply.delta.detail import detail
 from apply.delta.local_tables import create_table, delta_rs_creates, described
 from apply.delta.origins import ROW_TRACKING
 from apply.delta.session import SparkErrors, struct
 from apply.errors import ApplyError, TargetTableError
 from apply.features import (
     CHANGE_DATA_FEED,
+    TYPE_WIDENING,
+    FeatureMode,
     Gain,
     TableFeatures,
     creation_properties,
+    excluded_readers,
     feed_wanted,
     gains,
     size_gain,
@@ -50,6 +54,10 @@ log = structlog.get_logger(__name__)
 WRITER: Final = "pgsub.subscription"
 # How the table is kept: mirror or changelog (apply.changelog).
 HISTORY: Final = "pgsub.history"
+# Up to this much Parquet a widened column is widened by rewriting the table (as a renamed
+# or dropped column is, apply.delta.ddl), so that no reader feature is needed; past it, in
+# place with Delta's type widening, which delta-rs's readers lack.
+SCHEMA_REWRITE_MAX_BYTES: Final = 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +122,17 @@ class TableDefinition:
         properties = delta_sql.properties(session, path)
         self._check_writer(session, schema.table, path, properties)
         _check_history(schema.table, path, properties, history, self.subscription)
+        widened = [column for column, _, _ in evolution.widen]
+        if (
+            widened
+            and properties.get(TYPE_WIDENING) != "true"
+            and _rewrite_widened(session, schema.table, path, evolution.widen, self.features)
+        ):
+            widened = []  # widened by the rewrite: no reader feature needed
         for gain in gains(
             properties,
             [c.name for c in evolution.add],
-            [column for column, _, _ in evolution.widen],
+            widened,
             self.features,
             schema.table,
         ):
@@ -133,7 +148,7 @@ class TableDefinition:
         if evolution.add:
             columns = ", ".join(f"{quote(c.name)} {c.spark_type}" for c in evolution.add)
             session.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
-        for column, _old, new in evolution.widen:
+        for column, _old, new in evolution.widen if widened else ():
             session.sql(f"ALTER TABLE {table} ALTER COLUMN {quote(column)} TYPE {new}")
         if evolution.add or evolution.widen:
             log.info(
@@ -204,6 +219,44 @@ class TableDefinition:
                 f'dropped, set shared_tables: true for "{self.subscription}"; otherwise take '
                 "the table out of one of the publications"
             )
+
+
+def _rewrite_widened(
+    session: SparkSession,
+    table: str,
+    path: str,
+    widen: Sequence[tuple[str, str, str]],
+    features: TableFeatures,
+) -> bool:
+    """Widen ``widen``'s columns (name, old type, new type) by rewriting the table, in one
+    commit, while it holds at most ``SCHEMA_REWRITE_MAX_BYTES``: the table keeps no trace of
+    the narrower type, so every reader still opens it (Delta's type widening is a reader
+    feature delta-rs lacks). Whether it did; past the size (and with ``always``), the caller
+    widens in place with the feature, or refuses (``never``)."""
+    from pyspark.sql import functions as fn
+
+    if features.type_widening is FeatureMode.ALWAYS:
+        return False
+    _, size, _ = detail(session, path)
+    if size > SCHEMA_REWRITE_MAX_BYTES:
+        return False
+    new = {column: wanted for column, _, wanted in widen}
+    frame = delta_sql.read(session, path)
+    columns = [
+        fn.col(quote(name)).cast(new[name]).alias(name) if name in new else fn.col(quote(name))
+        for name in frame.columns
+    ]
+    writer = frame.select(*columns).write.format("delta").mode("overwrite")
+    writer.option("overwriteSchema", "true").save(path)
+    log.info(
+        "target table rewritten to widen a column",
+        table=table,
+        widened=[f"{c} {old}->{wanted}" for c, old, wanted in widen],
+        bytes=size,
+        detail="every reader still opens it; Delta's type widening (a reader feature) only "
+        f"widens tables of more than {SCHEMA_REWRITE_MAX_BYTES // 2**30} GiB in place",
+    )
+    return True
 
 
 def _check_history(
@@ -286,6 +339,7 @@ def _warn_gained(table: str, gain: Gain) -> None:
         table=table,
         feature=gain.feature,
         reason=gain.reason,
-        detail="readers that lack this feature cannot open the table (delta-rs 1.6's "
-        "to_pyarrow_table and polars lack all three); docs/tables.md lists which can",
+        excludes=excluded_readers(gain.feature),
+        detail="the readers it excludes can no longer open the table; docs/tables.md, "
+        '"Which reader opens what", lists who can',
     )

@@ -190,19 +190,49 @@ def test_tables_carry_only_the_reader_features_their_data_needs(
         assert _reader_features(warehouse / "public" / "plain") <= {"timestampNtz"}
         assert "columnMapping" in _reader_features(warehouse / "public" / "odd")
 
+        # A widened column: the table is rewritten with the wider type (it is small), and
+        # every reader still opens it; it used to gain typeWidening, which delta-rs refuses.
         publisher.execute(
             "ALTER TABLE plain ALTER COLUMN n TYPE bigint;"
             "INSERT INTO plain VALUES (21, 5000000000, NULL, 'wide')"
         )
         rep.caught_up()
-        rep.assert_equal("public.plain", key=("id",), readers=(SPARK,))
-        assert "typeWidening" in _reader_features(warehouse / "public" / "plain")
+        rep.assert_equal("public.plain", key=("id",))  # Spark and delta-rs
+        assert _reader_features(warehouse / "public" / "plain") <= {"timestampNtz"}
+        assert any(e["event"] == "target table rewritten to widen a column" for e in logs)
     gained = {
         (e["table"], e["feature"])
         for e in logs
         if e["event"] == "target table gains a reader feature"
     }
-    assert gained == {("public.odd", "columnMapping"), ("public.plain", "typeWidening")}
+    assert gained == {("public.odd", "columnMapping")}
+
+
+def test_a_column_of_a_table_past_the_rewrite_bound_is_widened_in_place(
+    publisher: PgDatabase, spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``SCHEMA_REWRITE_MAX_BYTES`` a rewrite would cost what a copy costs: the column
+    is widened in place with Delta's type widening, logged with the readers it excludes."""
+    from structlog.testing import capture_logs
+
+    from apply.delta import definition
+    from tests.support.oracle import SPARK
+
+    monkeypatch.setattr(definition, "SCHEMA_REWRITE_MAX_BYTES", 0)
+    publisher.execute(
+        "CREATE TABLE big (id int PRIMARY KEY, n int); CREATE PUBLICATION pub FOR TABLE big"
+    )
+    with Replication(publisher, spark, warehouse) as rep, capture_logs() as logs:
+        publisher.execute("INSERT INTO big SELECT g, g FROM generate_series(1, 20) g")
+        rep.caught_up()
+        publisher.execute(
+            "ALTER TABLE big ALTER COLUMN n TYPE bigint; INSERT INTO big VALUES (21, 5000000000)"
+        )
+        rep.caught_up()
+        rep.assert_equal("public.big", key=("id",), readers=(SPARK,))
+    assert "typeWidening" in _reader_features(warehouse / "public" / "big")
+    (gained,) = [e for e in logs if e["event"] == "target table gains a reader feature"]
+    assert gained["feature"] == "typeWidening" and "delta-rs" in gained["excludes"]
 
 
 def test_a_second_subscription_on_a_table_is_refused_unless_shared(
