@@ -10,8 +10,9 @@ commit of an overwrite is the simplest the protocol has, so pgsub writes it:
 2. ``_delta_log/<version + 1>.json``, put only if no other writer made
    that version first (``TableStore.put_if_absent``: Delta's "mutual
    exclusion"): a ``remove`` of every live file, the ``add`` of the new
-   one (its row count as statistics; no min/max: a reader that finds none
-   reads the file, the safe side), the batch's ``txn`` and a ``commitInfo``
+   one (its row count, and its integer columns' minimum, maximum and nulls,
+   as statistics: what data skipping by key needs), the batch's ``txn`` and a
+   ``commitInfo``
    with its ``userMetadata`` and a ``txnId`` of its own;
 3. every ``delta.checkpointInterval`` commits (100 unless set), a
    checkpoint and the removal of expired log files, by delta-rs
@@ -233,7 +234,9 @@ def overwrite(
         }
         for file in live
     ]
-    stats = json.dumps({"numRecords": rows.num_rows})
+    stats = _Stats(rows.schema)
+    for batch in rows.to_batches():
+        stats.add(batch)
     actions.append(
         {
             "add": {
@@ -242,7 +245,7 @@ def overwrite(
                 "size": size,
                 "modificationTime": now,
                 "dataChange": True,
-                "stats": stats,
+                "stats": stats.json(),
             }
         }
     )
