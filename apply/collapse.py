@@ -105,6 +105,22 @@ class MultisetNet:
 Net = KeyedNet | MultisetNet
 
 
+def net_bytes(net: Net) -> int:
+    """The bytes of the rows ``net`` changes, as the publisher sent their values: a row
+    written, its image; a row deleted, its key (a copy of a multiset's row, its image). What
+    a batch's writes are measured against (``pgsub_table_change_bytes_total``)."""
+    total = 0
+    if isinstance(net, MultisetNet):
+        for multiset_row in net.rows.values():
+            image = sum(len(v) for v in multiset_row.image.values if v is not None)
+            total += image * abs(multiset_row.delta)
+        return total
+    for row in net.rows.values():
+        values = row.image.values if row.present and row.image is not None else row.key
+        total += sum(len(v) for v in values if v is not None)
+    return total
+
+
 def is_keyed(relation: Relation) -> bool:
     return relation.replica_identity in (
         ReplicaIdentity.DEFAULT,

@@ -12,12 +12,17 @@ none of those three unless the subscription asks for them
   (a space or one of ``,;{}()=``, a tab or a newline);
 - type widening, the first time a column's type widens on the publisher
   (int -> bigint, ...);
-- deletion vectors, when the table holds more than ``deletion_vectors_above``
-  (256 MiB) of Parquet: a MERGE of scattered keys then writes the changed
-  rows and a bitmap per touched file, instead of rewriting every file it
-  touches (``size_gain``; docs/performance.md, "Big tables", says what it
-  pays). Smaller tables are rewritten in milliseconds, and stay readable
-  by every reader.
+- deletion vectors, when a batch would otherwise rewrite more than
+  ``rewrite_factor`` (4) times what it writes with them (``write_gain``):
+  the files it touches against its own rows, a vector file and the
+  commit. Without them a batch rewrites every file its keys touch - a
+  1M-row table's one 41-MB file for a batch of ten updates, every second
+  (docs/performance.md, "What a batch writes"); with them it writes its
+  rows and a bitmap per touched file. A batch that changes much of a small
+  table rewrites it, and the table stays readable by every reader. A
+  table holding more than ``deletion_vectors_above`` (256 MiB) of Parquet
+  gains them whatever its batches (``size_gain``): past it pgsub's
+  MERGEs leave delta-rs for Spark.
 
 Each mode is ``auto`` (as above), ``always`` (from creation) or ``never``
 (a table that would need column mapping or type widening stops with an
@@ -49,6 +54,12 @@ CHANGE_DATA_FEED: Final = "delta.enableChangeDataFeed"
 # A table holding more Parquet than this gains deletion vectors (``auto``): the size above
 # which pgsub's MERGEs leave delta-rs for Spark too (apply.delta.local_merge).
 DELETION_VECTORS_ABOVE: Final = 256 * 2**20
+# A batch that would rewrite more than this many times what it writes with deletion vectors
+# makes its table gain them (``auto``): its rows, a vector file, its commit.
+REWRITE_FACTOR: Final = 4
+# What a batch written with deletion vectors writes beyond its rows: a Parquet footer, a
+# vector file, the commit's actions (the table's files it touches, added again with a vector).
+VECTOR_OVERHEAD: Final = 4096
 
 # Delta refuses these characters in a column name unless column mapping is on.
 _UNSTORABLE: Final = re.compile(r"[ ,;{}()\n\t=]")
@@ -69,6 +80,7 @@ class TableFeatures:
     deletion_vectors: FeatureMode = FeatureMode.AUTO
     deletion_vectors_above: int = DELETION_VECTORS_ABOVE  # bytes of Parquet (auto)
     change_data_feed: bool = False  # on request: a writer feature, every MERGE by Spark
+    rewrite_factor: float = REWRITE_FACTOR  # auto: a batch rewriting more than this times...
 
 
 PORTABLE: Final = TableFeatures()  # the default: no reader feature the data does not need
@@ -148,6 +160,31 @@ def size_gain(properties: Mapping[str, str], size: int, features: TableFeatures)
         f"table_features.deletion_vectors_above ({features.deletion_vectors_above / 2**20:.0f}"
         " MiB): a MERGE of scattered keys now writes the changed rows and a bitmap per file"
         " it touches, instead of rewriting every such file",
+    )
+
+
+def write_gain(
+    properties: Mapping[str, str], rewrite: int, rows: int, row_bytes: int, features: TableFeatures
+) -> Gain | None:
+    """Deletion vectors, when a batch of ``rows`` rows of about ``row_bytes`` bytes each (in
+    Parquet) would rewrite ``rewrite`` bytes of the table's files without them, more than
+    ``rewrite_factor`` times what it writes with them, and ``auto`` lets it gain them."""
+    if (
+        features.deletion_vectors is not FeatureMode.AUTO
+        or properties.get(DELETION_VECTORS) == "true"
+    ):
+        return None
+    with_vectors = rows * row_bytes + VECTOR_OVERHEAD
+    if rewrite <= features.rewrite_factor * with_vectors:
+        return None
+    return Gain(
+        "deletionVectors",
+        DELETION_VECTORS,
+        "true",
+        f"a batch of {rows} rows would rewrite {rewrite / 2**10:.0f} KiB of the table's files, "
+        f"{rewrite / with_vectors:.0f} times the {with_vectors / 2**10:.0f} KiB it writes with "
+        f"deletion vectors (table_features.rewrite_factor: {features.rewrite_factor:g}): its "
+        "batches now write their rows and a bitmap per file they touch",
     )
 
 

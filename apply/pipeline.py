@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from apply.applier import BatchApplier
@@ -25,6 +25,7 @@ from apply.batch import Batcher, ShouldApply, TableFilter
 from apply.conflict_handling import ConflictHandling
 from apply.prestage import Prestager
 from apply.queue import TransactionQueue
+from apply.records import TableWrites
 from apply.rendering import TextForms
 from apply.roles import Leader, Role
 from apply.spool import SpoolDirectory, SpooledTransaction
@@ -69,6 +70,8 @@ class ApplyContext:
     # Where a transaction larger than a batch is staged to land in one MERGE per table
     # (apply.staging); None: applied in pieces (a Spark whose executors cannot read it).
     staging: Path | None = None
+    # What each table's batches wrote, across attempts (``/status``).
+    writes: TableWrites = field(default_factory=TableWrites)
 
 
 class _StopRequestedError(Exception):
@@ -143,7 +146,7 @@ class ApplyPipeline:
             progress=self.progress,
             batcher=Batcher(context.bounds, context.max_delay),
             hooks=(
-                LeaderHooks(context.subscription, role, context.metrics)
+                LeaderHooks(context.subscription, role, context.metrics, writes=context.writes)
                 if isinstance(role, Leader)
                 else CatchUpHooks()
             ),

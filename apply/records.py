@@ -14,6 +14,7 @@ checkpoint row records its versions).
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
@@ -79,6 +80,8 @@ class WriteResult:
     updated: int = 0
     deleted: int = 0
     conflicts: tuple[Finding, ...] = ()
+    written_bytes: int = 0  # what the commit wrote: data and vector files, the commit itself
+    changed_bytes: int = 0  # the bytes of the rows the batch changed, as the publisher sent them
 
 
 def lsn_from_metadata(text: str | None, subscription: str) -> Lsn | None:
@@ -189,3 +192,23 @@ class BatchResult:
     @property
     def versions(self) -> dict[str, int]:
         return {t.table: t.write.version for t in self.tables if t.write.version is not None}
+
+
+class TableWrites:
+    """What each table's batches wrote since the process started, beside the bytes of the
+    rows they changed: ``/status`` shows both, so write amplification shows per table.
+    Added to by the apply worker's thread, read by the status sampler's."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, table: str, written: int, changed: int) -> None:
+        with self._lock:
+            before = self._totals.get(table, (0, 0))
+            self._totals[table] = (before[0] + written, before[1] + changed)
+
+    def totals(self) -> dict[str, tuple[int, int]]:
+        """Each table's (bytes written, bytes of rows changed)."""
+        with self._lock:
+            return dict(self._totals)

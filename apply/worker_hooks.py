@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from apply.errors import ApplyError
+from apply.records import TableWrites
 from apply.roles import Leader, PreparedLeftovers, PreparedTransactions
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.wire import PG_EPOCH_OFFSET
@@ -105,11 +106,13 @@ class LeaderHooks:
         metrics: Metrics,
         *,
         wall_clock: Callable[[], float] = time.time,
+        writes: TableWrites | None = None,
     ) -> None:
         self.subscription = subscription
         self._leader = leader
         self._metrics = metrics
         self._wall_clock = wall_clock
+        self._writes = writes or TableWrites()  # each table's bytes written, for /status
         # Table versions applied since the last checkpoint row, and its LSN and commit time.
         self._unrecorded: dict[str, int] = {}
         self._unrecorded_at: tuple[Lsn, int] | None = None
@@ -166,6 +169,10 @@ class LeaderHooks:
         tables = result.tables
         for table in tables:
             metrics.merge_duration.labels(name, table.table).observe(table.seconds)
+            written, changed = table.write.written_bytes, table.write.changed_bytes
+            metrics.table_bytes_written.labels(name, table.table).inc(written)
+            metrics.table_change_bytes.labels(name, table.table).inc(changed)
+            self._writes.add(table.table, written, changed)
         if tables:
             log.info(
                 "batch applied",

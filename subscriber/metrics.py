@@ -145,6 +145,18 @@ class Metrics:
             (*SUB, "status"),
             registry=r,
         )
+        self.table_bytes_written = Counter(
+            "pgsub_table_bytes_written",
+            "Bytes the table's batches wrote: data and deletion vector files, commit files",
+            REL,
+            registry=r,
+        )
+        self.table_change_bytes = Counter(
+            "pgsub_table_change_bytes",
+            "Bytes of the rows the table's batches changed, as the publisher sent them",
+            REL,
+            registry=r,
+        )
         self.table_files = Gauge(
             "pgsub_table_files",
             "Data files in the table's current version (after maintenance, when it ran)",

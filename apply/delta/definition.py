@@ -86,7 +86,7 @@ class TableDefinition:
             [c.name for c in schema.columns], self.features, schema.table
         )
         for gain in needed:
-            _warn_gained(schema.table, gain)
+            warn_gained(schema.table, gain)
         properties.update(retention_properties(self.maintenance))
         properties["pgsub.source"] = schema.table
         properties["pgsub.key"] = json.dumps(list(schema.key))
@@ -137,7 +137,7 @@ class TableDefinition:
             schema.table,
         ):
             delta_sql.set_properties(session, path, {gain.property: gain.value})
-            _warn_gained(schema.table, gain)
+            warn_gained(schema.table, gain)
         if feed_wanted(properties, self.features):
             delta_sql.set_properties(session, path, {CHANGE_DATA_FEED: "true"})
             log.info(
@@ -329,11 +329,11 @@ def gain_by_size(
     if gain is None:
         return False
     delta_sql.set_properties(session, path, {gain.property: gain.value})
-    _warn_gained(table, gain)
+    warn_gained(table, gain)
     return True
 
 
-def _warn_gained(table: str, gain: Gain) -> None:
+def warn_gained(table: str, gain: Gain) -> None:
     log.warning(
         "target table gains a reader feature",
         table=table,

@@ -53,10 +53,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
 
 from apply.collapse import KeyedNet
 from apply.columnar import arrow_schema
+from apply.delta.definition import warn_gained
 from apply.delta.deletion_vectors import DeletionVectorError
 from apply.delta.key_index import KeyIndex, lookup_keys
 from apply.delta.key_lookup import keys_apart, keys_conflict
@@ -72,9 +74,17 @@ from apply.delta.overwrite import (
     keep_log,
     overwrite,
 )
+from apply.delta.protocol import vectors_on
 from apply.delta.store import LocalStore, TableStore
-from apply.delta.vector_write import VectorTable, vector_writable, write_by_vectors
+from apply.delta.vector_write import (
+    VectorTable,
+    vector_writable,
+    vectors_allowed,
+    write_by_vectors,
+)
+from apply.delta.write_cost import DEFAULT_ROW_BYTES, rewrite_bytes
 from apply.errors import TargetTableError
+from apply.features import PORTABLE, FeatureMode, TableFeatures, write_gain
 from apply.merge_plan import (
     ClauseKind,
     MergePlan,
@@ -87,7 +97,7 @@ from apply.merge_plan import (
 )
 from apply.records import CommitMark, WriteResult
 from apply.rewrite import rewritten
-from apply.source import KeyedSource, keyed_source
+from apply.source import PRESENT, KeyedSource, keyed_source
 from apply.staging import StagedSource
 from apply.stamps import Stamping, stamped, stamped_schema
 
@@ -126,8 +136,10 @@ class LocalMerges:
         self,
         max_bytes: int = LOCAL_MERGE_MAX_BYTES,
         store_of: Callable[[str], TableStore] | None = None,
+        features: TableFeatures = PORTABLE,
     ) -> None:
         self.max_bytes = max_bytes  # a larger table's batches go to Spark
+        self.features = features  # whether a batch may turn deletion vectors on (auto)
         # Where a table's files are, by its path (``apply.delta.store``).
         self._store_of = store_of or (lambda path: LocalStore(folder(path)))
         self._open: dict[str, OpenTable] = {}
@@ -241,6 +253,8 @@ class LocalMerges:
             done = open_table.done(mark.txn[0])
             if not stamping.stamps and vector_writable(open_table.table, schema):
                 return self._write_by_vectors(open_table, schema, source, mark, done)
+            if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
+                return self._write_by_vectors(open_table, schema, source, mark, done)
             written = merge_into(
                 open_table,
                 schema,
@@ -269,6 +283,47 @@ class LocalMerges:
         except (deltalake.exceptions.DeltaError, OSError) as exc:
             self.forget(path)
             raise TargetTableError(f"{what} through delta-rs failed: {exc}") from exc
+
+    def _vectors_pay(
+        self,
+        open_table: OpenTable,
+        schema: TargetSchema,
+        source: KeyedSource,
+        done: int | None,
+        mark: CommitMark,
+    ) -> bool:
+        """Whether the batch would rewrite far more than it writes with deletion vectors
+        (``apply.features.write_gain``); if so they are turned on now, by pgsub's own commit
+        (``apply.delta.protocol``), and the batch is theirs to write."""
+        table = open_table.table
+        if self.features.deletion_vectors is not FeatureMode.AUTO:
+            return False
+        if done is not None and done >= mark.txn[1]:
+            return False  # committed before: nothing to write
+        if not vectors_allowed(table, schema) or not delta_rs_writes(table.protocol()):
+            return False
+        types = _types(open_table, schema)
+        if types is None or lookup_keys(types, schema.key) is None:
+            return False  # the vector path could not look its keys up
+        files = open_table.files()
+        size = sum(f.size for f in files)
+        rows = sum(f.rows or 0 for f in files)
+        if size <= REWRITE_MAX_BYTES:
+            rewrite = size  # rewritten whole
+        else:
+            first = schema.key[0]
+            rewrite = rewrite_bytes(open_table.synced(), first, source.table[first])
+        written = pc.sum(pc.cast(source.table[PRESENT], pa.int64())).as_py() or 0
+        per_row = size // rows if rows else DEFAULT_ROW_BYTES
+        properties = open_table.table.metadata().configuration
+        gain = write_gain(properties, rewrite, written, per_row, self.features)
+        if gain is None:
+            return False
+        table = open_table.synced()
+        vectors_on(open_table.store, table, table.version())
+        open_table.synced()
+        warn_gained(schema.table, gain)
+        return True
 
     def _write_by_vectors(
         self,

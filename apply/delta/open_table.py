@@ -30,6 +30,7 @@ class LiveFile:
     log_path: str  # as the log names it (what a ``remove`` must name)
     name: str  # the file, decoded (``apply.delta.store.canonical``)
     size: int
+    rows: int | None = None  # its statistics' row count, if it has one
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +77,15 @@ class OpenTable:
             return []
         paths = actions.column("path").to_pylist()
         sizes = actions.column("size_bytes").to_pylist()
+        counts = (
+            actions.column("num_records").to_pylist()
+            if "num_records" in actions.column_names
+            else [None] * len(paths)
+        )
         location = self.store.location
         return [
-            LiveFile(path, canonical(path, location), int(size))
-            for path, size in zip(paths, sizes, strict=True)
+            LiveFile(path, canonical(path, location), int(size), rows)
+            for path, size, rows in zip(paths, sizes, counts, strict=True)
         ]
 
     def done(self, app_id: str) -> int | None:

@@ -254,7 +254,7 @@ def overwrite(
     except CommitRacedError:
         store.delete(name)
         raise
-    return LiveFile(name, name, size)
+    return LiveFile(name, name, size, rows.num_rows)
 
 
 def opening_actions(

@@ -48,7 +48,8 @@ class Placement:
         self.local_merges = LocalMerges(
             min(LOCAL_MERGE_MAX_BYTES, features.deletion_vectors_above)
             if features.deletion_vectors is FeatureMode.AUTO
-            else LOCAL_MERGE_MAX_BYTES
+            else LOCAL_MERGE_MAX_BYTES,
+            features=features,
         )
 
     def spark_here(self, target: TargetTable) -> bool:

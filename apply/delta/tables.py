@@ -34,7 +34,7 @@ import pyarrow as pa
 import structlog
 
 from apply.changelog import HistoryMode, changelog_schema
-from apply.collapse import KeyedNet, Net
+from apply.collapse import KeyedNet, Net, net_bytes
 from apply.copy_source import CopySource
 from apply.ddl import SchemaChange
 from apply.delta import sql as delta_sql
@@ -60,7 +60,7 @@ from apply.delta.overwrite import CommitRacedError
 from apply.delta.placement import Placement
 from apply.delta.session import SparkErrors, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
-from apply.delta.store import LocalStore
+from apply.delta.store import LocalStore, commit_name
 from apply.delta.table_options import (
     DEFAULT_OPTIONS,
     CreatedTables,
@@ -69,6 +69,7 @@ from apply.delta.table_options import (
 )
 from apply.delta.target import TargetTable
 from apply.delta.versions import Witness, write_versions
+from apply.delta.write_cost import commit_bytes
 from apply.errors import ConflictError, TargetTableError
 from apply.features import FeatureMode, TableFeatures
 from apply.maintenance_policy import MaintenancePolicy
@@ -270,11 +271,16 @@ class DeltaTables:
         version = latest_version(LocalStore(folder(path)))
         return None if version < 0 else version
 
-    def _settled(self, path: str, result: WriteResult) -> WriteResult:
+    def _settled(self, path: str, result: WriteResult, changed: int) -> WriteResult:
         """``result``'s commit, and every commit before it, durable (``apply.delta.
-        durability``): what a batch confirms must survive a power loss."""
+        durability``): what a batch confirms must survive a power loss; with the bytes it
+        wrote and the bytes of the rows it changed (``changed``)."""
         self._durability.settle(path, result.version)
-        return result
+        written = 0
+        if self._on_local_disk and result.version is not None:
+            lines = LocalStore(folder(path)).read(commit_name(result.version))
+            written = commit_bytes(lines.decode().splitlines()).written
+        return replace(result, written_bytes=written, changed_bytes=changed)
 
     def appends_changes(self, table: str) -> bool:
         return table != MESSAGES_TABLE and self.history.of(table) is HistoryMode.CHANGELOG
@@ -298,7 +304,7 @@ class DeltaTables:
                 written = self._appends.append(target, stored, rows, mark)
             if written is None:
                 written = target.append(stored, rows, mark)
-            return self._settled(target.path, written)
+            return self._settled(target.path, written, rows.nbytes)
 
     def write_versions(
         self,
@@ -322,7 +328,7 @@ class DeltaTables:
                 written = write_versions(
                     target, schema, changes, mark, resolutions, witness, opened=opened
                 )
-                return self._settled(target.path, written)
+                return self._settled(target.path, written, changes.nbytes)
         except TargetTableError:  # open the table afresh next time
             self._local_merges.forget(target.path)
             raise
@@ -386,7 +392,7 @@ class DeltaTables:
                 for attempt in range(1, RACE_ATTEMPTS):
                     try:
                         written = self._write(target, schema, net, mark, resolutions)
-                        return self._settled(target.path, written)
+                        return self._settled(target.path, written, net_bytes(net))
                     except CommitRacedError:
                         # Another writer (a user's OPTIMIZE, say) took the version first and
                         # nothing was committed: the table is read anew and the batch made on it.
@@ -397,7 +403,7 @@ class DeltaTables:
                             attempt=attempt,
                         )
                 written = self._write(target, schema, net, mark, resolutions)  # a race raises
-                return self._settled(target.path, written)
+                return self._settled(target.path, written, net_bytes(net))
         except ConflictError:
             raise
         except TargetTableError:  # delta-rs's write failed (the table deleted, say)
@@ -437,10 +443,10 @@ class DeltaTables:
                     if written is None:
                         written = local.merge_staged(target.path, schema, stage, mark)
                     if written is not None:
-                        return self._settled(target.path, written)
+                        return self._settled(target.path, written, stage.bytes)
                 self._placed.check_size(target)
                 written = write_staged(target, schema, stage, mark, resolutions, nets=nets)
-                return self._settled(target.path, written)
+                return self._settled(target.path, written, stage.bytes)
         except ConflictError:
             raise
         except SparkErrors as exc:
@@ -483,7 +489,7 @@ class DeltaTables:
         any table: a resent batch at or below the table's LSN is dropped by the applier)."""
         with self.exclusive(MESSAGES_TABLE):
             target = self.target(MESSAGES_TABLE)
-            return self._settled(target.path, append_messages(target, rows, mark))
+            return self._settled(target.path, append_messages(target, rows, mark), rows.nbytes)
 
     def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
         """Raise if version ``version`` of ``table`` is no longer the commit made for ``mark``.

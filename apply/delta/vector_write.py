@@ -96,11 +96,26 @@ def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
     """Whether pgsub may write ``table``'s batches with deletion vectors itself: they are on,
     its protocol asks nothing more, no invariant or append-only rule, no partitions, a
     key."""
+    properties = table.metadata().configuration
+    if properties.get("delta.enableDeletionVectors", "false").lower() != "true":
+        return False
+    protocol = table.protocol()
+    if protocol.min_writer_version < 7 or protocol.min_reader_version < 3:
+        return False
+    return vectors_allowed(table, schema)
+
+
+def vectors_allowed(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
+    """Whether ``table`` may be written by this path once deletion vectors are on
+    (``apply.delta.protocol.vectors_on`` turns them on): its protocol is the legacy one of
+    a plain table (reader 1, writer 2 at most) or lists no feature beyond ``VECTOR_WRITES``
+    and ``VECTOR_READS``; no invariant or append-only rule, no partitions, a key."""
     protocol = table.protocol()
     listed = {*(protocol.writer_features or ()), *(protocol.reader_features or ())}
     if listed & REPLAY_REFUSES:
         return False
-    if protocol.min_writer_version < 7 or protocol.min_reader_version < 3:
+    legacy = protocol.min_writer_version <= 2 and protocol.min_reader_version <= 1
+    if not legacy and (protocol.min_writer_version < 7 or protocol.min_reader_version < 3):
         return False
     if not set(protocol.writer_features or ()) <= VECTOR_WRITES:
         return False
@@ -108,8 +123,6 @@ def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
         return False
     metadata = table.metadata()
     properties = metadata.configuration
-    if properties.get("delta.enableDeletionVectors", "false").lower() != "true":
-        return False
     if properties.get("delta.appendOnly", "false").lower() == "true":
         return False
     if metadata.partition_columns or not schema.key:

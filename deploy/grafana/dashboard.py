@@ -214,6 +214,27 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             series(
+                "Bytes written per table",
+                "Bps",
+                (
+                    f"sum by (relation) (rate(pgsub_table_bytes_written_total{{{REL}}}[{RATE}]))",
+                    "{{relation}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Write amplification (bytes written per byte of changed rows)",
+                "none",
+                (
+                    f"sum by (relation) (rate(pgsub_table_bytes_written_total{{{REL}}}[{RATE}]))"
+                    f" / sum by (relation) (rate(pgsub_table_change_bytes_total{{{REL}}}[{RATE}]))",
+                    "{{relation}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
                 "Maintenance",
                 "none",
                 (

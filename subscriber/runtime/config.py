@@ -33,7 +33,7 @@ from pydantic import (
 
 from apply.batch import GROWTH
 from apply.changelog import History, HistoryMode
-from apply.features import DELETION_VECTORS_ABOVE, FeatureMode, TableFeatures
+from apply.features import DELETION_VECTORS_ABOVE, REWRITE_FACTOR, FeatureMode, TableFeatures
 from apply.maintenance_policy import MaintenancePolicy
 from apply.transactions import Bounds
 from conflicts.kinds import ConflictKind, Resolution
@@ -117,10 +117,12 @@ class TableFeaturesConfig(_Strict):
 
     column_mapping: FeatureMode = FeatureMode.AUTO  # auto: when a column name needs it
     type_widening: FeatureMode = FeatureMode.AUTO  # auto: when a column's type first widens
-    # auto: once a table holds more than deletion_vectors_above of Parquet (its MERGEs then
+    # auto: once a batch would rewrite more than rewrite_factor times what it writes with
+    # them, or the table holds more than deletion_vectors_above of Parquet (its batches then
     # write the changed rows, not every touched file); true/false as always/never.
     deletion_vectors: FeatureMode = FeatureMode.AUTO
     deletion_vectors_above: ByteSize = DELETION_VECTORS_ABOVE
+    rewrite_factor: float = Field(default=REWRITE_FACTOR, gt=1)
     # true: every commit also records its row-level changes (Delta's change data feed, a
     # writer feature: readers without it still read the table); every write then by Spark.
     change_data_feed: bool = False
@@ -139,6 +141,7 @@ class TableFeaturesConfig(_Strict):
             self.deletion_vectors,
             int(self.deletion_vectors_above),
             self.change_data_feed,
+            self.rewrite_factor,
         )
 
 

@@ -6,13 +6,15 @@ second while an attempt runs, and each table's sync state while the first
 start's load runs. It reads the live objects (the receiver's and the apply
 worker's positions, the coordinator's table states, the conflict counts)
 and is handed the rest: each table's data files, as maintenance found them
-(``table_files``), and its Delta version, as the apply worker committed it.
+(``table_files``), its Delta version, as the apply worker committed it, and
+the bytes its batches wrote beside the bytes of the rows they changed.
 """
 
 from __future__ import annotations
 
 import time
 
+from apply.records import TableWrites
 from apply.worker import ApplyWorker
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
@@ -37,6 +39,7 @@ class StatusSampler:
         coordinator: SyncCoordinator,
         reporter: ConflictReporter,
         watches: tuple[SlotWatch, Heartbeat],
+        writes: TableWrites | None = None,
     ) -> None:
         self.name = status.name
         self.status = status
@@ -47,6 +50,7 @@ class StatusSampler:
         self._slot_watch, self._heartbeat = watches
         self.versions: dict[str, int] = {}  # each table's last Delta version, across attempts
         self.table_files: dict[str, int] = {}  # each table's data files, as maintenance found
+        self._writes = writes or TableWrites()  # what each table's batches wrote
 
     def sample(self, receiver: Receiver, progress: Progress, worker: ApplyWorker) -> None:
         """Copy positions into the status and the metrics (once every half second)."""
@@ -83,8 +87,12 @@ class StatusSampler:
     def describe_tables(self) -> None:
         """Each table's sync state and copy progress, its Delta version and data files."""
         tables = self._coordinator.describe()
+        writes = self._writes.totals()
         for table in tables:
             name = str(table["table"])
             table["delta_version"] = self.versions.get(name)
             table["files"] = self.table_files.get(name)
+            written, changed = writes.get(name, (0, 0))
+            table["bytes_written"] = written  # since the daemon started
+            table["bytes_changed"] = changed
         self.status.tables = tables

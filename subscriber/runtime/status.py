@@ -227,7 +227,7 @@ def _lag(sub: dict[str, Any], now: float) -> str:
 def _tables(tables: list[dict[str, Any]], paint: Any, now: float) -> list[str]:
     if not tables:
         return ["  (no tables)"]
-    header = ("TABLE", "STATE", "LSN", "COPY", "VERSION", "FILES")
+    header = ("TABLE", "STATE", "LSN", "COPY", "VERSION", "FILES", "WRITTEN")
     rows = [
         (
             str(t["table"]),
@@ -236,6 +236,7 @@ def _tables(tables: list[dict[str, Any]], paint: Any, now: float) -> list[str]:
             _copy(t),
             "-" if t.get("delta_version") is None else str(t["delta_version"]),
             "-" if t.get("files") is None else str(t["files"]),
+            _written(t),
         )
         for t in tables
     ]
@@ -278,6 +279,18 @@ def _copy(table: dict[str, Any]) -> str:
         text += f", {rate:,.0f} rows/s"
     if left is not None:
         text += f", {left:.0f} s left"
+    return text
+
+
+def _written(table: dict[str, Any]) -> str:
+    """What the table's batches wrote since the daemon started, and how many times the bytes
+    of the rows they changed that is (its write amplification)."""
+    written, changed = table.get("bytes_written"), table.get("bytes_changed")
+    if not written:
+        return "-"
+    text = _bytes(int(written))
+    if changed:
+        text += f" ({int(written) / int(changed):,.0f}x its changes)"
     return text
 
 

@@ -119,6 +119,7 @@ class SubscriptionRunner:
             coordinator=self.coordinator,
             reporter=self.reporter,
             watches=(self.slot_watch, self.publisher_heartbeat),
+            writes=parts.context.writes,
         )
         self.table_files = self.sampler.table_files  # maintenance fills it
         # Unix time the supervising thread last went round its loop (liveness).

@@ -97,8 +97,16 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
         "pgsub_merge_duration_seconds_bucket",
         "pgsub_apply_lag_seconds",
         "pgsub_subscription_enabled",
+        "pgsub_table_bytes_written_total",
+        "pgsub_table_change_bytes_total",
     ):
         assert f"\n{name}{{" in metrics, name
+
+    def written() -> bool:  # sampled from the confirmed batches every half second
+        (table,) = daemon.get("/status")[1]["subscriptions"][0]["tables"]
+        return bool(table["bytes_written"] > 0 and table["bytes_changed"] > 0)
+
+    wait_until(written, timeout=10, what="each table's bytes written in /status")
     assert 'pgsub_changes_applied_total{op="INSERT",subscription="sub1"} 100.0' in metrics
     # The dashboard and the alerts of deploy/ query only what the daemon serves, and the
     # dashboard shows every family it serves.
@@ -113,6 +121,7 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     dom = rendered(f"http://127.0.0.1:{port}/", tmp_path / "browser")
     assert 'data-subscription="sub1"' in dom and 'class="state streaming"' in dom, dom[-2000:]
     assert 'data-table="public.t"' in dom and "ready (r)" in dom
+    assert "x its changes)" in dom  # each table's writes beside the rows they changed
     assert password not in dom
     request = urllib.request.Request(f"http://127.0.0.1:{port}/status", method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:

@@ -127,3 +127,15 @@ def test_a_chain_counts_its_changes_and_a_key_change_links_both_keys() -> None:
     assert net.rows[(b"1",)].changes == 2 and net.rows[(b"1",)].partner is None
     old, new = net.rows[(b"2",)], net.rows[(b"3",)]
     assert (old.changes, old.partner, new.changes, new.partner) == (1, (b"3",), 1, (b"2",))
+
+
+def test_a_nets_bytes_are_its_rows_as_the_publisher_sent_them() -> None:
+    """What a batch's writes are measured against: a written row's image, a deleted row's
+    key, a multiset row's image once per copy."""
+    from apply.collapse import net_bytes
+
+    net = keyed(batch(tx(ins(T, 1, "abc", "x"), upd(T, 2, "de", None), dele(T, 3, None, None))))
+    assert net_bytes(net) == (1 + 3 + 1) + (1 + 2) + 1
+    full = relation("id", "v", identity=ReplicaIdentity.FULL)
+    multiset = net_of(batch(tx(ins(full, 1, "ab"), ins(full, 1, "ab"), dele(full, 2, "c"))))
+    assert net_bytes(multiset) == 2 * (1 + 2) + (1 + 1)

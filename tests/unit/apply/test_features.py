@@ -16,6 +16,7 @@ from apply.features import (
     gains,
     needs_column_mapping,
     size_gain,
+    write_gain,
 )
 
 AUTO = TableFeatures()
@@ -139,3 +140,20 @@ def test_the_change_data_feed_is_on_only_on_request_and_never_turned_off() -> No
     assert not feed_wanted({CHANGE_DATA_FEED: "true"}, asked)
     assert not feed_wanted({}, PORTABLE)
     assert not feed_wanted({CHANGE_DATA_FEED: "true"}, PORTABLE)  # left as the user set it
+
+
+def test_a_batch_that_would_rewrite_far_more_than_it_writes_gains_deletion_vectors() -> None:
+    """A 1M-row table's 41-MB file rewritten for ten updates: gained, whatever its size; a
+    batch changing most of a small table: rewritten; ``never`` and a table that has them:
+    nothing to gain."""
+    gained = write_gain({}, rewrite=41_000_000, rows=10, row_bytes=41, features=AUTO)
+    assert gained is not None and gained.feature == "deletionVectors"
+    assert "rewrite_factor: 4" in gained.reason
+    assert write_gain({}, rewrite=60_000, rows=1_500, row_bytes=30, features=AUTO) is None
+    assert write_gain({}, rewrite=12_000, rows=1, row_bytes=30, features=AUTO) is None
+    never = TableFeatures(deletion_vectors=FeatureMode.NEVER)
+    assert write_gain({}, rewrite=41_000_000, rows=10, row_bytes=41, features=never) is None
+    on = {DELETION_VECTORS: "true"}
+    assert write_gain(on, rewrite=41_000_000, rows=10, row_bytes=41, features=AUTO) is None
+    lenient = TableFeatures(rewrite_factor=20_000)
+    assert write_gain({}, rewrite=41_000_000, rows=10, row_bytes=41, features=lenient) is None

@@ -88,6 +88,17 @@ groups:
         annotations:
           summary: 'Table {{ "{{" }} $labels.relation {{ "}}" }} has been in {{ "{{" }} $labels.state {{ "}}" }} for {{ $rule.syncStuckHours }}h'
           description: Its synchronization does not finish; see the table-sync worker's errors in the log.
+      - alert: PgsubWriteAmplification
+        expr: >-
+          sum by (subscription, relation) (rate(pgsub_table_bytes_written_total[30m])) > {{ $rule.writtenBytesPerSecond | int64 }}
+          and
+          sum by (subscription, relation) (rate(pgsub_table_bytes_written_total[30m]))
+          > {{ $rule.writeAmplification }} * sum by (subscription, relation) (rate(pgsub_table_change_bytes_total[30m]))
+        for: 30m
+        labels: {severity: warning}
+        annotations:
+          summary: 'Table {{ "{{" }} $labels.relation {{ "}}" }} writes {{ "{{" }} $value | humanize1024 {{ "}}" }}B/s, more than {{ $rule.writeAmplification }} times the rows its batches change'
+          description: Its batches rewrite far more than they change (a table rewritten whole for a few rows, say); the warehouse grows by that much and keeps it for maintenance.retention. `pgsub status` shows each table's writes; docs/tables.md, "What a batch writes", says what to set.
       - alert: PgsubMaintenanceFailing
         expr: increase(pgsub_maintenance_errors_total[1h]) > 2
         labels: {severity: warning}

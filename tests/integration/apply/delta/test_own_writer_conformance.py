@@ -76,6 +76,7 @@ class Model:
             deletion_vectors=FeatureMode.ALWAYS if vectors else FeatureMode.NEVER
         )
         self.tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=features))
+        self.features = features
         self.relation = relation
         self.schema = target_schema(relation, lambda oid: None, True)
         self.tables.prepare(self.schema)
@@ -116,7 +117,9 @@ class Model:
     def merge(self, upserts: dict[int, str], deletes: Sequence[int] = ()) -> str:
         """One batch through ``LocalMerges``: the engine that committed it."""
         net = self.net(upserts, list(deletes))
-        written = LocalMerges().merge(self.path, self.schema, net, self.mark())
+        written = LocalMerges(features=self.features).merge(
+            self.path, self.schema, net, self.mark()
+        )
         assert written is not None and written.version is not None
         return writers(self.folder)[-1]
 
@@ -126,7 +129,8 @@ class Model:
         changes = [ins(self.relation, *self.values(k, "appended")) for k in keys]
         source = keyed_columns_source(ChangeColumns.of(self.relation, changes), self.schema)
         assert source is not None and stage.add_source(source)
-        written = LocalMerges().append_staged(self.path, self.schema, stage, self.mark())
+        merges = LocalMerges(features=self.features)
+        written = merges.append_staged(self.path, self.schema, stage, self.mark())
         assert written is not None and written.inserted == len(keys)
         self.rows.update({k: self.expected(k, "appended") for k in keys})
         return writers(self.folder)[-1]

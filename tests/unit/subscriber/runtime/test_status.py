@@ -32,6 +32,8 @@ LIVE = {
                     "lsn": "0/100",
                     "delta_version": 7,
                     "files": 3,
+                    "bytes_written": 3 * 1024 * 1024,
+                    "bytes_changed": 1024,
                 },
                 {
                     "table": "public.big",
@@ -77,7 +79,9 @@ def test_the_live_view_names_every_figure() -> None:
         "sync failed 3 times: column 'by': pgsub could not read a value (next attempt in 20 s)"
     )
     ready = next(line for line in text.splitlines() if "public.t " in line)
-    assert "ready (r)" in ready and ready.split()[-2:] == ["7", "3"]
+    assert "ready (r)" in ready and ready.split()[-7:-5] == ["7", "3"]
+    # what its batches wrote, beside the rows they changed: write amplification per table
+    assert ready.endswith("3.0 MB (3,072x its changes)")
     assert "\033[" not in text
 
 
