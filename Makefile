@@ -18,7 +18,7 @@ DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-bigtable bench-backlog
+.PHONY: setup venv jars postgres tools demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-bigtable bench-backlog bench-writes
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool"
@@ -44,6 +44,8 @@ help:
 	@echo "                   then drained: seconds, transactions/s, beside PostgreSQL's subscriber"
 	@echo "make bench-tables  TABLES tables x TABLE_ROWS rows: initial sync, then TABLE_RATE updates/s"
 	@echo "                   spread over all of them for TABLE_SECONDS, beside PostgreSQL's subscriber"
+	@echo "make bench-writes  bytes each batch writes: WRITE_SIZES rows (comma-separated), WRITE_RATE random"
+	@echo "                   updates/s for WRITE_MINUTES, warehouse growth; WRITE_NATIVE=1 beside PostgreSQL's"
 	@echo "make bench-bigtable a BIG_ROWS-row table (10M), RATE random updates/s for BIG_MINUTES (10):"
 	@echo "                   lag per 2 minutes, bytes each MERGE wrote, warehouse growth an hour"
 
@@ -158,6 +160,14 @@ bench-tables: setup
 BIG_ROWS ?= 10000000
 BIG_MINUTES ?= 10
 BIG_NATIVE_MINUTES ?= 5
+# What a batch writes at every table size (docs/performance.md, "What a batch writes").
+WRITE_RATE ?= 10
+WRITE_MINUTES ?= 10
+WRITE_SIZES ?= 1000000
+bench-writes: setup
+	$(BIN)/python -m benchmarks.writes --sizes $(WRITE_SIZES) --rate $(WRITE_RATE) \
+		--minutes $(WRITE_MINUTES) $(if $(WRITE_NATIVE),--native) --out bench-results/writes.json
+
 bench-bigtable: setup
 	$(BIN)/python -m benchmarks.soak --rows $(BIG_ROWS) --minutes $(BIG_MINUTES) --rate $(RATE) \
 		--native-minutes $(BIG_NATIVE_MINUTES) --window 2 --maintenance-interval 60 \

@@ -41,6 +41,7 @@ is equal exactly when they are (``lookup_keys``); None from
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ REPLAY_REFUSES: Final = frozenset({"v2Checkpoint"})
 FOLD_AT: Final = 16
 FOLD_BELOW: Final = 16 * 2**20
 FOLD_MAX_BYTES: Final = 64 * 2**20
+FOLD_TIER: Final = 256 * 2**10  # the first tier of small files: a few thousand rows
 _KEY: Final = "__pgsub_key"  # the batch's keys, as the index holds them
 # A file whose rows the deletion vectors have removed past PURGE_ABOVE (maintenance's OPTIMIZE
 # share) and of at most PURGE_MAX_BYTES is purged by a batch: its alive rows rewritten into
@@ -285,16 +287,32 @@ def _names(matches: list[Match]) -> set[str]:
     return {match.file.name for match in matches}
 
 
+def _tier(size: int) -> int:
+    """A small file's tier: below ``FOLD_TIER`` bytes, 0; each next one ``FOLD_AT`` times
+    larger."""
+    return 0 if size < FOLD_TIER else 1 + int(math.log(size / FOLD_TIER, FOLD_AT))
+
+
 def _small_files(live: list[VectorFile]) -> list[VectorFile]:
-    """The smallest files to fold into this batch's file, if ``FOLD_AT`` of them are live
-    (below ``FOLD_BELOW`` bytes each, at most ``FOLD_MAX_BYTES`` together); else none."""
-    small, total = [], 0
-    for file in sorted((f for f in live if f.size < FOLD_BELOW), key=lambda f: f.size):
-        if total + file.size > FOLD_MAX_BYTES:
-            break
-        small.append(file)
-        total += file.size
-    return small if len(small) >= FOLD_AT else []
+    """The files to fold into this batch's file: ``FOLD_AT`` or more of one tier (below
+    ``FOLD_BELOW`` bytes each, at most ``FOLD_MAX_BYTES`` together), the lowest tier that
+    has them; else none. Files of like size only: a file folded once is folded again only
+    with its like, so a row is rewritten once per tier, not once per fold (folding the
+    smallest sixteen whatever their sizes rewrote the growing folded file at every fold)."""
+    tiers: dict[int, list[VectorFile]] = {}
+    for file in live:
+        if file.size < FOLD_BELOW:
+            tiers.setdefault(_tier(file.size), []).append(file)
+    for tier in sorted(tiers):
+        small, total = [], 0
+        for file in sorted(tiers[tier], key=lambda f: f.size):
+            if total + file.size > FOLD_MAX_BYTES:
+                break
+            small.append(file)
+            total += file.size
+        if len(small) >= FOLD_AT:
+            return small
+    return []
 
 
 def _worn_file(live: list[VectorFile], index: KeyIndex, folded: set[str]) -> VectorFile | None:
