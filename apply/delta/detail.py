@@ -1,7 +1,8 @@
 """A table's data file count, bytes of data and properties, asked without holding it.
 
-Read by delta-rs from the log of a table on a local warehouse (milliseconds),
-by Spark's ``DESCRIBE DETAIL`` otherwise. Maintenance sizes each table with it
+Read by delta-rs from the table's log where pgsub reaches the warehouse (a
+local folder, an object store: milliseconds), by Spark's ``DESCRIBE DETAIL``
+otherwise. Maintenance sizes each table with it
 every round, a table's first Spark write looks whether it has outgrown
 ``deletion_vectors_above``, and a schema change whether a rewrite is cheap.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from apply.delta import sql as delta_sql
-from apply.delta.local_tables import folder, is_local_folder
+from apply.delta.local_tables import opened, reachable
 from apply.errors import TargetTableError
 
 if TYPE_CHECKING:
@@ -19,22 +20,22 @@ if TYPE_CHECKING:
 
 
 def detail(session: SparkSession, path: str) -> tuple[int, int, dict[str, str]]:
-    """The table's data file count, bytes of data and properties: read by delta-rs for a
-    local table (milliseconds), by Spark's ``DESCRIBE DETAIL`` otherwise. A warm Spark
+    """The table's data file count, bytes of data and properties: read by delta-rs where
+    pgsub reaches the table (milliseconds), by Spark's ``DESCRIBE DETAIL`` otherwise. A warm Spark
     session took 7-15 s to bring its snapshot over the 30-40 commits pgsub made to a big
     table since the last round, while the table's batches waited for it
     (docs/performance.md, "Big tables")."""
-    if is_local_folder(path):
+    if reachable(path):
         import deltalake
 
         try:
-            opened = deltalake.DeltaTable(folder(path))
+            table = opened(path)
         except (deltalake.exceptions.DeltaError, OSError) as exc:
             raise TargetTableError(f"reading the log of {path} failed: {exc}") from exc
         import pyarrow as pa
 
-        sizes = pa.table(opened.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
-        return len(sizes), sum(sizes), dict(opened.metadata().configuration)
+        sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+        return len(sizes), sum(sizes), dict(table.metadata().configuration)
     row = (
         session.sql(f"DESCRIBE DETAIL {delta_sql.table_ref(path)}")
         .select("numFiles", "sizeInBytes", "properties")

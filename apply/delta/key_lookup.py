@@ -19,6 +19,7 @@ from apply.stamps import DELETED
 if TYPE_CHECKING:
     import deltalake
 
+    from apply.delta.open_table import OpenTable
     from apply.schema import TargetSchema
 
 
@@ -41,19 +42,20 @@ def keys_apart(table: deltalake.DeltaTable, key: str, bounds: tuple[int, int] | 
 
 
 def keys_conflict(
-    table: deltalake.DeltaTable, schema: TargetSchema, source: pa.Table, soft: bool = False
+    table: OpenTable, schema: TargetSchema, source: pa.Table, soft: bool = False
 ) -> bool:
     """Whether some chain of ``source`` does not find what its first change expects: an
     update or delete whose key is missing, an insert whose key is there (``soft``: a
-    soft-delete table, whose marked rows are missing)."""
+    soft-delete table, whose marked rows are missing). ``table``: at its latest commit."""
     import pyarrow.dataset as ds
 
     keys = list(schema.key)
-    files = table.file_uris()
+    store = table.store
+    files = [store.source(file.name) for file in table.files()]
     if files:
         fields = [source.schema.field(k) for k in keys]
         wanted = pa.schema([*fields, pa.field(DELETED, pa.bool_())] if soft else fields)
-        scan = ds.dataset(files, schema=wanted, format="parquet")
+        scan = ds.dataset(files, schema=wanted, format="parquet", filesystem=store.filesystem)
         where = pc.field(keys[0]).isin(source[keys[0]].unique())
         if soft:
             where = where & ~pc.field(DELETED)

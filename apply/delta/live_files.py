@@ -156,7 +156,7 @@ class LiveFiles:
         return sorted((c for c in found if c.version <= version), key=lambda c: -c.version)
 
     def _read_checkpoint(self, part: str) -> None:
-        file = pq.ParquetFile(self.store.source(part))
+        file = pq.ParquetFile(self.store.open(part))
         if "sidecar" in file.schema_arrow.names:
             sidecars = file.read(columns=["sidecar"]).column("sidecar")
             if sidecars.null_count < len(sidecars):

@@ -63,7 +63,7 @@ from apply.delta.deletion_vectors import DeletionVectorError
 from apply.delta.key_index import KeyIndex, lookup_keys
 from apply.delta.key_lookup import keys_apart, keys_conflict
 from apply.delta.live_files import LiveFiles, UnreadableLogError
-from apply.delta.local_tables import delta_rs_writes, folder, marked, no_checkpoint
+from apply.delta.local_tables import delta_rs_writes, marked, no_checkpoint
 from apply.delta.open_table import OpenTable
 from apply.delta.overwrite import (
     CommitRacedError,
@@ -75,7 +75,7 @@ from apply.delta.overwrite import (
     overwrite,
 )
 from apply.delta.protocol import vectors_on
-from apply.delta.store import LocalStore, TableStore
+from apply.delta.store import TableStore, table_store
 from apply.delta.vector_write import (
     VectorTable,
     vector_writable,
@@ -141,7 +141,7 @@ class LocalMerges:
         self.max_bytes = max_bytes  # a larger table's batches go to Spark
         self.features = features  # whether a batch may turn deletion vectors on (auto)
         # Where a table's files are, by its path (``apply.delta.store``).
-        self._store_of = store_of or (lambda path: LocalStore(folder(path)))
+        self._store_of = store_of or table_store
         self._open: dict[str, OpenTable] = {}
         self._vectors: dict[str, VectorTable] = {}  # tables written with deletion vectors
         self._lock = threading.Lock()
@@ -217,8 +217,11 @@ class LocalMerges:
             table = open_table.synced()
             if not keys_apart(table, schema.key[0], stage.bounds):
                 return None
+            written = 0
             if hand_appendable(table, nullable=True):
-                append(open_table.store, table.version(), stage.reader(have), have, mark)
+                _, written = append(
+                    open_table.store, table.version(), stage.reader(have), have, mark
+                )
                 table = open_table.synced()
             else:
                 deltalake.write_deltalake(
@@ -232,7 +235,7 @@ class LocalMerges:
                 table = open_table.synced()
             open_table.wrote(app_id, version)
             keep_log(table, open_table.store.location)
-        return WriteResult(schema.table, table.version(), stage.rows, 0, 0)
+        return WriteResult(schema.table, table.version(), stage.rows, written_bytes=written)
 
     def merge_source(
         self,
@@ -451,7 +454,7 @@ def merge_into(
         if size <= REWRITE_MAX_BYTES and not stamping.stamps:
             return _rewrite(open_table, schema, source, mark)
         table = open_table.synced()
-        if keys_conflict(table, schema, source.table, stamping.soft):
+        if keys_conflict(open_table, schema, source.table, stamping.soft):
             return None
     except pa.ArrowException:  # a key type pyarrow cannot join on
         return None
@@ -511,19 +514,19 @@ def _rewrite(
 
     have = pa.schema(open_table.table.schema().to_arrow())
     live = open_table.files()
-    current = _read(have, [open_table.store.source(f.name) for f in live])
+    current = _read(have, open_table.store, [f.name for f in live])
     rows = rewritten(current, source, list(schema.key))
     if rows is None:
         return None
     app_id, version = mark.txn
     counts = expected_counts(source.table)
     if hand_writable(open_table.table, rows):
-        own = overwrite(open_table.store, open_table.version, live, rows, mark)
+        own, written = overwrite(open_table.store, open_table.version, live, rows, mark)
         open_table.wrote(app_id, version, own)
         configuration = open_table.table.metadata().configuration
         if checkpoint_due(open_table.version, configuration, open_table.store.location):
             keep_log(open_table.synced(), open_table.store.location)
-        return WriteResult(schema.table, open_table.version, *counts)
+        return WriteResult(schema.table, open_table.version, *counts, written_bytes=written)
     table = open_table.synced()
     deltalake.write_deltalake(
         table,
@@ -537,19 +540,24 @@ def _rewrite(
     return WriteResult(schema.table, table.version(), *counts)
 
 
-def _read(schema: pa.Schema, files: list[str]) -> pa.Table:
-    """The rows of a small table's ``files``, in its ``schema``."""
+def _read(schema: pa.Schema, store: TableStore, names: list[str]) -> pa.Table:
+    """The rows of a small table's files ``names``, in its ``schema``."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
+    def scanned() -> pa.Table:
+        files = [store.source(name) for name in names]
+        dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=store.filesystem)
+        return dataset.to_table()
+
     parts = []
-    for file in files:
-        part = pq.ParquetFile(file).read()  # a quarter of a dataset scan's time
+    for name in names:
+        part = pq.ParquetFile(store.open(name)).read()  # a quarter of a dataset scan's time
         if sorted(part.schema.names) != sorted(schema.names):
-            return ds.dataset(files, schema=schema, format="parquet").to_table()
+            return scanned()
         part = part.select(schema.names)
         if part.schema.types != schema.types:  # another writer's types (Spark's INT96)
-            return ds.dataset(files, schema=schema, format="parquet").to_table()
+            return scanned()
         parts.append(part)
     return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
 

@@ -1,6 +1,6 @@
-"""Delta tables in a local folder, through delta-rs: no Spark job, no JVM.
+"""Delta tables through delta-rs, in a local folder or an object store: no Spark job, no JVM.
 
-What the state store reads and appends on a local warehouse, the test of
+What the state store reads and appends where pgsub reaches the warehouse, the test of
 when delta-rs may write a table at all (``delta_rs_can_write``; the initial
 copy uses it too), the creation of a target table that needs no table
 feature (``delta_rs_creates``), and a table's existence and commit marks
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Final
 import pyarrow as pa
 
 from apply.delta.live_files import latest_version, make_durable
-from apply.delta.store import LocalStore
+from apply.delta.storage import delta_rs_options, is_object_store
+from apply.delta.store import LocalStore, canonical, table_store
 from apply.errors import TargetTableError
 
 if TYPE_CHECKING:
@@ -52,9 +53,27 @@ def is_local_folder(location: str) -> bool:
     return "://" not in location or location.startswith("file:")
 
 
+def reachable(location: str) -> bool:
+    """Whether delta-rs and pgsub's own writer reach ``location`` from this process: a
+    folder of this machine, or an object store (``apply.delta.storage``)."""
+    return is_local_folder(location) or is_object_store(location)
+
+
 def folder(location: str) -> str:
     """A local location as a plain path."""
     return location.removeprefix("file://").removeprefix("file:")
+
+
+def where(location: str) -> str:
+    """``location`` as delta-rs opens it: a plain path, or the object store's URL."""
+    return folder(location) if is_local_folder(location) else location
+
+
+def opened(location: str) -> deltalake.DeltaTable:
+    """The Delta table at ``location``, opened by delta-rs with the storage it needs."""
+    import deltalake
+
+    return deltalake.DeltaTable(where(location), storage_options=delta_rs_options(location))
 
 
 def delta_rs_can_write(path: str) -> bool:
@@ -63,7 +82,7 @@ def delta_rs_can_write(path: str) -> bool:
     import deltalake
 
     try:
-        protocol = deltalake.DeltaTable(path).protocol()
+        protocol = opened(path).protocol()
     except (deltalake.exceptions.DeltaError, OSError):
         return False
     return delta_rs_writes(protocol)
@@ -92,8 +111,9 @@ def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) ->
 
     try:
         deltalake.DeltaTable.create(
-            path,
+            where(path),
             schema=schema,
+            storage_options=delta_rs_options(path),
             mode="ignore",
             configuration=dict(properties),
             # pgsub.* properties are not Delta's; delta-rs refuses unknown keys unless told.
@@ -108,7 +128,9 @@ def is_table(path: str) -> bool:
     creation cut short does not)."""
     import deltalake
 
-    return bool(deltalake.DeltaTable.is_deltatable(folder(path)))
+    return bool(
+        deltalake.DeltaTable.is_deltatable(where(path), storage_options=delta_rs_options(path))
+    )
 
 
 # delta-rs's names of Delta's primitive types, as Spark's simpleString spells them.
@@ -122,7 +144,7 @@ def described(path: str) -> tuple[dict[str, str], dict[str, str]] | None:
     import deltalake
 
     try:
-        table = deltalake.DeltaTable(folder(path))
+        table = opened(path)
         columns = {field.name: _spark_name(field.type) for field in table.schema().fields}
         properties = dict(table.metadata().configuration)
     except (deltalake.exceptions.DeltaError, OSError, LookupError):
@@ -181,17 +203,15 @@ def held_schema(table: deltalake.DeltaTable) -> pa.Schema:
 
 def row_count(path: str) -> int:
     """The rows of the table's latest version, read by delta-rs (no Spark, no JVM)."""
-    import deltalake
 
-    return int(deltalake.DeltaTable(folder(path)).to_pyarrow_dataset().count_rows())
+    return int(opened(path).to_pyarrow_dataset().count_rows())
 
 
 def user_metadata(path: str, limit: int | None) -> list[str | None]:
     """The ``userMetadata`` of the table's latest ``limit`` commits (None: all), newest
     first, read from its log; DeltaError when delta-rs cannot read the log."""
-    import deltalake
 
-    commits = deltalake.DeltaTable(folder(path)).history(limit)
+    commits = opened(path).history(limit)
     ordered = sorted(commits, key=lambda commit: -int(commit["version"]))
     return [commit.get("userMetadata") for commit in ordered]
 
@@ -208,26 +228,29 @@ def ddl_schema(ddl: str) -> pa.Schema:
 def read_subscription(path: str, subscription: str) -> pa.Table | None:
     """The rows of ``subscription`` in the table at ``path`` (None: no table yet).
 
-    delta-rs lists the table's live files and pyarrow reads them from the local
-    folder. Not ``DeltaTable.to_pyarrow_dataset``: its file system calls back into
-    Python from Arrow's I/O threads, and about every other process that used it
-    aborted at exit ("terminate called without an active exception", exit 134) -
-    an admin command's exit code lost.
+    delta-rs lists the table's live files and pyarrow reads them (from the local
+    folder or the object store). Not ``DeltaTable.to_pyarrow_dataset``: its file
+    system calls back into Python from Arrow's I/O threads, and about every other
+    process that used it aborted at exit ("terminate called without an active
+    exception", exit 134) - an admin command's exit code lost.
     """
     import deltalake
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
+    store = table_store(path)
     try:
-        table = deltalake.DeltaTable(path)
-        files = table.file_uris()
+        table = opened(path)
+        paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
         schema = pa.schema(table.schema().to_arrow())
     except deltalake.exceptions.TableNotFoundError:
         return None
     except (deltalake.exceptions.DeltaError, OSError) as exc:
         raise TargetTableError(f"cannot read {path}: {exc}") from exc
+    files = [store.source(canonical(p, store.location)) for p in paths]
     wanted = pc.field("subscription") == subscription
-    return ds.dataset(files, schema=schema, format="parquet").to_table(filter=wanted)
+    scan = ds.dataset(files, schema=schema, format="parquet", filesystem=store.filesystem)
+    return scan.to_table(filter=wanted)
 
 
 # Tries of a state table's append whose commit lost to another writer's.
@@ -250,9 +273,16 @@ def append_rows(path: str, ddl: str, rows: list[tuple[Any, ...]]) -> None:
     )
     for attempt in range(1, APPEND_ATTEMPTS + 1):
         try:
-            deltalake.write_deltalake(path, table, mode="append", schema_mode="merge")
-            store = LocalStore(folder(path))  # durable before the state it records is acted on
-            make_durable(store, latest_version(store))
+            deltalake.write_deltalake(
+                where(path),
+                table,
+                mode="append",
+                schema_mode="merge",
+                storage_options=delta_rs_options(path),
+            )
+            if is_local_folder(path):  # durable before the state it records is acted on
+                store = LocalStore(folder(path))
+                make_durable(store, latest_version(store))
             return
         except deltalake.exceptions.CommitFailedError as exc:
             # Nothing was committed, and a blind append may be made again on the newer

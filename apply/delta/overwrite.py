@@ -109,11 +109,12 @@ def append(
     schema: pa.Schema,
     mark: CommitMark,
     file_rows: int = APPEND_FILE_ROWS,
-) -> int:
+) -> tuple[int, int]:
     """``batches`` added to the table in ``store`` (latest version ``version``) as files of
     up to ``file_rows`` rows, written a batch at a time, in one commit carrying ``mark``;
-    the rows added. Each file's statistics hold its row count and its integer columns'
-    minimum, maximum and nulls (what data skipping by key needs)."""
+    the rows added and the bytes written (files and commit). Each file's statistics hold
+    its row count and its integer columns' minimum, maximum and nulls (what data skipping
+    by key needs)."""
     names: list[str] = []
     adds: list[dict[str, object]] = []
     rows = size = 0
@@ -148,12 +149,12 @@ def append(
     }
     actions = opening_actions("WRITE", {"mode": "Append"}, metrics, mark, _now())
     try:
-        commit(store, version + 1, actions + adds)
+        size += commit(store, version + 1, actions + adds)
     except CommitRacedError:
         for name in names:
             store.delete(name)
         raise
-    return rows
+    return rows, size
 
 
 class _Stats:
@@ -206,9 +207,10 @@ def _now() -> int:
 
 def overwrite(
     store: TableStore, version: int, live: list[LiveFile], rows: pa.Table, mark: CommitMark
-) -> LiveFile:
+) -> tuple[LiveFile, int]:
     """``rows`` as the whole table in ``store``, whose latest version is ``version`` and
-    live files ``live``, in one commit carrying ``mark``: the new file."""
+    live files ``live``, in one commit carrying ``mark``: the new file, and the bytes
+    written (it and the commit)."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     with store.writing(name) as file:
         pq.write_table(rows, file, compression="snappy")
@@ -250,11 +252,11 @@ def overwrite(
         }
     )
     try:
-        commit(store, version + 1, actions)
+        written = size + commit(store, version + 1, actions)
     except CommitRacedError:
         store.delete(name)
         raise
-    return LiveFile(name, name, size, rows.num_rows)
+    return LiveFile(name, name, size, rows.num_rows), written
 
 
 def opening_actions(
@@ -301,11 +303,13 @@ def keep_log(table: deltalake.DeltaTable, location: str) -> None:
         table.cleanup_metadata()
 
 
-def commit(store: TableStore, version: int, actions: list[dict[str, object]]) -> None:
+def commit(store: TableStore, version: int, actions: list[dict[str, object]]) -> int:
     """``actions`` as the log's ``version`` of the table in ``store``, whole, durable and
-    only if it is not there yet (a ``CommitRacedError`` if it is)."""
-    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
-    if not store.put_if_absent(commit_name(version), text.encode()):
+    only if it is not there yet (a ``CommitRacedError`` if it is); the commit file's
+    bytes."""
+    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+    if not store.put_if_absent(commit_name(version), text):
         raise CommitRacedError(
             f"another writer committed version {version} of {store.location} first"
         )
+    return len(text)

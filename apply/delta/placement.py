@@ -1,9 +1,11 @@
 """Which engine writes a table's batch, and when a table gains deletion vectors by its size.
 
-A keyed batch is merged by delta-rs (``apply.delta.local_merge``) when the
-warehouse is on this machine's disk, Spark runs in this process, and no
-other writer's rows must be told apart (origin tracking, shared tables);
-anything else goes to Spark. With ``table_features.deletion_vectors: auto``
+A keyed batch is merged by delta-rs or pgsub's own writer
+(``apply.delta.local_merge``) when pgsub reaches the warehouse itself - an
+object store, whatever runs Spark (a cluster, a Spark Connect server), or
+this machine's disk with Spark in this process - and no other writer's rows
+must be told apart (origin tracking, shared tables); anything else goes to
+Spark. With ``table_features.deletion_vectors: auto``
 a table is sized once per process before its first Spark write, and gains
 deletion vectors past ``deletion_vectors_above`` (maintenance looks again
 every round, for tables that grow while pgsub runs).
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from apply.delta.definition import gain_by_size
 from apply.delta.detail import detail
 from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
-from apply.delta.local_tables import is_local_folder
+from apply.delta.local_tables import is_local_folder, reachable
 from apply.delta.session import runs_here
 from apply.delta.target import TargetTable
 from apply.features import FeatureMode, TableFeatures
@@ -34,8 +36,10 @@ class Placement:
         other_writers: bool,
         appended_only: Callable[[str], bool],
     ) -> None:
-        # A warehouse on this machine's file system (delta-rs may write it directly).
+        # A warehouse on this machine's file system, or one pgsub reaches (an object store):
+        # delta-rs and pgsub's own writer may write it directly.
         self.on_local_disk = is_local_folder(warehouse)
+        self.reachable = reachable(warehouse)
         self.features = features
         # Origin tracking or tables shared with another subscription: Spark's MERGE only.
         self._other_writers = other_writers
@@ -59,8 +63,12 @@ class Placement:
         return self._spark_here
 
     def merges_locally(self, target: TargetTable) -> bool:
-        """Whether a keyed batch may be merged by delta-rs (``apply.delta.local_merge``)."""
-        return self.on_local_disk and self.spark_here(target) and not self._other_writers
+        """Whether a keyed batch may be merged by delta-rs (``apply.delta.local_merge``): an
+        object store always (the daemon reaches it, as the cluster does), this machine's
+        disk when Spark runs here too."""
+        if not self.reachable or self._other_writers:
+            return False
+        return not self.on_local_disk or self.spark_here(target)
 
     def check_size(self, target: TargetTable) -> bool:
         """Before a table's first Spark write in this process: deletion vectors on if it has

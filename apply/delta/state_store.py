@@ -22,8 +22,9 @@ this operation read"), so in one process each state table has one writer at
 a time (``writing``): the apply worker's checkpoint, the maintenance thread's
 prune and compaction. VACUUM commits nothing and takes no turn.
 
-Where the warehouse is a local folder, appends and reads go through delta-rs
-(tens of milliseconds, no Spark job): a state change is on the sync path of
+Where pgsub reaches the warehouse itself - a local folder, an object store
+(``apply.delta.storage``) - appends and reads go through delta-rs (tens of
+milliseconds, no Spark job): a state change is on the sync path of
 every table, and a cold JVM took seconds per change. Deletes, the prepared
 transactions' frames and any table delta-rs may not write (a writer feature
 it lacks) stay with Spark; both write the same Delta log.
@@ -32,7 +33,6 @@ it lacks) stay with Spark; both write the same Delta log.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -44,8 +44,9 @@ from apply.delta import sql as delta_sql
 from apply.delta.local_tables import (
     append_rows,
     delta_rs_can_write,
-    folder,
-    is_local_folder,
+    is_table,
+    opened,
+    reachable,
     read_subscription,
 )
 from apply.delta.session import SparkErrors
@@ -82,8 +83,7 @@ class _StateTable:
         # mostly never need one (delta-rs reads and appends).
         self._session_source = spark
         self.path = f"{warehouse.rstrip('/')}/{STATE_DIR}/{self.name}"
-        self._local = is_local_folder(warehouse)
-        self._folder = folder(self.path)
+        self._reachable = reachable(warehouse)  # delta-rs reads and appends it
         self._delta_rs: bool | None = None  # decided once the table exists
         self._writing = _writer(self.path)
 
@@ -98,17 +98,18 @@ class _StateTable:
         return source() if callable(source) else source
 
     def _by_delta_rs(self) -> bool:
-        """Whether delta-rs reads and appends: a local folder, and a table it may write."""
-        if not self._local:
+        """Whether delta-rs reads and appends: a warehouse pgsub reaches (a local folder, an
+        object store), and a table it may write."""
+        if not self._reachable:
             return False
         if self._delta_rs is None:
-            if not os.path.isdir(os.path.join(self._folder, "_delta_log")):
+            if not is_table(self.path):
                 return True  # delta-rs makes it
-            self._delta_rs = delta_rs_can_write(self._folder)
+            self._delta_rs = delta_rs_can_write(self.path)
         return self._delta_rs
 
     def _arrow(self, subscription: str) -> pa.Table | None:
-        return read_subscription(self._folder, subscription)
+        return read_subscription(self.path, subscription)
 
     def _rows(self, subscription: str) -> list[Row] | list[dict[str, Any]]:
         """The subscription's rows, oldest first (none when the table does not exist yet)."""
@@ -152,7 +153,7 @@ class _StateTable:
         try:
             with self._writing:
                 if self._by_delta_rs():
-                    append_rows(self._folder, self.ddl, rows)
+                    append_rows(self.path, self.ddl, rows)
                     return
                 frame = self._spark.createDataFrame(rows, schema=self.ddl)
                 # mergeSchema: a column added by a newer pgsub joins an older table.
@@ -221,7 +222,7 @@ class CheckpointStore(_StateTable):
         try:
             with self._writing:
                 if latest:  # else no table, or no row of the subscription
-                    deltalake.DeltaTable(self._folder).delete(
+                    opened(self.path).delete(
                         f"subscription = {_standard_string(subscription)}"
                         f" AND recorded_at < arrow_cast({_standard_string(before)}, {timestamp})"
                         f" AND lsn < {latest}"

@@ -6,7 +6,7 @@ first (mutual exclusion, "put if absent"), and what a writer made is
 there for good before it says so. pgsub confirms a batch's LSN to the
 publisher once its commits are made, so both are what makes it exactly
 once (docs/tables.md, "pgsub's own commits"). ``LocalStore`` gives them on
-this machine's file system:
+this machine's file system (``ObjectStore``, below, in an object store):
 
 - a data or deletion vector file is written and fsynced (``write``): a
   power loss after the confirmation cannot leave it truncated;
@@ -32,8 +32,14 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Final, Protocol
+from typing import IO, TYPE_CHECKING, Final, Protocol
 from urllib.parse import unquote, urlsplit
+
+from apply.delta.storage import Storage
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs
 
 LOG: Final = "_delta_log"
 
@@ -44,7 +50,7 @@ def commit_name(version: int) -> str:
 
 
 class TableStore(Protocol):
-    """One table's files (``LocalStore``)."""
+    """One table's files (``LocalStore``, ``ObjectStore``)."""
 
     @property
     def location(self) -> str:
@@ -56,15 +62,24 @@ class TableStore(Protocol):
         """What delta-rs opens the table with (``storage_options``)."""
         ...
 
+    @property
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        """Where pyarrow reads the table's Parquet files (``source`` names them in it)."""
+        ...
+
+    def source(self, name: str) -> str:
+        """The file ``name`` as ``filesystem`` names it."""
+        ...
+
+    def open(self, name: str) -> pa.NativeFile:
+        """The file ``name``, to read (Parquet: its footer and row groups, by range)."""
+        ...
+
     def read(self, name: str) -> bytes: ...
 
     def read_range(self, name: str, start: int, length: int) -> bytes: ...
 
     def exists(self, name: str) -> bool: ...
-
-    def source(self, name: str) -> str:
-        """What pyarrow opens the file ``name`` with."""
-        ...
 
     def listed(self, prefix: str) -> list[str]:
         """The names of the files under the folder ``prefix`` (not its subfolders)."""
@@ -122,6 +137,17 @@ class LocalStore:
     @property
     def options(self) -> Mapping[str, str]:
         return {}
+
+    @property
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        import pyarrow.fs
+
+        return pyarrow.fs.LocalFileSystem()
+
+    def open(self, name: str) -> pa.NativeFile:
+        import pyarrow as pa
+
+        return pa.OSFile(self.source(name))
 
     def _path(self, name: str) -> Path:
         return Path(name) if name.startswith("/") else Path(self.folder, name)
@@ -198,3 +224,115 @@ def _sync_file(path: Path) -> None:
 
 def _sync_folder(path: Path) -> None:
     _sync_file(path)
+
+
+class ObjectStore:
+    """A table in an object store (``s3://``, ``s3a://``, ``gs://``, ``abfss://``).
+
+    The commit files go through obstore (object store's Python binding, the
+    library delta-rs commits with): ``put_if_absent`` is a conditional PUT
+    (``If-None-Match: *``), which the store refuses (412) when the name exists.
+    A PUT that did succeed but whose answer was lost is retried by obstore and
+    then refused: the file is read back, and taken for this writer's own when
+    it holds exactly what was put (each commit carries a ``txnId`` of its own).
+    A successful PUT is durable: nothing is left to ``sync``. The Parquet and
+    vector files go through a pyarrow file system over the same store (ranged
+    reads of a footer and its row groups; a multipart upload for a large file).
+    """
+
+    def __init__(self, url: str, storage: Storage) -> None:
+        from obstore.store import from_url
+
+        self.url = url.rstrip("/")
+        self._storage = storage
+        config, client = storage.obstore_config()
+        self._store = from_url(self.url, config=config, client_options=client)  # type: ignore[call-overload]
+        self._filesystem, self._root = storage.arrow_filesystem(self.url)
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    @property
+    def options(self) -> Mapping[str, str]:
+        return self._storage.delta_rs_options()
+
+    @property
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        return self._filesystem
+
+    def source(self, name: str) -> str:
+        return f"{self._root}/{name}"
+
+    def open(self, name: str) -> pa.NativeFile:
+        return self._filesystem.open_input_file(self.source(name))
+
+    def read(self, name: str) -> bytes:
+        import obstore
+
+        try:
+            return bytes(obstore.get(self._store, name).bytes())
+        except FileNotFoundError:
+            raise
+        except obstore.exceptions.NotFoundError as exc:
+            raise FileNotFoundError(f"{self.url}/{name}") from exc
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        import obstore
+
+        return bytes(obstore.get_range(self._store, name, start=start, length=length))
+
+    def exists(self, name: str) -> bool:
+        import obstore
+
+        try:
+            obstore.head(self._store, name)
+        except (FileNotFoundError, obstore.exceptions.NotFoundError):
+            return False
+        return True
+
+    def listed(self, prefix: str) -> list[str]:
+        import obstore
+
+        listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+        return [str(item["path"]) for item in listed["objects"]]
+
+    def write(self, name: str, data: bytes) -> int:
+        import obstore
+
+        obstore.put(self._store, name, data)
+        return len(data)
+
+    @contextlib.contextmanager
+    def writing(self, name: str) -> Iterator[IO[bytes]]:
+        with self._filesystem.open_output_stream(self.source(name)) as stream:
+            yield stream
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        import obstore
+
+        try:
+            obstore.put(self._store, name, data, mode="create")
+        except obstore.exceptions.AlreadyExistsError:
+            # Someone's: another writer's, or this one's own PUT, retried after its
+            # answer was lost (then it holds exactly this).
+            return self.read(name) == data
+        return True
+
+    def delete(self, name: str) -> None:
+        import obstore
+
+        with contextlib.suppress(FileNotFoundError, obstore.exceptions.NotFoundError):
+            obstore.delete(self._store, name)
+
+    def sync(self, names: list[str]) -> None:
+        """A PUT the store answered is durable."""
+
+
+def table_store(path: str) -> TableStore:
+    """Where the table at ``path`` keeps its files: a folder here, or an object store."""
+    from apply.delta.storage import is_object_store, storage_for
+
+    if is_object_store(path):
+        return ObjectStore(path, storage_for(path))
+    return LocalStore(path.removeprefix("file://").removeprefix("file:"))

@@ -60,7 +60,7 @@ from apply.delta.overwrite import CommitRacedError
 from apply.delta.placement import Placement
 from apply.delta.session import SparkErrors, runs_here, thread_session
 from apply.delta.staged_copy import StagedCopy
-from apply.delta.store import LocalStore, commit_name
+from apply.delta.store import LocalStore, commit_name, table_store
 from apply.delta.table_options import (
     DEFAULT_OPTIONS,
     CreatedTables,
@@ -124,6 +124,8 @@ class DeltaTables:
             appended_only=self.appends_changes,
         )
         self._on_local_disk = self._placed.on_local_disk
+        # delta-rs and pgsub's own writer reach it: a local folder, an object store.
+        self._reachable = self._placed.reachable
         self._durability = Durability(self._on_local_disk)
         self._local_merges = self._placed.local_merges
         self.subscription = subscription
@@ -145,7 +147,7 @@ class DeltaTables:
         self._lock = threading.Lock()
         self.history_peek = HISTORY_PEEK
         self._definition = TableDefinition(
-            subscription, features, maintenance, track_origin, shared_tables, self._on_local_disk
+            subscription, features, maintenance, track_origin, shared_tables, self._reachable
         )
 
     def path(self, table: str) -> str:
@@ -161,7 +163,7 @@ class DeltaTables:
         return session
 
     def exists(self, table: str) -> bool:
-        if self._on_local_disk:
+        if self._reachable:
             return is_table(self.path(table))
         return delta_sql.is_delta_table(self.session(), self.path(table))
 
@@ -189,7 +191,7 @@ class DeltaTables:
                 self.session,
                 path,
                 self.subscription,
-                local=self._on_local_disk,
+                local=self._reachable,
                 peek=self.history_peek,
             )
         except SparkErrors as exc:
@@ -276,9 +278,9 @@ class DeltaTables:
         durability``): what a batch confirms must survive a power loss; with the bytes it
         wrote and the bytes of the rows it changed (``changed``)."""
         self._durability.settle(path, result.version)
-        written = 0
-        if self._on_local_disk and result.version is not None:
-            lines = LocalStore(folder(path)).read(commit_name(result.version))
+        written = result.written_bytes  # pgsub's own commits count theirs
+        if not written and self._reachable and result.version is not None:
+            lines = table_store(path).read(commit_name(result.version))  # another engine's
             written = commit_bytes(lines.decode().splitlines()).written
         return replace(result, written_bytes=written, changed_bytes=changed)
 
@@ -300,7 +302,7 @@ class DeltaTables:
         what = f"appending to {schema.table} at {target.path} at LSN {mark.lsn}"
         with self._held(schema.table, what):
             written = None
-            if self._on_local_disk:
+            if self._reachable:
                 written = self._appends.append(target, stored, rows, mark)
             if written is None:
                 written = target.append(stored, rows, mark)
@@ -595,8 +597,8 @@ class DeltaTables:
         source, schema, mode, plan = kept.source, kept.schema, kept.mode, kept.plan
         with self.exclusive(schema.table):
             if (
-                self._on_local_disk
-                and self._placed.spark_here(target)
+                self._reachable
+                and (self._placed.spark_here(target) or not self._on_local_disk)
                 and delta_rs_can_write(target.path)
                 and plan is None
             ):

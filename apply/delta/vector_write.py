@@ -190,7 +190,7 @@ def write_by_vectors(
         open_table.store, state.index, matches, new_rows, mark, counts=counts, folded=folded
     )
     try:
-        commit(open_table.store, version, written.actions)
+        size = written.size + commit(open_table.store, version, written.actions)
     except CommitRacedError:
         for name in written.files:
             open_table.store.delete(name)
@@ -203,7 +203,7 @@ def write_by_vectors(
     table = open_table.synced()
     open_table.wrote(app_id, batch_version)
     keep_log(table, open_table.store.location)
-    return WriteResult(schema.table, version, *counts)
+    return WriteResult(schema.table, version, *counts, written_bytes=size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +212,7 @@ class _Written:
     files: list[str]  # what to remove if the commit is refused
     vectors: list[tuple[Match, str]]  # each file left with rows, and its new vector's id
     new_file: str | None
+    size: int  # the bytes of its files (the rows' and the vectors')
 
 
 def _write(
@@ -240,9 +241,10 @@ def _write(
         if len(deleted) < index.rows(match.file.name):
             kept.append((match, deleted))  # else every row is gone: the file goes
     vectors: list[tuple[Match, str]] = []
+    vector_bytes = 0
     if kept:
         bitmaps = [deletion_vectors.encode(deleted) for _, deleted in kept]
-        encoded, offsets, _ = deletion_vectors.write_file(store, bitmaps)
+        encoded, offsets, vector_bytes = deletion_vectors.write_file(store, bitmaps)
         for (match, deleted), bitmap, offset in zip(kept, bitmaps, offsets, strict=True):
             vector = Descriptor("u", encoded, offset, len(bitmap), len(deleted))
             changes.append(_add_again(match.file, vector, index.rows(match.file.name)))
@@ -280,7 +282,7 @@ def _write(
     }
     predicate = {"predicate": "pgsub: the batch's keys, looked up in memory"}
     actions = opening_actions("MERGE", predicate, metrics, mark, now) + changes
-    return _Written(actions, files, vectors, new_file)
+    return _Written(actions, files, vectors, new_file, size + vector_bytes)
 
 
 def _names(matches: list[Match]) -> set[str]:
@@ -333,7 +335,10 @@ def _rows(store: TableStore, file: VectorFile, alive: Alive, schema: pa.Schema) 
     """The ``alive`` rows of ``file``, in the table's ``schema``."""
     import pyarrow.dataset as ds
 
-    rows = ds.dataset([store.source(file.name)], schema=schema, format="parquet").to_table()
+    files = [store.source(file.name)]
+    rows = ds.dataset(
+        files, schema=schema, format="parquet", filesystem=store.filesystem
+    ).to_table()
     return rows.filter(pa.array(alive))
 
 
@@ -380,7 +385,7 @@ def _old_rows(
     wanted = pa.schema([schema.field(n) for n in names])
     parts = [wanted.empty_table()]
     for match in matches:
-        parquet = pq.ParquetFile(store.source(match.file.name))
+        parquet = pq.ParquetFile(store.open(match.file.name))
         sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
         starts = np.cumsum([0, *sizes])
         groups = np.unique(np.searchsorted(starts, match.positions, side="right") - 1)
