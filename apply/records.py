@@ -81,6 +81,7 @@ class WriteResult:
     deleted: int = 0
     conflicts: tuple[Finding, ...] = ()
     written_bytes: int = 0  # what the commit wrote: data and vector files, the commit itself
+    durable: bool = False  # made durable as it was committed (pgsub's own commits)
     changed_bytes: int = 0  # the bytes of the rows the batch changed, as the publisher sent them
 
 

@@ -41,8 +41,9 @@ class Durability:
         with self._lock:
             self._settled.setdefault(path, version)
 
-    def settle(self, path: str, version: int | None) -> None:
-        """The commits of the table at ``path`` through ``version`` durable."""
+    def settle(self, path: str, version: int | None, *, made_durable: bool = False) -> None:
+        """The commits of the table at ``path`` through ``version`` durable; ``version``
+        itself already is with ``made_durable`` (pgsub's own commit)."""
         if not self.local or version is None:
             return
         with self._lock:
@@ -50,7 +51,7 @@ class Durability:
         if since >= version:
             return
         store = LocalStore(folder(path))
-        for at in range(since + 1, version + 1):
+        for at in range(since + 1, version if made_durable else version + 1):
             if store.exists(commit_name(at)):  # else cleaned up long since: a checkpoint holds it
                 make_durable(store, at)
         with self._lock:

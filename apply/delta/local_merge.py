@@ -235,7 +235,9 @@ class LocalMerges:
                 table = open_table.synced()
             open_table.wrote(app_id, version)
             keep_log(table, open_table.store.location)
-        return WriteResult(schema.table, table.version(), stage.rows, written_bytes=written)
+        return WriteResult(
+            schema.table, table.version(), stage.rows, written_bytes=written, durable=written > 0
+        )
 
     def merge_source(
         self,
@@ -526,7 +528,9 @@ def _rewrite(
         configuration = open_table.table.metadata().configuration
         if checkpoint_due(open_table.version, configuration, open_table.store.location):
             keep_log(open_table.synced(), open_table.store.location)
-        return WriteResult(schema.table, open_table.version, *counts, written_bytes=written)
+        return WriteResult(
+            schema.table, open_table.version, *counts, written_bytes=written, durable=True
+        )
     table = open_table.synced()
     deltalake.write_deltalake(
         table,

@@ -1,13 +1,15 @@
-"""A local table's log kept open between batches, and what pgsub's own commits changed.
+"""A table's log kept open between batches, and what pgsub's own commits changed.
 
 Opening a table replays its log (15 ms for a few dozen commits); an open
 delta-rs table reads only the commits after its version, but reading even
-one costs about 5 ms. Most of a small table's commits are pgsub's own
-overwrites (``apply.delta.overwrite``), which change nothing but the
-version, the one live file and the batch's mark. So ``OpenTable`` keeps
-those three itself, and brings delta-rs's snapshot forward only when
-something else needs it (``synced``: a MERGE, a checkpoint) or another
-writer committed (``latest``: the next version's file is there). The
+one costs about 5 ms. Most of a table's commits are pgsub's own
+(``apply.delta.overwrite``, ``apply.delta.vector_write``), which change
+nothing but the version, the live files and the batch's mark. So
+``OpenTable`` keeps the version and the mark itself (and an overwrite's one
+live file; a deletion vector commit's are ``LiveFiles``'s), and brings
+delta-rs's snapshot forward only when something else needs it (``synced``:
+a MERGE, a checkpoint) or another writer committed (``latest``: the next
+version's file is there). The
 protocol, schema and properties of the snapshot stay true meanwhile: an
 overwrite does not change them.
 """
@@ -35,10 +37,12 @@ class LiveFile:
 
 @dataclass(frozen=True, slots=True)
 class _Own:
-    """The table after pgsub's last overwrite, while the snapshot has not read it."""
+    """The table after pgsub's last own commit, while the snapshot has not read it: an
+    overwrite's one live file, or None (a deletion vector commit's files are
+    ``apply.delta.live_files``'s to know)."""
 
     version: int
-    file: LiveFile
+    file: LiveFile | None
 
 
 class OpenTable:
@@ -70,8 +74,10 @@ class OpenTable:
 
     def files(self) -> list[LiveFile]:
         """The table's live files."""
-        if self._own is not None:
+        if self._own is not None and self._own.file is not None:
             return [self._own.file]
+        if self._own is not None:
+            self.synced()
         actions = pa.table(self.table.get_add_actions(flatten=True))
         if not actions.num_rows:
             return []
@@ -94,11 +100,14 @@ class OpenTable:
             return self._marks[app_id]
         return self.synced().transaction_version(app_id)
 
-    def wrote(self, app_id: str, batch_version: int, own: LiveFile | None = None) -> None:
+    def wrote(
+        self, app_id: str, batch_version: int, own: LiveFile | None = None, *, by_own: bool = False
+    ) -> None:
         """This process just committed ``app_id``'s batch ``batch_version``: by delta-rs
-        (the snapshot moved), or by its own overwrite whose one file is ``own``."""
+        (the snapshot moved), by its own overwrite whose one file is ``own``, or by its own
+        deletion vector commit (``by_own``)."""
         before = self.version
-        if own is not None:
+        if own is not None or by_own:
             self._own = _Own(before + 1, own)
         if self._marks_at != self.version - 1:
             self._marks.clear()  # known only as of the commit before ours

@@ -277,7 +277,7 @@ class DeltaTables:
         """``result``'s commit, and every commit before it, durable (``apply.delta.
         durability``): what a batch confirms must survive a power loss; with the bytes it
         wrote and the bytes of the rows it changed (``changed``)."""
-        self._durability.settle(path, result.version)
+        self._durability.settle(path, result.version, made_durable=result.durable)
         written = result.written_bytes  # pgsub's own commits count theirs
         if not written and self._reachable and result.version is not None:
             lines = table_store(path).read(commit_name(result.version))  # another engine's

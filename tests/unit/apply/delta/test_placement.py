@@ -42,11 +42,15 @@ def placement(
     )
 
 
-def test_delta_rs_merges_on_a_local_warehouse_with_a_local_spark_only(tmp_path: Path) -> None:
+def test_delta_rs_merges_where_the_daemon_reaches_the_warehouse(tmp_path: Path) -> None:
+    """A local folder with Spark in this process; an object store whatever runs Spark (the
+    daemon reaches it as the cluster does); never a store pgsub does not reach itself."""
     assert placement(str(tmp_path)).merges_locally(target())
     assert placement(f"file://{tmp_path}").merges_locally(target())
-    assert not placement("s3a://bucket/wh").merges_locally(target())
     assert not placement(str(tmp_path)).merges_locally(target("spark://master:7077"))
+    assert placement("s3a://bucket/wh").merges_locally(target())
+    assert placement("s3://bucket/wh").merges_locally(target("spark://master:7077"))
+    assert not placement("hdfs://namenode/wh").merges_locally(target())
 
 
 def test_origin_tracking_or_shared_tables_keep_every_batch_on_spark(tmp_path: Path) -> None:
