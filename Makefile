@@ -69,7 +69,8 @@ $(SYNCED): pyproject.toml uv.lock | $(UV)
 $(JARS): jars/pom.xml
 	rm -rf jars/lib
 	mvn --quiet --batch-mode -f jars/pom.xml dependency:copy-dependencies \
-	    -DincludeScope=runtime -DincludeGroupIds=io.delta -DoutputDirectory=lib
+	    -DincludeScope=runtime -DoutputDirectory=lib \
+	    -DincludeGroupIds=io.delta,org.apache.hadoop,software.amazon.awssdk,software.amazon.eventstream,software.amazon.s3.analyticsaccelerator,org.reactivestreams
 	touch $@
 
 $(POSTGRES): setup/postgres.sh Makefile

@@ -44,6 +44,7 @@ import json
 import math
 import time
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -181,7 +182,7 @@ def write_by_vectors(
     for field in have:
         if not field.nullable and new_rows.column(field.name).null_count:
             return None  # Spark reports the NOT NULL violation
-    folded = _small_files(live)
+    folded = _small_files(live, fold_at(open_table.store.location))
     worn = _worn_file(live, state.index, {f.name for f in folded})
     folded += [worn] if worn is not None else []
     if folded:
@@ -302,8 +303,16 @@ def _tier(size: int) -> int:
     return 0 if size < FOLD_TIER else 1 + int(math.log(size / FOLD_TIER, FOLD_AT))
 
 
-def _small_files(live: list[VectorFile]) -> list[VectorFile]:
-    """The files to fold into this batch's file: ``FOLD_AT`` or more of one tier (below
+def fold_at(location: str) -> int:
+    """How many small files of one tier the table at ``location`` folds at: ``FOLD_AT`` to
+    twice that, by a number of its own (its folder's name), so that tables written by the
+    same batches do not all fold in one (200 folds in one batch stalled it 4 s where a
+    batch took 1.5: docs/performance.md, "What a batch writes")."""
+    return FOLD_AT + zlib.crc32(location.rstrip("/").encode()) % FOLD_AT
+
+
+def _small_files(live: list[VectorFile], at: int = FOLD_AT) -> list[VectorFile]:
+    """The files to fold into this batch's file: ``at`` or more of one tier (below
     ``FOLD_BELOW`` bytes each, at most ``FOLD_MAX_BYTES`` together), the lowest tier that
     has them; else none. Files of like size only: a file folded once is folded again only
     with its like, so a row is rewritten once per tier, not once per fold (folding the
@@ -319,7 +328,7 @@ def _small_files(live: list[VectorFile]) -> list[VectorFile]:
                 break
             small.append(file)
             total += file.size
-        if len(small) >= FOLD_AT:
+        if len(small) >= at:
             return small
     return []
 

@@ -17,12 +17,13 @@ from typing import Any
 from apply.ddl import publisher_setup_sql
 from apply.delta.session import SparkSettings, build_session
 from apply.delta.state_store import STATE_TABLES, SettingsStore, TableStateStore
+from apply.delta.store_check import StoreError, check_store
 from apply.records import StoredTableState
 from subscriber.replication import session
 from subscriber.replication.errors import SubscriberError, UsageError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.names import qualified_name, split_qualified
-from subscriber.runtime.config import Config, SubscriptionConfig
+from subscriber.runtime.config import Config, ConfigError, SubscriptionConfig
 from subscriber.runtime.settings import ENABLED, SKIP_LSN, TWO_PHASE
 from tablesync.publication import published_tables
 from tablesync.refresh import plan_refresh, record_refresh
@@ -34,12 +35,21 @@ class AdminError(SubscriberError):
     """An administrative command that cannot be carried out as asked."""
 
 
-def spark_on_demand(config: Config, app_name: str = "pgsub-admin") -> Callable[[], Any]:
-    """What starts the command's Spark session when first needed (most never need it)."""
+def spark_on_demand(
+    config: Config, app_name: str = "pgsub-admin", *, writes: bool = True
+) -> Callable[[], Any]:
+    """What starts the command's Spark session when first needed (most never need it); for a
+    command that ``writes``, the warehouse's object store checked first
+    (``apply.delta.store_check``: it writes a probe, which a reader need not be allowed to)."""
+    if writes:
+        try:
+            check_store(config.warehouse, f"pgsub {app_name.removeprefix('pgsub-')}")
+        except StoreError as exc:
+            raise ConfigError(str(exc)) from None
     settings = SparkSettings(
         master=config.spark.master,
         remote=config.spark.remote,
-        conf=config.spark.conf,
+        conf=config.spark_conf(),
         app_name=app_name,
     )
     return functools.cache(lambda: build_session(settings))

@@ -33,6 +33,7 @@ from pydantic import (
 
 from apply.batch import GROWTH
 from apply.changelog import History, HistoryMode
+from apply.delta.storage import Storage, is_object_store, register
 from apply.features import DELETION_VECTORS_ABOVE, REWRITE_FACTOR, FeatureMode, TableFeatures
 from apply.maintenance_policy import MaintenancePolicy
 from apply.transactions import Bounds
@@ -355,6 +356,59 @@ class SparkConfig(_Strict):
         return value
 
 
+def _secret(inline: str | None, file: Path | None, environment: str) -> str | None:
+    """A secret from its file, else from the environment variable ``environment``."""
+    if file is not None:
+        return file.read_text().strip() or None
+    return os.environ.get(environment) or inline
+
+
+class StorageConfig(_Strict):
+    """How every engine reaches a warehouse in an object store (docs/operations.md,
+    "Object storage"): the same facts to Spark (S3A), delta-rs and pgsub's own writer."""
+
+    endpoint: str | None = None  # an S3-compatible server (http:// or https://); None: AWS
+    region: str | None = None
+    path_style: bool = False  # the bucket in the path, not the host name
+    # Credentials: these files, else AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+    # AWS_SESSION_TOKEN, else the cloud's chain (a web identity token: IRSA; an instance).
+    access_key_id_file: Path | None = None
+    secret_access_key_file: Path | None = None
+    session_token_file: Path | None = None
+    ca_file: Path | None = None  # the CA that signed the endpoint's certificate (pgsub's side)
+    check: bool = True  # at start: the store refuses a second PUT of one name (If-None-Match)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("an endpoint is a URL: http://host:port or https://host")
+        return value.rstrip("/") if value else value
+
+    @field_validator("access_key_id_file", "secret_access_key_file", "session_token_file")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                value.read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read {value}: {exc.strerror}") from None
+        return value
+
+    def storage(self) -> Storage:
+        key = _secret(None, self.access_key_id_file, "AWS_ACCESS_KEY_ID")
+        secret = _secret(None, self.secret_access_key_file, "AWS_SECRET_ACCESS_KEY")
+        return Storage(
+            endpoint=self.endpoint,
+            region=self.region or os.environ.get("AWS_REGION") or None,
+            path_style=self.path_style,
+            access_key_id=key,
+            secret_access_key=secret,
+            session_token=_secret(None, self.session_token_file, "AWS_SESSION_TOKEN"),
+            ca_file=None if self.ca_file is None else str(self.ca_file),
+        )
+
+
 class MetricsConfig(_Strict):
     host: str = "0.0.0.0"  # noqa: S104 - a pod's metrics port is scraped from outside
     port: int = Field(9187, ge=0, le=65535)
@@ -387,6 +441,7 @@ class LogConfig(_Strict):
 
 class Config(_Strict):
     warehouse: str = "./warehouse"
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -403,6 +458,18 @@ class Config(_Strict):
             if repeated:
                 raise ValueError(f"{what} must be unique; repeated: {', '.join(repeated)}")
         return self
+
+    def reach_warehouse(self) -> None:
+        """Record how this process reaches the warehouse (``apply.delta.storage``): every
+        table path under it finds the storage configuration."""
+        if is_object_store(self.warehouse):
+            register(self.warehouse, self.storage.storage())
+
+    def spark_conf(self) -> dict[str, str]:
+        """The Spark configuration: the storage's (S3A) for an object store warehouse, then
+        the user's ``spark.conf``, which wins."""
+        conf = self.storage.storage().spark_conf() if is_object_store(self.warehouse) else {}
+        return {**conf, **self.spark.conf}
 
     def subscription(self, name: str) -> SubscriptionConfig:
         for sub in self.subscriptions:
@@ -494,7 +561,9 @@ def load(path: Path | None, environ: Mapping[str, str] | None = None) -> Config:
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
     data = apply_environment(data, environ)
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         source = str(path) if path is not None else "the configuration"
         raise ConfigError(f"{source} is not valid:\n{_describe(exc)}") from None
+    config.reach_warehouse()
+    return config

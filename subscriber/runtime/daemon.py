@@ -23,8 +23,9 @@ import structlog
 
 from apply.delta.session import SparkSettings, build_session, masked_spark_url
 from apply.delta.state_store import CheckpointStore
+from apply.delta.store_check import StoreError, check_store
 from subscriber.metrics import Metrics
-from subscriber.runtime.config import Config
+from subscriber.runtime.config import Config, ConfigError
 from subscriber.runtime.http import StatusServer
 from subscriber.runtime.maintenance import Maintenance
 from subscriber.runtime.shutdown import ShutdownTimedOut, captured_signals, join_within
@@ -168,11 +169,15 @@ class Daemon:
         )
         self.server.start()
         log.info("http endpoint listening", host=config.metrics.host, port=self.server.port)
+        try:  # before a row is written there
+            check_store(config.warehouse, f"subscriptions {', '.join(s.name for s in enabled)}")
+        except StoreError as exc:
+            raise ConfigError(str(exc)) from None
         spark = self.spark = build_session(
             SparkSettings(
                 master=config.spark.master,
                 remote=config.spark.remote,
-                conf=config.spark.conf,
+                conf=config.spark_conf(),
                 jvm_traces=config.log.level == "debug",
             )
         )

@@ -75,7 +75,7 @@ def from_state_store(config: Config, names: list[str]) -> View:
     from subscriber.runtime.admin import spark_on_demand
     from subscriber.runtime.settings import ENABLED, SKIP_LSN, TWO_PHASE
 
-    spark = spark_on_demand(config, "pgsub-status")  # started only if a store needs it
+    spark = spark_on_demand(config, "pgsub-status", writes=False)  # started only if needed
     warehouse = config.warehouse
     checkpoints, states = CheckpointStore(spark, warehouse), TableStateStore(spark, warehouse)
     settings, conflicts = SettingsStore(spark, warehouse), ConflictStore(spark, warehouse)
