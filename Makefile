@@ -14,6 +14,7 @@ SYNCED   := $(VENV)/.synced
 JARS     := jars/lib/.resolved
 POSTGRES := .setup-postgres
 HELM_VERSION := v3.22.0
+VERSITYGW_VERSION := v1.8.0
 DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
@@ -79,7 +80,7 @@ $(POSTGRES): setup/postgres.sh Makefile
 
 # helm and promtool, for the checks of deploy/ (tests/deploy/).
 $(DEPLOY_TOOLS): setup/tools.sh Makefile
-	bash setup/tools.sh $(HELM_VERSION) $(TOOLS)/bin
+	bash setup/tools.sh $(HELM_VERSION) $(TOOLS)/bin $(VERSITYGW_VERSION)
 	touch $@
 
 # DEMO_SECONDS=60 make demo stops by itself after a minute; otherwise Ctrl-C.

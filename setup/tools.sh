@@ -4,12 +4,15 @@
 #    the HTTP endpoint), from Debian's chromium package (installed when run as root);
 #  - a container engine to build and run deploy/Dockerfile: Debian's docker.io (its client has
 #    BuildKit built in) and debootstrap for the base image (as root; the test starts dockerd);
-#  - helm, built with Go from the module proxy into .tools/bin (a few minutes, once).
+#  - helm, built with Go from the module proxy into .tools/bin (a few minutes, once);
+#  - versitygw, a real S3 gateway over a folder (the object store the tests and benchmarks
+#    put the warehouse in: docs/testing.md), built with Go likewise (about a minute, once).
 # Idempotent: does nothing when all are there.
 set -euo pipefail
 
 HELM_VERSION="$1"   # e.g. v3.22.0
 TOOLS_BIN="$2"      # e.g. .tools/bin
+VERSITYGW_VERSION="${3:-v1.8.0}"
 
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
@@ -34,5 +37,14 @@ if [ ! -x "$TOOLS_BIN/helm" ] || ! "$TOOLS_BIN/helm" version --short | grep -q "
   mkdir -p "$TOOLS_BIN"
   GOBIN="$(cd "$TOOLS_BIN" && pwd)" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
+# go install embeds no version in the binary: a marker file says which one was built.
+if [ ! -x "$TOOLS_BIN/versitygw" ] || [ ! -f "$TOOLS_BIN/.versitygw-$VERSITYGW_VERSION" ]; then
+  echo "setup: building versitygw $VERSITYGW_VERSION with Go into $TOOLS_BIN"
+  mkdir -p "$TOOLS_BIN"
+  GOBIN="$(cd "$TOOLS_BIN" && pwd)" go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+  rm -f "$TOOLS_BIN"/.versitygw-*
+  touch "$TOOLS_BIN/.versitygw-$VERSITYGW_VERSION"
+fi
 "$TOOLS_BIN/helm" version --short
+echo "versitygw $VERSITYGW_VERSION"
 promtool --version | head -1

@@ -12,7 +12,7 @@ from types import FrameType
 
 import pytest
 
-pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark"]
+pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark", "tests.plugins.s3"]
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -207,17 +206,21 @@ def read_delta_rs(path: str, columns: Sequence[Column]) -> list[Row]:
     """The Delta table's rows as delta-rs (Python's ``deltalake``, polars) reads them.
 
     A reader that is not Spark: it refuses a table with a reader feature it
-    lacks (column mapping, type widening, deletion vectors in 1.6), which
-    is what the tables pgsub writes by default must never have - except
-    deletion vectors, which a table gains past ``deletion_vectors_above``:
-    such a table is read through ``deltalake.QueryBuilder`` (delta-rs's
-    DataFusion), the delta-rs reader that applies them (docs/tables.md).
+    lacks (type widening, deletion vectors in 1.6), which is what the tables
+    pgsub writes by default must never have - except deletion vectors, which
+    a table gains when its batches would otherwise rewrite it: such a table
+    is read through ``deltalake.QueryBuilder`` (delta-rs's DataFusion), the
+    delta-rs reader that applies them (docs/tables.md). A table in an object
+    store is read from it, with the storage its warehouse registered.
     """
     import deltalake
 
-    if not (Path(path) / "_delta_log").is_dir():
+    from apply.delta.local_tables import is_table
+    from apply.delta.local_tables import opened as open_table
+
+    if not is_table(path):
         return []
-    opened = deltalake.DeltaTable(path)
+    opened = open_table(path)
     if "deletionVectors" in (opened.protocol().reader_features or ()):
         names = ", ".join('"' + c.name.replace('"', '""') + '"' for c in columns)
         found = deltalake.QueryBuilder().register("t", opened).execute(f"SELECT {names} FROM t")

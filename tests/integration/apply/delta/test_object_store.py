@@ -1,0 +1,201 @@
+"""The warehouse in an object store (apply/delta/store.py, storage.py): pgsub's own commits
+by conditional PUT, a lost race made again, a retried PUT taken for its own, delta-rs's
+merges and the state store there - every table read back from the bucket by Spark,
+delta-rs, polars and pgsub's own replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import deltalake
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from apply.applier import BatchApplier
+from apply.delta import deletion_vectors, local_merge
+from apply.delta.live_files import LiveFiles, latest_version
+from apply.delta.local_tables import opened
+from apply.delta.overwrite import CommitRacedError
+from apply.delta.state_store import CheckpointStore, TableStateStore
+from apply.delta.storage import storage_for
+from apply.delta.store import ObjectStore, commit_name, table_store
+from apply.delta.tables import DeltaTables
+from apply.records import StoredTableState
+from subscriber.replication.lsn import Lsn
+from tests.plugins.s3 import S3Server
+from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
+
+pytestmark = pytest.mark.integration
+
+T = relation("id", "v")
+Rows = list[tuple[int, str]]
+
+
+def engines(path: str) -> list[str]:
+    """Each commit's engine, oldest first, read from the bucket."""
+    import json
+
+    store = table_store(path)
+    found = []
+    for version in range(latest_version(store) + 1):
+        for line in store.read(commit_name(version)).decode().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info is not None:
+                client = str(info.get("clientVersion") or info.get("engineInfo") or "")
+                found.append(
+                    "pgsub"
+                    if client == "pgsub"
+                    else "delta-rs"
+                    if "delta-rs" in client
+                    else "Spark"
+                )
+    return found
+
+
+def by_spark(spark: Any, path: str) -> Rows:
+    rows = spark.read.format("delta").load(path).collect()
+    return sorted((int(r["id"]), str(r["v"])) for r in rows)
+
+
+def by_delta_rs(path: str) -> Rows:
+    table = opened(path)
+    found = deltalake.QueryBuilder().register("t", table).execute("SELECT id, v FROM t")
+    return sorted((int(r["id"]), str(r["v"])) for r in pa.table(found.read_all()).to_pylist())
+
+
+def by_polars(path: str) -> Rows:
+    options = storage_for(path).delta_rs_options()
+    frame = pl.read_delta(path.replace("s3a://", "s3://"), storage_options=options)
+    return sorted((int(r["id"]), str(r["v"])) for r in frame.to_dicts())
+
+
+def by_own_replay(path: str) -> Rows:
+    store = table_store(path)
+    files = LiveFiles(store)
+    files.read(latest_version(store))
+    rows: Rows = []
+    for file in files.files:
+        table = pq.ParquetFile(store.open(file.name)).read()
+        if file.vector is not None:
+            keep = np.ones(table.num_rows, dtype=np.bool_)
+            keep[deletion_vectors.read(store, file.vector).astype(np.int64)] = False
+            table = table.filter(pa.array(keep))
+        rows += [(int(r["id"]), str(r["v"])) for r in table.to_pylist()]
+    return sorted(rows)
+
+
+def every_reader(spark: Any, path: str, want: Rows) -> None:
+    assert by_spark(spark, path) == want
+    assert by_delta_rs(path) == want
+    assert by_polars(path) == want
+    assert by_own_replay(path) == want
+
+
+def test_every_kind_of_commit_lands_in_the_bucket_and_reads_back(
+    spark: Any, s3_warehouse: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table rewritten whole by pgsub's own commit, then turned to deletion vectors by the
+    write-cost rule and written by them, then merged by delta-rs: in the bucket, each step
+    read back by every reader."""
+    tables = DeltaTables(spark, s3_warehouse, "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    path = tables.path("public.t")
+    model = {i: f"v{i}" for i in range(50)}
+    try:
+        applier.apply(batch(tx(*(ins(T, i, v) for i, v in model.items()), end=100)))
+        assert engines(path)[-1] == "pgsub"  # rewritten whole, by pgsub's own commit
+        every_reader(spark, path, sorted(model.items()))
+
+        bigger = {i: f"{i:064d}" for i in range(50, 20_050)}
+        applier.apply(batch(tx(*(ins(T, i, v) for i, v in bigger.items()), end=200)))
+        model.update(bigger)
+        applier.apply(batch(tx(upd(T, 7, "seven"), dele(T, 8, None), end=300)))
+        model[7] = "seven"
+        del model[8]
+        assert engines(path)[-2:] == ["pgsub", "pgsub"]  # vectors on, then the batch by them
+        assert "deletionVectors" in (opened(path).protocol().reader_features or ())
+        every_reader(spark, path, sorted(model.items()))
+
+        monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+        plain = DeltaTables(spark, s3_warehouse, "sub1")  # another table, merged by delta-rs
+        other = relation("id", "v", name="u", oid=16385)
+        merging = BatchApplier("sub1", plain, lambda oid: None)
+        merging.apply(batch(tx(*(ins(other, i, "a") for i in range(10)), end=400)))
+        merging.apply(batch(tx(upd(other, 3, "b"), end=500)))
+        merging.close()
+        assert tables.applied_lsn("public.t") == Lsn(300)
+        assert plain.applied_lsn("public.u") == Lsn(500)
+    finally:
+        applier.close()
+
+
+def test_a_commit_another_writer_made_first_is_made_again_on_top_of_it(
+    spark: Any, s3_warehouse: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer takes the version pgsub's commit was for (its conditional PUT refused:
+    412): nothing of pgsub's is committed, and the batch is made again on the table as that
+    writer left it - no row lost, none doubled."""
+    tables = DeltaTables(spark, s3_warehouse, "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    path = tables.path("public.t")
+    raced: list[int] = []
+    real_put = ObjectStore.put_if_absent
+
+    def put_after_another(store: ObjectStore, name: str, data: bytes) -> bool:
+        if name.startswith("_delta_log/") and name.endswith(".json") and not raced:
+            raced.append(1)  # another engine's append takes the version first
+            rows = pa.table({"id": pa.array([1000], pa.int32()), "v": ["theirs"]})
+            deltalake.write_deltalake(
+                path, rows, mode="append", storage_options=storage_for(path).delta_rs_options()
+            )
+        return real_put(store, name, data)
+
+    try:
+        applier.apply(batch(tx(*(ins(T, i, "a") for i in range(5)), end=100)))
+        monkeypatch.setattr(ObjectStore, "put_if_absent", put_after_another)
+        result = applier.apply(batch(tx(upd(T, 2, "b"), end=200)))
+        applier.verify(result)
+    finally:
+        applier.close()
+    assert raced
+    want = [(0, "a"), (1, "a"), (2, "b"), (3, "a"), (4, "a"), (1000, "theirs")]
+    every_reader(spark, path, want)
+    assert tables.applied_lsn("public.t") == Lsn(200)
+
+
+def test_a_put_retried_after_its_answer_was_lost_is_taken_for_its_own(
+    s3_server: S3Server, s3_warehouse: str
+) -> None:
+    """The store made the first PUT, its answer was lost, the retry is refused (412): the
+    object holds exactly what was put, so it is this writer's; anything else is a lost
+    race."""
+    store = ObjectStore(f"{s3_warehouse}/t", s3_server.storage())
+    name = commit_name(0)
+    assert store.put_if_absent(name, b'{"commitInfo":{"txnId":"a"}}\n')
+    assert store.put_if_absent(name, b'{"commitInfo":{"txnId":"a"}}\n')  # the retry
+    assert not store.put_if_absent(name, b'{"commitInfo":{"txnId":"b"}}\n')  # another's
+    assert store.read(name) == b'{"commitInfo":{"txnId":"a"}}\n'
+    with pytest.raises(CommitRacedError):
+        from apply.delta.overwrite import commit
+
+        commit(store, 0, [{"commitInfo": {"txnId": "c"}}])
+
+
+def test_the_state_store_lives_in_the_bucket_without_spark(
+    s3_warehouse: str,
+) -> None:
+    """Table states and checkpoints appended and read back by delta-rs in the bucket: no
+    Spark session is ever asked for (the admin commands' path)."""
+
+    def no_spark() -> Any:
+        raise AssertionError("the state store asked for Spark")
+
+    states = TableStateStore(no_spark, s3_warehouse)
+    states.record("sub1", [StoredTableState(16384, "public", "t", "r", Lsn(100))])
+    assert [s.state for s in states.load("sub1").values()] == ["r"]
+    checkpoints = CheckpointStore(no_spark, s3_warehouse)
+    checkpoints.record("sub1", Lsn(200), 0, {"public.t": 3})
+    assert checkpoints.origin_lsn("sub1") == Lsn(200)

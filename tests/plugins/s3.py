@@ -1,0 +1,143 @@
+"""An object store for the tests: versitygw, a real S3 gateway, over a temporary folder.
+
+versitygw (``make tools`` builds it from the Go module proxy) speaks the S3 API
+the three engines use - conditional PUTs (``If-None-Match``, refused with 412),
+multipart uploads, ranged GETs, ListObjectsV2 - and checks signatures, so a
+wrong key is refused as AWS refuses it. One server per test process, on a free
+loopback port, always stopped after the run (its own process group); a bucket
+per test (``s3_warehouse``), so tests never see each other's tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apply.delta import storage
+from apply.delta.storage import Storage, register
+from tests.support.pgcluster import free_port, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCESS_KEY, SECRET_KEY = "pgsub-tests", "pgsub-tests-secret"
+
+
+def versitygw() -> str | None:
+    found = ROOT / ".tools" / "bin" / "versitygw"
+    return str(found) if found.exists() else shutil.which("versitygw")
+
+
+@dataclass
+class S3Server:
+    """A running versitygw: its endpoint, its root folder (a folder a bucket), its keys."""
+
+    endpoint: str
+    root: Path
+    process: subprocess.Popen[bytes]
+
+    def storage(self, *, secret: str = SECRET_KEY) -> Storage:
+        return Storage(
+            endpoint=self.endpoint,
+            region="us-east-1",
+            path_style=True,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=secret,
+        )
+
+    def config(self) -> dict[str, Any]:
+        """The ``storage`` section of a daemon's config (the keys from the environment)."""
+        return {"endpoint": self.endpoint, "region": "us-east-1", "path_style": True}
+
+    def environment(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+
+    def bucket(self, name: str) -> str:
+        """A new empty bucket (the gateway's posix backend: a folder of its root)."""
+        (self.root / name).mkdir()
+        return name
+
+
+def start_s3_server(root: Path) -> S3Server:
+    binary = versitygw()
+    if binary is None:
+        raise RuntimeError("versitygw is not built: run `make tools`")
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = (root.parent / f"versitygw-{port}.log").open("w")
+    process = subprocess.Popen(
+        [binary, "--port", f"127.0.0.1:{port}", "posix", str(root)],
+        env={**os.environ, "ROOT_ACCESS_KEY": ACCESS_KEY, "ROOT_SECRET_KEY": SECRET_KEY},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = S3Server(f"http://127.0.0.1:{port}", root, process)
+
+    def answers() -> bool:
+        import socket
+
+        if process.poll() is not None:
+            raise RuntimeError(f"versitygw exited: {(root.parent / log.name).read_text()[-500:]}")
+        with contextlib.closing(socket.socket()) as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(answers, timeout=30, what="versitygw to listen")
+    return server
+
+
+def stop_s3_server(server: S3Server) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.process.pid, signal.SIGTERM)
+    try:
+        server.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = start_s3_server(tmp_path_factory.mktemp("s3") / "root")
+    try:
+        yield server
+    finally:
+        stop_s3_server(server)
+
+
+def configure_spark(spark: Any, store: Storage) -> None:
+    """This process's Spark told how to reach ``store`` (its Hadoop configuration is read
+    when a bucket's file system is first made: set before any path of it is read)."""
+    hadoop = spark._jsc.hadoopConfiguration()
+    for key, value in store.spark_conf().items():
+        if key.startswith("spark.hadoop."):
+            hadoop.set(key.removeprefix("spark.hadoop."), value)
+        else:
+            spark.conf.set(key, value)
+
+
+@pytest.fixture
+def s3_warehouse(s3_server: S3Server, request: pytest.FixtureRequest) -> Iterator[str]:
+    """An ``s3a://`` warehouse in a bucket of its own, registered in this process (and given
+    to this process's Spark when the test uses it)."""
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    bucket = s3_server.bucket(f"{name}-{int(time.time() * 1000) % 10**9}")
+    warehouse = f"s3a://{bucket}/wh"
+    register(warehouse, s3_server.storage())
+    if "spark" in request.fixturenames:
+        configure_spark(request.getfixturevalue("spark"), s3_server.storage())
+    try:
+        yield warehouse
+    finally:
+        with storage._LOCK:
+            storage._REGISTERED.pop(warehouse, None)
