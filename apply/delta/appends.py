@@ -22,10 +22,10 @@ from apply.columnar import arrow_schema
 from apply.delta.local_tables import (
     as_table_holds,
     delta_rs_writes,
-    folder,
     held_schema,
     marked,
     no_checkpoint,
+    opened,
 )
 from apply.delta.overwrite import keep_log
 from apply.delta.session import SparkErrors, arrow_frame
@@ -79,7 +79,7 @@ class LocalAppends:
                 post_commithook_properties=no_checkpoint(),
             )
             table.update_incremental()
-            keep_log(table, folder(target.path))
+            keep_log(table, target.path)
             return WriteResult(schema.table, table.version(), inserted=rows.num_rows)
         except (deltalake.exceptions.DeltaError, OSError) as exc:
             self.forget(target.path)
@@ -89,12 +89,11 @@ class LocalAppends:
             ) from exc
 
     def _table(self, path: str) -> deltalake.DeltaTable:
-        import deltalake
 
         with self._lock:
             table = self._open.get(path)
         if table is None:
-            table = deltalake.DeltaTable(path)
+            table = opened(path)
             with self._lock:
                 self._open[path] = table
         else:

@@ -35,7 +35,7 @@ from apply.changelog import copied as changelog_copied
 from apply.columnar import arrow_schema
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
-from apply.delta.local_tables import as_table_holds, held_schema, marked
+from apply.delta.local_tables import as_table_holds, held_schema, marked, opened
 from apply.delta.session import SparkErrors, runs_here, struct
 from apply.errors import TargetTableError
 from apply.merge_plan import MergePlan, soft_resync_merge, versions_resync_merge
@@ -110,9 +110,10 @@ def write_once(
 
     try:
         # A column the publisher no longer sends stays in the table, NULL in these rows.
-        held = as_table_holds(arrow.empty_table(), held_schema(deltalake.DeltaTable(target.path)))
+        table = opened(target.path)
+        held = as_table_holds(arrow.empty_table(), held_schema(table))
         deltalake.write_deltalake(
-            target.path,
+            table,
             pa.RecordBatchReader.from_batches(held.schema, batches(held.schema)),
             mode=mode,
             commit_properties=marked(mark),

@@ -44,6 +44,7 @@ from apply.features import (
 )
 from apply.maintenance_policy import MaintenancePolicy, retention_properties
 from apply.schema import Evolution, TargetSchema, plan_evolution, quote
+from apply.versions import VALID_FROM
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -121,6 +122,12 @@ class TableDefinition:
         table = delta_sql.table_ref(path)
         properties = delta_sql.properties(session, path)
         self._check_writer(session, schema.table, path, properties)
+        if _versions_marked_as_mirror(properties, existing, history):
+            # An earlier pgsub recorded a versions table as a mirror (it judged the kept
+            # mode by the versions' own columns, which have no key): the columns tell.
+            delta_sql.set_properties(session, path, {HISTORY: history.value})
+            properties = {**properties, HISTORY: history.value}
+            log.info("target table's history property corrected", table=schema.table)
         _check_history(schema.table, path, properties, history, self.subscription)
         widened = [column for column, _, _ in evolution.widen]
         if (
@@ -257,6 +264,17 @@ def _rewrite_widened(
         f"widens tables of more than {SCHEMA_REWRITE_MAX_BYTES // 2**30} GiB in place",
     )
     return True
+
+
+def _versions_marked_as_mirror(
+    properties: Mapping[str, str], columns: Mapping[str, str], history: HistoryMode
+) -> bool:
+    """Whether the table is a versions table that an earlier pgsub marked as a mirror."""
+    return (
+        history is HistoryMode.SCD2
+        and properties.get(HISTORY) == HistoryMode.MIRROR.value
+        and VALID_FROM in columns
+    )
 
 
 def _check_history(

@@ -210,22 +210,27 @@ class DeltaTables:
         False: the caller records the creation (``remember_created``), with others
         in one write, before anything may depend on it.
         """
-        schema = self._keeping(schema).stored(schema)
+        keeping = self._keeping(schema)  # of the publisher's schema: its key decides
+        schema = keeping.stored(schema)
         with self._lock:
             if self._schemas.get(schema.table) == schema:
                 return None
         path = self.path(schema.table)
         with self._held(schema.table, f"preparing {path} for {schema.table}"):
             self._durability.known(path, self._latest_version(path))
-            evolution = self._create_or_evolve(schema, path, recreate=recreate, remember=remember)
+            evolution = self._create_or_evolve(
+                schema, path, keeping, recreate=recreate, remember=remember
+            )
             self._durability.settle(path, self._latest_version(path))
         with self._lock:
             self._schemas[schema.table] = schema
         return evolution
 
     def _create_or_evolve(
-        self, schema: TargetSchema, path: str, *, recreate: bool, remember: bool
+        self, schema: TargetSchema, path: str, keeping: Keeping, *, recreate: bool, remember: bool
     ) -> Evolution:
+        """``schema``: the table's own (``keeping.stored``: a change log's and a versions
+        table's columns, which have no key)."""
         if not self.exists(schema.table):
             if not self.create_tables:
                 raise TargetTableError(
@@ -242,7 +247,6 @@ class DeltaTables:
                 )
             # A table made again after it was deleted is made by Spark: this process's Spark
             # may hold the deleted table's log, and sees a new one only through its own CREATE.
-            keeping = self._keeping(schema)
             if keeping.mode is not keeping.configured:
                 log.warning(
                     f"target table kept as a mirror: a {keeping.configured} table needs a key",
@@ -263,7 +267,7 @@ class DeltaTables:
             if remember:
                 self.created.record_created(schema.table)
             return Evolution(add=schema.columns)
-        return self._definition.evolve(self.session(), schema, path, self._keeping(schema).mode)
+        return self._definition.evolve(self.session(), schema, path, keeping.mode)
 
     def _latest_version(self, path: str) -> int | None:
         """The latest version of the table at ``path`` on a local warehouse (None elsewhere,

@@ -12,12 +12,15 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from tests.support.pgcluster import free_port, wait_until
 from tests.support.pgdatabase import PgDatabase
+
+if TYPE_CHECKING:
+    from tests.plugins.s3 import S3Server
 
 # A test's daemon lives for seconds, not months: its JVM compiles with C1 alone, which
 # starts and warms up faster on two cores than the tiered default (a production daemon
@@ -43,27 +46,39 @@ def pgsub(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 def write_config(
     path: Path,
     publisher: PgDatabase,
-    warehouse: Path,
+    warehouse: Path | str,
     *,
     master: str = "local[2]",
     remote: str | None = None,
+    storage: S3Server | None = None,
+    maintenance: dict[str, Any] | None = None,
     **subscription: Any,
 ) -> int:
     """A config for one subscription ``sub1`` of publication ``pub``; returns the metrics port.
 
-    ``remote``: a Spark Connect server's URL, in place of ``master``."""
+    ``remote``: a Spark Connect server's URL, in place of ``master``; ``storage``: the object
+    store the warehouse (an ``s3a://`` URL) is in; ``maintenance``: its section."""
     return write_subscriptions(
-        path, warehouse, {"sub1": publisher}, master=master, remote=remote, **subscription
+        path,
+        warehouse,
+        {"sub1": publisher},
+        master=master,
+        remote=remote,
+        storage=storage,
+        maintenance=maintenance,
+        **subscription,
     )
 
 
 def write_subscriptions(
     path: Path,
-    warehouse: Path,
+    warehouse: Path | str,
     publishers: dict[str, PgDatabase],
     *,
     master: str = "local[2]",
     remote: str | None = None,
+    storage: S3Server | None = None,
+    maintenance: dict[str, Any] | None = None,
     **settings: Any,
 ) -> int:
     """A config with one subscription of publication ``pub`` per (name, publisher); the port."""
@@ -80,13 +95,25 @@ def write_subscriptions(
         }
         for name, publisher in publishers.items()
     ]
-    config = {
+    config: dict[str, Any] = {
         "warehouse": str(warehouse),
         "spark": {"remote": remote} if remote else {"master": master},
         "metrics": {"host": "127.0.0.1", "port": port},
         "log": {"format": "json", "level": "info"},
         "subscriptions": subscriptions,
     }
+    if maintenance is not None:
+        config["maintenance"] = maintenance
+    if storage is not None:  # the keys in files, as a Kubernetes Secret mounts them
+        secrets = path.parent / "s3-secrets"
+        secrets.mkdir(exist_ok=True)
+        for name, value in storage.environment().items():
+            (secrets / name).write_text(value)
+        config["storage"] = {
+            **storage.config(),
+            "access_key_id_file": str(secrets / "AWS_ACCESS_KEY_ID"),
+            "secret_access_key_file": str(secrets / "AWS_SECRET_ACCESS_KEY"),
+        }
     path.write_text(yaml.safe_dump(config))
     return port
 

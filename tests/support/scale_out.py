@@ -65,7 +65,7 @@ def tables_ready(daemon: DaemonProcess) -> bool:
 
 
 def copy_stream_conflicts_and_status(
-    spark_config: dict[str, str],
+    spark_config: dict[str, Any],
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,
@@ -138,7 +138,7 @@ WHILE_DOWN = [
 
 
 def kills_during_the_copy_and_a_batch_then_restart(
-    spark_config: dict[str, str],
+    spark_config: dict[str, Any],
     publisher: PgDatabase,
     spark: Any,
     tmp_path: Path,

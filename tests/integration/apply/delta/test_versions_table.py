@@ -173,3 +173,29 @@ def test_a_transaction_applied_in_pieces_leaves_one_version_per_key(
 
         merges = [c for c in deltalake.DeltaTable(path).history() if c["operation"] == "MERGE"]
         assert len(merges) >= 3  # 65 changes, 10 a piece
+
+
+def test_a_versions_table_an_earlier_pgsub_marked_as_a_mirror_is_corrected(
+    spark: Any, warehouse: Path
+) -> None:
+    """pgsub before 2026-11-28 judged a versions table's kept mode by the versions' own
+    columns (no key) and recorded ``pgsub.history = mirror``, logging that a scd2 table
+    needs a key; such a table is recognised by its columns and its property set right."""
+    from structlog.testing import capture_logs
+
+    from apply.changelog import History, HistoryMode
+    from apply.delta.table_options import TableOptions
+    from apply.delta.tables import DeltaTables
+    from apply.schema import target_schema
+    from tests.unit.apply.builders import relation
+
+    options = TableOptions(history=History(HistoryMode.SCD2))
+    schema = target_schema(relation("id", "v"), lambda oid: None, True)
+    with capture_logs() as logs:
+        DeltaTables(spark, str(warehouse), "sub1", options).prepare(schema)
+    assert not [e for e in logs if "needs a key" in e["event"]]
+    path = f"delta.`{warehouse}/public/t`"
+    spark.sql(f"ALTER TABLE {path} SET TBLPROPERTIES ('pgsub.history' = 'mirror')")
+    DeltaTables(spark, str(warehouse), "sub1", options).prepare(schema)  # no error
+    properties = spark.sql(f"SHOW TBLPROPERTIES {path}").collect()
+    assert {r["key"]: r["value"] for r in properties}["pgsub.history"] == "scd2"
