@@ -25,12 +25,12 @@ CREATE PUBLICATION pub FOR TABLE keyed, bag
 """
 
 
-def assert_keyed_and_bag_equal(publisher: PgDatabase, spark: Any, warehouse: Path) -> None:
+def assert_keyed_and_bag_equal(publisher: PgDatabase, spark: Any, warehouse: Path | str) -> None:
     with publisher.connect() as conn:
         assert_delta_equals_publisher(
-            conn, "public.keyed", spark, str(warehouse / "public" / "keyed"), ("id",)
+            conn, "public.keyed", spark, f"{warehouse}/public/keyed", ("id",)
         )
-        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
+        assert_delta_equals_publisher(conn, "public.bag", spark, f"{warehouse}/public/bag")
 
 
 WORKLOAD = """
@@ -68,7 +68,7 @@ LOGGED = Counter(
 
 
 @pytest.mark.parametrize(
-    "kept", ["default", "deletion-vectors", "changelog", "soft_delete", "scd2"]
+    "kept", ["default", "deletion-vectors", "changelog", "soft_delete", "scd2", "object-store"]
 )
 def test_kills_at_each_step_of_a_batch_then_restart(
     publisher: PgDatabase,
@@ -76,6 +76,7 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
     kept: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Killed after one table's commit, then (replaying that batch) before its checkpoint,
     then before the flush is confirmed upstream: the survivor has every row once. With
@@ -83,9 +84,14 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     (apply/delta/vector_write.py); as a change log (history: changelog), every change is
     one row of it; kept with soft deletes (history: soft_delete), every row once, the
     deleted ones marked (the keyless bag stays a mirror); kept as versions (history:
-    scd2), every committed version once."""
+    scd2), every committed version once; in an object store (a bucket of versitygw, a real
+    S3 gateway), the same as on a local disk."""
     publisher.execute(KEYED_AND_BAG)
-    warehouse = tmp_path / "warehouse"
+    warehouse: Path | str = tmp_path / "warehouse"
+    storage = None
+    if kept == "object-store":
+        warehouse = request.getfixturevalue("s3_warehouse")
+        storage = request.getfixturevalue("s3_server")
     config = tmp_path / "pgsub.yaml"
     features: dict[str, Any] = {
         "deletion_vectors": "always" if kept == "deletion-vectors" else "auto"
@@ -102,6 +108,7 @@ def test_kills_at_each_step_of_a_batch_then_restart(
         batch={"max_delay": "2s"},
         table_features=features,
         history=history,
+        storage=storage,
     )
 
     doomed = daemons(config, port, "apply.after_table_write")  # creates the slot
@@ -122,12 +129,13 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     wait_confirmed(publisher)
     assert survivor.terminate() == 0, survivor.logs()
 
+    local = tmp_path / "warehouse"  # where the kinds below keep it
     if kept == "soft_delete":
         with publisher.connect() as conn:
-            bag = str(warehouse / "public" / "bag")
+            bag = str(local / "public" / "bag")
             assert_delta_equals_publisher(conn, "public.bag", spark, bag)
             published = dict(conn.execute("SELECT id, v FROM keyed").fetchall())
-        kept_rows = deltalake.DeltaTable(str(warehouse / "public" / "keyed")).to_pyarrow_table()
+        kept_rows = deltalake.DeltaTable(str(local / "public" / "keyed")).to_pyarrow_table()
         ids = kept_rows["id"].to_pylist()
         # Every row once, deleted or not; 191-200 came and went within the first batch.
         assert len(ids) == len(set(ids)) == 190
@@ -136,14 +144,14 @@ def test_kills_at_each_step_of_a_batch_then_restart(
         assert set(ids) - set(alive) == {3}
         return
     if kept == "scd2":
-        assert_scd2_kept_once(publisher, spark, warehouse)
+        assert_scd2_kept_once(publisher, spark, local)
         return
     if kept != "changelog":
         assert_keyed_and_bag_equal(publisher, spark, warehouse)
         return
     with publisher.connect() as conn:
-        assert_delta_equals_publisher(conn, "public.bag", spark, str(warehouse / "public" / "bag"))
-    logged = deltalake.DeltaTable(str(warehouse / "public" / "keyed")).to_pyarrow_table()
+        assert_delta_equals_publisher(conn, "public.bag", spark, str(local / "public" / "bag"))
+    logged = deltalake.DeltaTable(str(local / "public" / "keyed")).to_pyarrow_table()
     assert Counter(zip(logged[OP].to_pylist(), logged["id"].to_pylist(), strict=True)) == LOGGED
 
 
