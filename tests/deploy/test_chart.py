@@ -109,10 +109,11 @@ def test_the_config_map_is_a_config_pgsub_accepts(tmp_path: Path) -> None:
     from subscriber.runtime.config import load
 
     data = of_kind(render(SAMPLE), "ConfigMap")["data"]["pgsub.yaml"]
-    for name in ("orders", "events"):  # the files the Secret's keys become
-        (tmp_path / name).write_text("x")
+    for name in ("orders", "events", "access_key_id", "secret_access_key"):  # the Secrets'
+        (tmp_path / name).write_text("x")  # keys, as their mounts make them files
     path = tmp_path / "pgsub.yaml"
-    path.write_text(data.replace("/etc/pgsub/passwords", str(tmp_path)))
+    data_here = data.replace("/etc/pgsub/passwords", str(tmp_path))
+    path.write_text(data_here.replace("/etc/pgsub/storage", str(tmp_path)))
     config = load(path, environ={})
     assert config.metrics.port == 9300 and config.metrics.host == "0.0.0.0"
     assert [s.password_file for s in config.subscriptions] == [
@@ -120,6 +121,10 @@ def test_the_config_map_is_a_config_pgsub_accepts(tmp_path: Path) -> None:
         tmp_path / "events",
     ]
     assert "password=" not in data and "password:" not in data  # only password_file
+    # The object store's key from its Secret's files: in no ConfigMap, in no environment.
+    assert config.storage.access_key_id_file == tmp_path / "access_key_id"
+    assert config.storage.storage().endpoint == "https://s3.example"
+    assert "secret_access_key:" not in data
 
 
 def test_the_values_schema_refuses_a_password_in_the_connection_string() -> None:

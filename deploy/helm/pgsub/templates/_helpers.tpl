@@ -49,5 +49,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $subs = append $subs $sub -}}
 {{- end -}}
 {{- $_ := set $config "subscriptions" $subs -}}
+{{- if .Values.storageCredentials.existingSecret -}}
+{{- $storage := deepCopy (default dict $config.storage) -}}
+{{- $_ := set $storage "access_key_id_file" "/etc/pgsub/storage/access_key_id" -}}
+{{- $_ := set $storage "secret_access_key_file" "/etc/pgsub/storage/secret_access_key" -}}
+{{- $_ := set $config "storage" $storage -}}
+{{- end -}}
 {{- toYaml $config -}}
 {{- end -}}
