@@ -232,9 +232,16 @@ class PgsubRun:
     """One subscription of pgsub, run as the daemon runs it, with a temporary warehouse
     (``warehouse``: the one an earlier run kept, kept again)."""
 
-    def __init__(self, spark: Any, *, warehouse: Path | None = None, **settings: Any) -> None:
+    def __init__(
+        self, spark: Any, *, warehouse: Path | BenchWarehouse | None = None, **settings: Any
+    ) -> None:
         self._keeps = warehouse is not None
-        self.warehouse = warehouse or Path(tempfile.mkdtemp(prefix="pgsub-bench-wh-"))
+        if isinstance(warehouse, BenchWarehouse):  # a folder or a bucket, which it owns
+            self.location = warehouse.location
+            self.warehouse = warehouse.disk_folder  # its bytes, on this machine
+        else:
+            self.warehouse = warehouse or Path(tempfile.mkdtemp(prefix="pgsub-bench-wh-"))
+            self.location = str(self.warehouse)
         self.spool = Path(tempfile.mkdtemp(prefix="pgsub-bench-spool-"))
         self.config = SubscriptionConfig(
             **{"name": "bench", "copy_data": False, "status_interval": 1.0, **settings},
@@ -245,8 +252,8 @@ class PgsubRun:
         self.runner = SubscriptionRunner(
             self.config,
             spark,
-            str(self.warehouse),
-            CheckpointStore(spark, str(self.warehouse)),
+            self.location,
+            CheckpointStore(spark, self.location),
             self.metrics,
         )
         self._stopping = threading.Event()
@@ -257,7 +264,7 @@ class PgsubRun:
         self._thread.start()
         if maintenance is not None:
             tending = Maintenance(
-                [self.runner], self._spark, str(self.warehouse), maintenance, self.metrics
+                [self.runner], self._spark, self.location, maintenance, self.metrics
             )
             threading.Thread(target=tending.run, args=(self._stopping,), daemon=True).start()
         return self
@@ -316,6 +323,52 @@ def write_results(args: argparse.Namespace, ours: Any, native: Any) -> None:
             indent=2,
         )
     )
+
+
+class BenchWarehouse:
+    """Where a benchmark's pgsub writes: a temporary folder (``disk``), or a bucket of
+    versitygw, a real S3 gateway over a temporary folder (``s3``; ``make tools`` builds it),
+    reached through the one storage configuration the daemon uses. ``disk_folder`` is
+    where its bytes are on this machine either way; ``requests`` counts the gateway's."""
+
+    def __init__(self, kind: str) -> None:
+        from apply.delta.storage import register
+        from tests.plugins.s3 import start_s3_server
+
+        self.kind = kind
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"pgsub-bench-{kind}-"))
+        self.server = None
+        self.spark_conf: dict[str, str] = {}
+        if kind == "disk":
+            self.location = str(self._scratch / "warehouse")
+            self.disk_folder = Path(self.location)
+            return
+        self.access_log = self._scratch / "access.log"
+        self.server = start_s3_server(self._scratch / "root", access_log=self.access_log)
+        self.server.bucket("bench")
+        self.location = "s3a://bench/wh"
+        self.disk_folder = self._scratch / "root" / "bench" / "wh"
+        storage = self.server.storage()
+        register(self.location, storage)
+        self.spark_conf = storage.spark_conf()
+
+    def requests(self) -> int:
+        """The requests the gateway answered so far (0 for a folder)."""
+        if self.server is None or not self.access_log.exists():
+            return 0
+        with self.access_log.open("rb") as log:
+            return sum(1 for _ in log)
+
+    def commits(self) -> int:
+        """The commits made to every table of the warehouse so far."""
+        return sum(1 for _ in self.disk_folder.glob("*/*/_delta_log/*.json"))
+
+    def close(self) -> None:
+        from tests.plugins.s3 import stop_s3_server
+
+        if self.server is not None:
+            stop_s3_server(self.server)
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def folder_bytes(path: Path) -> int:

@@ -32,6 +32,7 @@ from typing import Any
 from apply.delta.session import SparkSettings, build_session
 from benchmarks.harness import (
     TABLE,
+    BenchWarehouse,
     PgsubRun,
     folder_bytes,
     jvm_peak_rss_mb,
@@ -70,6 +71,8 @@ class Figures:
     peak_rss_jvm_mb: float | None = None
     # What the warehouse grew by during the load, per hour (nothing is vacuumed in the run).
     warehouse_gb_per_hour: float | None = None
+    # In an object store: the requests the load made, per table per batch.
+    requests_per_table_batch: float | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -172,12 +175,16 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
     return figures
 
 
-def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Figures:
-    figures = Figures("pgsub")
+def run_pgsub(
+    publisher: PgCluster, args: argparse.Namespace, spark: Any, warehouse: BenchWarehouse
+) -> Figures:
+    figures = Figures(f"pgsub ({warehouse.kind})")
     figures.notes.append(f"max_sync_workers {args.sync_workers}, as the native subscriber's")
-    figures.notes.append(f"history: {args.history}")
+    figures.notes.append(f"history: {args.history}; warehouse: {warehouse.location}")
     with PgsubRun(
         spark,
+        warehouse=warehouse,
+        name=f"bench_{warehouse.kind}",
         connection=publisher.dsn("bench"),
         publications=["pub_ours"],
         copy_data=True,
@@ -192,9 +199,14 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
         figures.sync_seconds = time.monotonic() - started
         if args.seconds:
             before = folder_bytes(run.warehouse)
+            requests, commits = warehouse.requests(), warehouse.commits()
             _apply_load(figures, publisher, "ours", args, run.position)
             grown = folder_bytes(run.warehouse) - before
             figures.warehouse_gb_per_hour = grown / 1e9 * 3600 / args.seconds
+            table_batches = warehouse.commits() - commits
+            if warehouse.kind == "s3" and table_batches:
+                made = warehouse.requests() - requests
+                figures.requests_per_table_batch = made / table_batches
         figures.peak_rss_python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
     return figures
@@ -216,20 +228,33 @@ def main() -> None:
         default="mirror",
         help="every table's",
     )
+    parser.add_argument(
+        "--warehouse-in",
+        default="disk",
+        help="disk, s3 (a bucket of versitygw, a real S3 gateway), or disk,s3: both in one run",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/tables.json"))
     args = parser.parse_args()
     stop_on_sigterm()
     publisher = publisher_with_tables(args)
+    kinds = args.warehouse_in.split(",")
+    warehouses = [BenchWarehouse(kind) for kind in kinds]
     try:
         native = run_native(publisher, args)
         print(json.dumps(asdict(native), indent=2), flush=True)
-        spark = build_session(SparkSettings(master="local[*]"))
+        conf = next((w.spark_conf for w in warehouses if w.spark_conf), {})
+        spark = build_session(SparkSettings(master="local[*]", conf=conf))
         tune_garbage_collector()  # as `pgsub run` does
-        ours = run_pgsub(publisher, args, spark)
-        print(json.dumps(asdict(ours), indent=2), flush=True)
+        ours = []
+        for warehouse in warehouses:  # each its own subscription and slot
+            ours.append(run_pgsub(publisher, args, spark, warehouse))
+            print(json.dumps(asdict(ours[-1]), indent=2), flush=True)
     finally:
         publisher.destroy()
-    report(args, native, ours)
+        for warehouse in warehouses:
+            warehouse.close()
+    for figures in ours:
+        report(args, native, figures)
 
 
 def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
@@ -258,6 +283,8 @@ def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
     growth = ours.warehouse_gb_per_hour
     growth_text = "-" if growth is None else f"{growth:,.2f}"
     print(f"| (b) warehouse growth, GB/hour, before VACUUM | {growth_text} | - | |")
+    if ours.requests_per_table_batch is not None:
+        print(f"| requests per table per batch | {ours.requests_per_table_batch:,.1f} | - | |")
     write_results(args, ours, native)
 
 

@@ -67,15 +67,16 @@ class S3Server:
         return name
 
 
-def start_s3_server(root: Path) -> S3Server:
+def start_s3_server(root: Path, access_log: Path | None = None) -> S3Server:
     binary = versitygw()
     if binary is None:
         raise RuntimeError("versitygw is not built: run `make tools`")
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = (root.parent / f"versitygw-{port}.log").open("w")
+    logging = ["--access-log", str(access_log)] if access_log is not None else []
     process = subprocess.Popen(
-        [binary, "--port", f"127.0.0.1:{port}", "posix", str(root)],
+        [binary, "--port", f"127.0.0.1:{port}", *logging, "posix", str(root)],
         env={**os.environ, "ROOT_ACCESS_KEY": ACCESS_KEY, "ROOT_SECRET_KEY": SECRET_KEY},
         stdout=log,
         stderr=subprocess.STDOUT,
