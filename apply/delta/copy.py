@@ -35,8 +35,18 @@ from apply.changelog import copied as changelog_copied
 from apply.columnar import arrow_schema
 from apply.copy_source import CopySource
 from apply.delta import sql as delta_sql
-from apply.delta.local_tables import as_table_holds, held_schema, marked, opened
+from apply.delta.local_tables import (
+    as_table_holds,
+    delta_rs_can_write,
+    held_schema,
+    marked,
+    opened,
+)
+from apply.delta.open_table import OpenTable
+from apply.delta.overwrite import append, hand_appendable
 from apply.delta.session import SparkErrors, runs_here, struct
+from apply.delta.storage import is_object_store
+from apply.delta.store import table_store
 from apply.errors import TargetTableError
 from apply.merge_plan import MergePlan, soft_resync_merge, versions_resync_merge
 from apply.records import CommitMark
@@ -88,6 +98,14 @@ def kept_copy(
     return KeptCopy(stamped, stamped_schema(schema, stamping), plan=plan)
 
 
+def writes_once(path: str) -> bool:
+    """Whether a copy into the table at ``path`` may be written in this process
+    (``write_once``): by pgsub's own commit, or, on a local folder, by delta-rs."""
+    if is_object_store(path):
+        return hand_appendable(opened(path), nullable=True)
+    return delta_rs_can_write(path)
+
+
 def write_once(
     target: TargetTable,
     schema: TargetSchema,
@@ -96,8 +114,12 @@ def write_once(
     *,
     mode: WriteMode = "overwrite",
 ) -> int:
-    """Replace the table's rows with ``blocks`` (``mode`` append: add them) in one delta-rs
-    commit carrying ``mark``; the rows written."""
+    """Replace the table's rows with ``blocks`` (``mode`` append: add them) in one commit
+    carrying ``mark``; the rows written. pgsub's own commit where the table's protocol
+    allows (``apply.delta.overwrite.append``: the blocks written as Parquet as they come,
+    by this thread), else delta-rs's: it pulls the blocks from its own threads, calling back
+    into Python, and in an object store that deadlocked against other delta-rs calls of
+    the process (the initial load's parallel copies) - not an option there."""
     import deltalake
 
     arrow = arrow_schema(schema.columns)
@@ -112,6 +134,11 @@ def write_once(
         # A column the publisher no longer sends stays in the table, NULL in these rows.
         table = opened(target.path)
         held = as_table_holds(arrow.empty_table(), held_schema(table))
+        if hand_appendable(table, nullable=True):
+            store = table_store(target.path)
+            live = OpenTable(store, table).files() if mode == "overwrite" else None
+            append(store, table.version(), batches(held.schema), held.schema, mark, replacing=live)
+            return written[0]
         deltalake.write_deltalake(
             table,
             pa.RecordBatchReader.from_batches(held.schema, batches(held.schema)),

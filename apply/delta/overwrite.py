@@ -61,6 +61,9 @@ if TYPE_CHECKING:
     from apply.records import CommitMark
 
 ENGINE: Final = "pgsub"
+# The table features pgsub's own commits may meet in a table's protocol (``hand_appendable``).
+HAND_READS: Final = frozenset({"timestampNtz"})
+HAND_WRITES: Final = frozenset({"timestampNtz", "appendOnly", "invariants"})
 _CHECKPOINT_INTERVAL: Final = 100  # delta.checkpointInterval's default
 APPEND_FILE_ROWS: Final = 1_000_000  # rows a file of ``append``: a few dozen MB
 
@@ -71,9 +74,8 @@ class CommitRacedError(TargetTableError):
 
 def hand_writable(table: deltalake.DeltaTable, rows: pa.Table) -> bool:
     """Whether pgsub may write ``rows`` over ``table`` by its own commit: the table's
-    protocol asks nothing of a writer beyond writing its files (reader 1, writer at most 2,
-    no ``delta.invariants`` on a column, not append-only) and no column that may not be
-    null holds a null."""
+    protocol asks nothing of a writer beyond writing its files (``hand_appendable``) and no
+    column that may not be null holds a null."""
     if not hand_appendable(table):
         return False
     return all(
@@ -84,10 +86,20 @@ def hand_writable(table: deltalake.DeltaTable, rows: pa.Table) -> bool:
 
 def hand_appendable(table: deltalake.DeltaTable, nullable: bool = False) -> bool:
     """Whether pgsub may add files to ``table`` by its own commit (``append``): its protocol
-    asks nothing of a writer beyond writing its files (as ``hand_writable``); with
-    ``nullable``, every column may also hold null (rows not seen yet can)."""
+    asks nothing of a writer beyond writing its files - the legacy protocol of a plain
+    table (reader 1, writer at most 2), or reader 3 / writer 7 listing no feature but
+    ``timestampNtz`` (its columns written as Parquet timestamps not adjusted to UTC, as
+    pyarrow writes them) and the legacy ones Spark lists with it, unused: not append-only,
+    no ``delta.invariants`` on a column; with ``nullable``, every column may also hold
+    null (rows not seen yet can)."""
     protocol = table.protocol()
-    if protocol.min_reader_version > 1 or protocol.min_writer_version > 2:
+    legacy = protocol.min_reader_version <= 1 and protocol.min_writer_version <= 2
+    features = protocol.min_reader_version == 3 and protocol.min_writer_version == 7
+    if not legacy and not (
+        features
+        and set(protocol.reader_features or ()) <= HAND_READS
+        and set(protocol.writer_features or ()) <= HAND_WRITES
+    ):
         return False
     metadata = table.metadata()
     if metadata.partition_columns:
@@ -109,12 +121,15 @@ def append(
     schema: pa.Schema,
     mark: CommitMark,
     file_rows: int = APPEND_FILE_ROWS,
+    *,
+    replacing: list[LiveFile] | None = None,
 ) -> tuple[int, int]:
     """``batches`` added to the table in ``store`` (latest version ``version``) as files of
     up to ``file_rows`` rows, written a batch at a time, in one commit carrying ``mark``;
     the rows added and the bytes written (files and commit). Each file's statistics hold
     its row count and its integer columns' minimum, maximum and nulls (what data skipping
-    by key needs)."""
+    by key needs). ``replacing``: the live files the commit removes (a copy that replaces
+    the table's rows: an overwrite streamed a batch at a time)."""
     names: list[str] = []
     adds: list[dict[str, object]] = []
     rows = size = 0
@@ -147,7 +162,10 @@ def append(
         "numOutputRows": str(rows),
         "numOutputBytes": str(size),
     }
-    actions = opening_actions("WRITE", {"mode": "Append"}, metrics, mark, _now())
+    now = _now()
+    mode = "Append" if replacing is None else "Overwrite"
+    actions = opening_actions("WRITE", {"mode": mode}, metrics, mark, now)
+    actions += [_remove(file, now) for file in replacing or ()]
     try:
         size += commit(store, version + 1, actions + adds)
     except CommitRacedError:
@@ -223,19 +241,7 @@ def overwrite(
         mark,
         now,
     )
-    actions += [
-        {
-            "remove": {
-                "path": file.log_path,
-                "deletionTimestamp": now,
-                "dataChange": True,
-                "extendedFileMetadata": True,
-                "partitionValues": {},
-                "size": file.size,
-            }
-        }
-        for file in live
-    ]
+    actions += [_remove(file, now) for file in live]
     stats = _Stats(rows.schema)
     for batch in rows.to_batches():
         stats.add(batch)
@@ -257,6 +263,19 @@ def overwrite(
         store.delete(name)
         raise
     return LiveFile(name, name, size, rows.num_rows), written
+
+
+def _remove(file: LiveFile, now: int) -> dict[str, object]:
+    return {
+        "remove": {
+            "path": file.log_path,
+            "deletionTimestamp": now,
+            "dataChange": True,
+            "extendedFileMetadata": True,
+            "partitionValues": {},
+            "size": file.size,
+        }
+    }
 
 
 def opening_actions(

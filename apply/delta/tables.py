@@ -39,7 +39,7 @@ from apply.copy_source import CopySource
 from apply.ddl import SchemaChange
 from apply.delta import sql as delta_sql
 from apply.delta.appends import LocalAppends, append_messages
-from apply.delta.copy import copy_into, kept_copy, write_once
+from apply.delta.copy import copy_into, kept_copy, write_once, writes_once
 from apply.delta.ddl import follow as follow_ddl
 from apply.delta.definition import TableDefinition
 from apply.delta.detail import detail
@@ -47,7 +47,6 @@ from apply.delta.durability import Durability
 from apply.delta.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
 from apply.delta.live_files import carries, latest_version
 from apply.delta.local_tables import (
-    delta_rs_can_write,
     delta_rs_writes,
     folder,
     is_table,
@@ -603,7 +602,7 @@ class DeltaTables:
             if (
                 self._reachable
                 and (self._placed.spark_here(target) or not self._on_local_disk)
-                and delta_rs_can_write(target.path)
+                and writes_once(target.path)
                 and plan is None
             ):
                 copied_rows: tuple[int, int | None] = (
