@@ -10,8 +10,9 @@ commit of an overwrite is the simplest the protocol has, so pgsub writes it:
 2. ``_delta_log/<version + 1>.json``, put only if no other writer made
    that version first (``TableStore.put_if_absent``: Delta's "mutual
    exclusion"): a ``remove`` of every live file, the ``add`` of the new
-   one (its row count, and its integer columns' minimum, maximum and nulls,
-   as statistics: what data skipping by key needs), the batch's ``txn`` and a
+   one (its statistics as delta-rs's writer gives them, ``apply.delta.file_stats``:
+   data skipping by key needs them, and delta-rs skips a file a filter's
+   column has no bounds in), the batch's ``txn`` and a
    ``commitInfo``
    with its ``userMetadata`` and a ``txnId`` of its own;
 3. every ``delta.checkpointInterval`` commits (100 unless set), a
@@ -24,8 +25,8 @@ commit of an overwrite is the simplest the protocol has, so pgsub writes it:
 
 The same commit adds files without removing any for a large transaction
 that only inserts (``append``: files written a batch at a time, so memory
-stays one batch whatever the transaction's size, with their integer
-columns' minimum, maximum and null count as statistics).
+stays one batch whatever the transaction's size, with the same
+statistics).
 
 Only for a table whose protocol asks nothing more of a writer
 (``hand_writable``): no column invariants, not append-only, no table
@@ -48,9 +49,9 @@ from collections.abc import Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from apply.delta.file_stats import FileStats
 from apply.delta.open_table import LiveFile
 from apply.delta.store import TableStore, commit_name
 from apply.errors import TargetTableError
@@ -126,17 +127,16 @@ def append(
 ) -> tuple[int, int]:
     """``batches`` added to the table in ``store`` (latest version ``version``) as files of
     up to ``file_rows`` rows, written a batch at a time, in one commit carrying ``mark``;
-    the rows added and the bytes written (files and commit). Each file's statistics hold
-    its row count and its integer columns' minimum, maximum and nulls (what data skipping
-    by key needs). ``replacing``: the live files the commit removes (a copy that replaces
-    the table's rows: an overwrite streamed a batch at a time)."""
+    the rows added and the bytes written (files and commit), each file with the statistics
+    of ``apply.delta.file_stats``. ``replacing``: the live files the commit removes (a copy
+    that replaces the table's rows: an overwrite streamed a batch at a time)."""
     names: list[str] = []
     adds: list[dict[str, object]] = []
     rows = size = 0
     with contextlib.ExitStack() as open_file:
         writer: pq.ParquetWriter | None = None
         file: IO[bytes] | None = None
-        stats = _Stats(schema)
+        stats = FileStats(schema)
         for batch in batches:
             if writer is None:
                 names.append(f"part-{len(names):05d}-{uuid.uuid4()}-c000.snappy.parquet")
@@ -151,7 +151,7 @@ def append(
                 size += file.tell()
                 open_file.close()  # the file durable
                 writer, file = None, None
-                rows, stats = rows + stats.rows, _Stats(schema)
+                rows, stats = rows + stats.rows, FileStats(schema)
         if writer is not None and file is not None:
             writer.close()
             adds.append(_add(names[-1], file.tell(), stats))
@@ -175,38 +175,7 @@ def append(
     return rows, size
 
 
-class _Stats:
-    """One file's statistics as its batches are written."""
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self.columns = [f.name for f in schema if pa.types.is_integer(f.type)]
-        self.rows = 0
-        self.low: dict[str, int] = {}
-        self.high: dict[str, int] = {}
-        self.nulls: dict[str, int] = dict.fromkeys(self.columns, 0)
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        self.rows += batch.num_rows
-        for name in self.columns:
-            column = batch.column(name)
-            self.nulls[name] += column.null_count
-            bounds = pc.min_max(column).as_py()
-            if bounds["min"] is not None:
-                self.low[name] = min(self.low.get(name, bounds["min"]), bounds["min"])
-                self.high[name] = max(self.high.get(name, bounds["max"]), bounds["max"])
-
-    def json(self) -> str:
-        return json.dumps(
-            {
-                "numRecords": self.rows,
-                "minValues": self.low,
-                "maxValues": self.high,
-                "nullCount": self.nulls,
-            }
-        )
-
-
-def _add(name: str, size: int, stats: _Stats) -> dict[str, object]:
+def _add(name: str, size: int, stats: FileStats) -> dict[str, object]:
     return {
         "add": {
             "path": name,
@@ -242,7 +211,7 @@ def overwrite(
         now,
     )
     actions += [_remove(file, now) for file in live]
-    stats = _Stats(rows.schema)
+    stats = FileStats(rows.schema)
     for batch in rows.to_batches():
         stats.add(batch)
     actions.append(

@@ -56,6 +56,7 @@ import pyarrow.parquet as pq
 
 from apply.delta import deletion_vectors
 from apply.delta.deletion_vectors import Descriptor
+from apply.delta.file_stats import FileStats
 from apply.delta.key_index import Alive, KeyIndex, Match
 from apply.delta.live_files import LiveFiles, VectorFile
 from apply.delta.overwrite import (
@@ -265,9 +266,11 @@ def _write(
             pq.write_table(rows, file, compression="snappy")
             size = file.tell()
         files.append(new_file)
-        stats = json.dumps({"numRecords": rows.num_rows})
+        stats = FileStats(rows.schema)
+        for batch in rows.to_batches():
+            stats.add(batch)
         add = {"path": new_file, "partitionValues": {}, "size": size, "modificationTime": now}
-        changes.append({"add": {**add, "dataChange": True, "stats": stats}})
+        changes.append({"add": {**add, "dataChange": True, "stats": stats.json()}})
     inserted, updated, deleted_rows = counts
     was_vector = sum(1 for match in matches if match.file.vector is not None)
     metrics = {

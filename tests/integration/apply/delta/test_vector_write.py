@@ -194,9 +194,10 @@ def test_a_column_no_longer_published_keeps_its_values(
 def test_small_files_are_folded_into_a_later_batch(
     spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each batch adds a file; once FOLD_AT small ones are live, a batch rewrites their
-    alive rows into its own file and removes them: the file count stays bounded."""
-    monkeypatch.setattr(vector_write, "FOLD_AT", 3)
+    """Each batch adds a file; once the table's fold count of small ones are live (3 here;
+    by default 16 to 31, by the table's folder), a batch rewrites their alive rows into its
+    own file and removes them: the file count stays bounded."""
+    monkeypatch.setattr(vector_write, "fold_at", lambda location: 3)
     tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     folder = warehouse / "public" / "t"
