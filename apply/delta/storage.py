@@ -27,6 +27,8 @@ paths under it find it (``storage_for``).
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -75,9 +77,13 @@ class Storage:
         return options
 
     def spark_conf(self) -> dict[str, str]:
-        """Hadoop's S3A settings, as Spark configuration, for ``s3a://`` and ``s3://``."""
+        """Hadoop's S3A settings, as Spark configuration, for ``s3a://`` and ``s3://``. S3A
+        buffers what it uploads in files under this process's temp dir (``TMPDIR``: the
+        chart's spool volume), not under Hadoop's default ``/tmp``, which a read-only root
+        file system refuses."""
         hadoop = "spark.hadoop.fs."
         conf = {
+            f"{hadoop}s3a.buffer.dir": os.path.join(tempfile.gettempdir(), "pgsub-s3a"),
             f"{hadoop}s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
             f"{hadoop}AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
             "spark.delta.logStore.s3.impl": "io.delta.storage.S3SingleDriverLogStore",
