@@ -12,7 +12,12 @@ from types import FrameType
 
 import pytest
 
-pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark", "tests.plugins.s3"]
+pytest_plugins = [
+    "tests.plugins.postgres",
+    "tests.plugins.spark",
+    "tests.plugins.s3",
+    "tests.plugins.docker",
+]
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

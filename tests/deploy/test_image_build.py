@@ -1,9 +1,6 @@
 """deploy/Dockerfile built with a real engine, and the image replicating a real publisher.
 
-The engine is Debian's docker.io (``make tools`` installs it as root); its
-client has BuildKit built in, which the Dockerfile's optional CA secret
-needs. There is no registry here, so the base image is Debian bookworm made
-with debootstrap and ``docker import``. The container runs the way the
+The engine and the image: tests/plugins/docker.py. The container runs the way the
 chart runs it: non-root, read-only root filesystem, the spool (TMPDIR) on a
 writable volume, the warehouse on another, and stops cleanly on SIGTERM.
 """
@@ -12,117 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import deltalake
 import pytest
 import yaml
 
+from tests.plugins.docker import Docker
 from tests.support.pgcluster import free_port, wait_until
 from tests.support.pgdatabase import PgDatabase
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-BASE = "pgsub-base:bookworm"
-IMAGE = "pgsub:test"
-# The CA bundle of this machine: behind a TLS-intercepting proxy the build needs it.
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 POD_UID = 10001
-
-
-def _docker_client() -> str | None:
-    # Debian's client (BuildKit built in) before a newer one that needs the buildx plugin.
-    for candidate in ("/usr/bin/docker", shutil.which("docker")):
-        if candidate and Path(candidate).exists():
-            return candidate
-    return None
-
-
-def _run(*args: str, timeout: float = 600, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        args, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
-    )
-
-
-class Docker:
-    def __init__(self, client: str) -> None:
-        self.client = client
-
-    def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-        return _run(self.client, *args, timeout=timeout, env=env)
-
-    def ok(self, *args: str, timeout: float = 600) -> str:
-        done = self(*args, timeout=timeout)
-        assert done.returncode == 0, f"docker {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
-
-
-@pytest.fixture(scope="module")
-def docker() -> Iterator[Docker]:
-    """A running engine: the machine's, or a dockerd this module starts and stops."""
-    client = _docker_client()
-    if client is None or shutil.which("dockerd") is None:
-        pytest.skip("no container engine here (make tools installs Debian's docker.io as root)")
-    engine = Docker(client)
-    started: subprocess.Popen[bytes] | None = None
-    if engine("info", timeout=30).returncode != 0:
-        if os.geteuid() != 0:
-            pytest.skip("dockerd is installed but not running, and only root can start it")
-        log = Path(tempfile.gettempdir()) / "pgsub-test-dockerd.log"
-        with log.open("wb") as out:
-            started = subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT)
-        wait_until(
-            lambda: engine("info", timeout=30).returncode == 0,
-            timeout=60,
-            what=f"dockerd to start (its log: {log})",
-        )
-    try:
-        yield engine
-    finally:
-        if started is not None:
-            started.terminate()
-            try:
-                started.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                started.kill()
-                started.wait()
-
-
-@pytest.fixture(scope="module")
-def image(docker: Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """deploy/Dockerfile built on a debootstrapped Debian bookworm."""
-    if docker("image", "inspect", BASE, timeout=30).returncode != 0:
-        if shutil.which("debootstrap") is None:
-            pytest.skip("no debootstrap to make the base image (make tools installs it)")
-        rootfs = tmp_path_factory.mktemp("rootfs")
-        done = _run(
-            "debootstrap", "--variant=minbase", "bookworm", str(rootfs),
-            "http://deb.debian.org/debian", timeout=900,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run(
-            [docker.client, "import", "-", BASE], stdin=tar.stdout, capture_output=True,
-            check=False, timeout=600,
-        )  # fmt: skip
-        tar.wait()
-        assert imported.returncode == 0, imported.stderr
-        shutil.rmtree(rootfs, ignore_errors=True)
-    secret = ["--secret", f"id=ca,src={CA_BUNDLE}"] if CA_BUNDLE.exists() else []
-    docker.ok(
-        "build", "--progress=plain", *secret, "--build-arg", f"BASE={BASE}",
-        "-f", str(ROOT / "deploy" / "Dockerfile"), "-t", IMAGE, str(ROOT), timeout=1800,
-    )  # fmt: skip
-    return IMAGE
 
 
 def test_the_image_answers_help_as_its_non_root_user(docker: Docker, image: str) -> None:

@@ -67,7 +67,11 @@ class S3Server:
         return name
 
 
-def start_s3_server(root: Path, access_log: Path | None = None) -> S3Server:
+def start_s3_server(
+    root: Path, access_log: Path | None = None, *, host: str = "127.0.0.1"
+) -> S3Server:
+    """versitygw over ``root``, listening on ``host`` (``0.0.0.0``: also where a cluster's
+    pods reach the machine), its endpoint on the loopback."""
     binary = versitygw()
     if binary is None:
         raise RuntimeError("versitygw is not built: run `make tools`")
@@ -76,7 +80,7 @@ def start_s3_server(root: Path, access_log: Path | None = None) -> S3Server:
     log = (root.parent / f"versitygw-{port}.log").open("w")
     logging = ["--access-log", str(access_log)] if access_log is not None else []
     process = subprocess.Popen(
-        [binary, "--port", f"127.0.0.1:{port}", *logging, "posix", str(root)],
+        [binary, "--port", f"{host}:{port}", *logging, "posix", str(root)],
         env={**os.environ, "ROOT_ACCESS_KEY": ACCESS_KEY, "ROOT_SECRET_KEY": SECRET_KEY},
         stdout=log,
         stderr=subprocess.STDOUT,
