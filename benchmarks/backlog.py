@@ -7,7 +7,7 @@ publisher takes them; then it starts, and the figure is the seconds from
 its start until it has the backlog durably applied (transactions/s). This
 is what a subscriber meets after a restart or an outage, and where a
 batch is as large as its bounds: pgsub's batches grow to four times
-``batch.max_changes`` while it lags (``apply.batch``).
+``batch.max_changes`` while it lags (``apply.core.batch``).
 
 PostgreSQL's subscriber is a second PostgreSQL 15 cluster, disabled during
 the load (``ALTER SUBSCRIPTION ... DISABLE``) and enabled after it (its
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from apply.delta.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, build_session
 from benchmarks.apply_bench import LOAD
 from benchmarks.harness import (
     TABLE,

@@ -4,11 +4,11 @@ N single-row UPDATE transactions of pgbench's accounts table (random keys of
 a 1M-row table), as the steady-load benchmarks send them. For each batch size
 it prints the median seconds, over ``--rounds``, of:
 
-- at the turn (as before ``apply.forming``): the split by table
-  (``Batch.tables``) and the collapse (``apply.collapse``);
+- at the turn (as before ``apply.batching.forming``): the split by table
+  (``Batch.tables``) and the collapse (``apply.batching.collapse``);
 - as it forms: ``Forming.add`` of every transaction (done while the batch
   before is written) and ``Forming.take`` (left at the turn);
-- the MERGE source (``apply.source.keyed_source``), built at the turn either way.
+- the MERGE source (``apply.batching.source.keyed_source``), built at the turn either way.
 
 The figures behind docs/performance.md, "Formed while the last batch is written".
 
@@ -23,12 +23,12 @@ import statistics
 import time
 from collections.abc import Callable
 
-from apply.batch import Batch
-from apply.collapse import KeyedNet, collapse
-from apply.forming import Forming
-from apply.schema import target_schema
-from apply.source import keyed_source
-from apply.transactions import Op, RemoteTransaction, RowChange, change_size
+from apply.batching.collapse import KeyedNet, collapse
+from apply.batching.forming import Forming
+from apply.batching.source import keyed_source
+from apply.columns.schema import target_schema
+from apply.core.batch import Batch
+from apply.core.transactions import Op, RemoteTransaction, RowChange, change_size
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
 

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from apply.delta.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, build_session
 from benchmarks.harness import (
     NativeRun,
     PgsubRun,

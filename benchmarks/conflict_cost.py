@@ -36,15 +36,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from apply.collapse import KeyedNet, KeyedRow
-from apply.copy_source import CopySource
-from apply.delta.keyed import merge_net
-from apply.delta.session import SparkSettings, build_session
+from apply.batching.collapse import KeyedNet, KeyedRow
+from apply.batching.copy_source import CopySource
+from apply.batching.source import empty
+from apply.columns.schema import TargetSchema, target_schema
+from apply.core.records import CommitMark
+from apply.delta.spark.keyed import merge_net
+from apply.delta.spark.session import SparkSettings, build_session
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.records import CommitMark
-from apply.schema import TargetSchema, target_schema
-from apply.source import empty
 from benchmarks.harness import stop_on_sigterm
 from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution
 from subscriber.replication.lsn import Lsn

@@ -332,7 +332,7 @@ class BenchWarehouse:
     where its bytes are on this machine either way; ``requests`` counts the gateway's."""
 
     def __init__(self, kind: str) -> None:
-        from apply.delta.storage import register
+        from apply.delta.files.storage import register
         from tests.plugins.s3 import start_s3_server
 
         self.kind = kind

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from apply.delta.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, build_session
 from benchmarks.harness import TABLE, PgsubRun, jvm_peak_rss_mb, lsn_of, stop_on_sigterm, wait_for
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector

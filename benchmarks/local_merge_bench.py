@@ -1,9 +1,9 @@
 """Where a many-table batch's time goes when delta-rs merges it (no PostgreSQL, no Spark).
 
 N local Delta tables of R rows; each "batch" updates U rows of every table,
-merged one table after another by ``LocalMerges`` (apply/delta/local_merge.py),
+merged one table after another by ``LocalMerges`` (apply/delta/writer/local_merge.py),
 as the applier's threads would (a table up to ``--rewrite-max-bytes`` rewritten whole,
-``apply/rewrite.py``). It prints each batch's seconds and, for the
+``apply/plans/rewrite.py``). It prints each batch's seconds and, for the
 last one, cProfile's heaviest calls: the figures behind docs/performance.md,
 "A small table's batch through delta-rs".
 
@@ -23,14 +23,14 @@ from pathlib import Path
 import deltalake
 import pyarrow as pa
 
-from apply.batch import Batch
-from apply.collapse import KeyedNet, collapse
-from apply.columnar import arrow_schema
-from apply.delta import local_merge
-from apply.delta.local_merge import LocalMerges
-from apply.records import CommitMark
-from apply.schema import TargetSchema, target_schema
-from apply.transactions import Op, RemoteTransaction, RowChange, change_size
+from apply.batching.collapse import KeyedNet, collapse
+from apply.columns.columnar import arrow_schema
+from apply.columns.schema import TargetSchema, target_schema
+from apply.core.batch import Batch
+from apply.core.records import CommitMark
+from apply.core.transactions import Op, RemoteTransaction, RowChange, change_size
+from apply.delta.writer import local_merge
+from apply.delta.writer.local_merge import LocalMerges
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apply.delta.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, build_session
 from benchmarks.harness import (
     NativeRun,
     PgsubRun,

@@ -15,7 +15,7 @@ timestamptz, numeric), then streams it from each slot:
   transactions of per-row changes for the apply side;
 - receive and decode + cast with ``binary: true``: the same values in
   PostgreSQL's binary format, read into the same typed Arrow columns
-  (``apply.binary``), beside text mode.
+  (``apply.columns.binary``), beside text mode.
 
 Rates count rows from the first data frame to the Commit, so the server's
 own decoding time weighs on every pass alike; each pass runs ``--rounds``
@@ -31,9 +31,9 @@ import json
 import time
 from typing import Final
 
-from apply.assembly import TransactionAssembler
-from apply.columnar import to_arrow
-from apply.typemap import resolve
+from apply.arrival.assembly import TransactionAssembler
+from apply.columns.columnar import to_arrow
+from apply.columns.typemap import resolve
 from benchmarks.harness import stop_on_sigterm
 from subscriber.replication.commands import StreamOptions
 from subscriber.replication.lsn import Lsn

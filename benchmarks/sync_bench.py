@@ -32,7 +32,7 @@ from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from apply.delta.session import SparkSettings, build_session, stop_sessions
+from apply.delta.spark.session import SparkSettings, build_session, stop_sessions
 from benchmarks.harness import PgsubRun, jvm_peak_rss_mb, stop_on_sigterm
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apply.delta.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, build_session
 from benchmarks.harness import (
     TABLE,
     BenchWarehouse,

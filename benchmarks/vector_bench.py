@@ -2,7 +2,7 @@
 
 One local Delta table of R rows with deletion vectors on (made by Spark,
 as pgsub's copy would leave it); then each "batch" updates U random rows,
-written by ``LocalMerges`` through ``apply/delta/vector_write.py``, one after
+written by ``LocalMerges`` through ``apply/delta/writer/vector_write.py``, one after
 another. It prints each batch's seconds (the first reads and sorts the
 keys) and cProfile's heaviest calls of the last: the figures behind
 docs/apply.md, "Big tables on a local warehouse".
@@ -20,13 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from apply.batch import Batch
-from apply.collapse import KeyedNet, collapse
-from apply.delta.local_merge import LocalMerges
-from apply.delta.session import SparkSettings, build_session
-from apply.records import CommitMark
-from apply.schema import target_schema
-from apply.transactions import RemoteTransaction, change_size
+from apply.batching.collapse import KeyedNet, collapse
+from apply.columns.schema import target_schema
+from apply.core.batch import Batch
+from apply.core.records import CommitMark
+from apply.core.transactions import RemoteTransaction, change_size
+from apply.delta.spark.session import SparkSettings, build_session
+from apply.delta.writer.local_merge import LocalMerges
 from benchmarks.local_merge_bench import _relation, _update
 from subscriber.replication.lsn import ZERO, Lsn
 

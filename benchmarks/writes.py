@@ -7,7 +7,7 @@ with the daemon's maintenance thread. Reported per size:
 - the table's size after the copy and the warehouse's growth over the run
   (and per hour at that rate: what ``maintenance.retention`` keeps of it);
 - the bytes each batch's commit wrote (its data and vector files and the
-  commit itself, ``apply.delta.write_cost.commit_bytes``, read from the
+  commit itself, ``apply.delta.writer.write_cost.commit_bytes``, read from the
   table's log), p50 / p99 / max, beside the bytes of the rows the batches
   changed (as the publisher sent them: ``pgsub_table_change_bytes_total``);
 - the lag at the slot, p50 / p99, and, with ``--native``, PostgreSQL's own
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apply.delta.session import SparkSettings, build_session
-from apply.delta.store import LocalStore, commit_name
-from apply.delta.write_cost import commit_bytes
+from apply.delta.files.store import LocalStore, commit_name
+from apply.delta.spark.session import SparkSettings, build_session
+from apply.delta.writer.write_cost import commit_bytes
 from benchmarks.harness import (
     NativeRun,
     PgsubRun,

@@ -1,9 +1,9 @@
 """A conflicting chain of changes, as the writer found it: what a conflict report is made of.
 
 Pure. The Delta writer looks a batch's keys up only when the MERGE says
-something conflicted (``apply.delta.findings``); each conflicting chain
+something conflicted (``apply.delta.spark.findings``); each conflicting chain
 becomes a ``Finding``: the remote row, the existing local row as text and
-the transaction, which ``apply.applier`` turns into a ``conflicts.report.Conflict``.
+the transaction, which ``apply.worker.applier`` turns into a ``conflicts.report.Conflict``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ PostgreSQL 18's conflict.c, for a Delta target (docs/conflicts.md):
 | delete_origin_differs | likewise for a delete | apply_remote |
 
 A key's chain of changes in a batch is judged on its first change against
-the table as it was before the batch (``First``, kept by ``apply.collapse``). An update or
+the table as it was before the batch (``First``, kept by ``apply.batching.collapse``). An update or
 delete whose row another writer changed last is *_origin_differs: Delta row
 tracking gives each row the table version that last changed it, and the
 table's history says which versions were not this subscription's commits.

@@ -11,7 +11,7 @@ SYNCWAIT and CATCHUP in memory) and, each time the leader calls
 - tables not yet synchronized get a worker, at most ``max_sync_workers``
   at once, and after a failed attempt for the same table not sooner than
   ``wal_retrieve_retry_interval``, doubled with each consecutive failure up
-  to ``max_retry_interval`` (the leader's backoff, ``apply.backoff``). A
+  to ``max_retry_interval`` (the leader's backoff, ``apply.core.backoff``). A
   failed worker is counted in ``pgsub_sync_errors_total``, its error shows
   in ``/status`` and ``pgsub status`` until the table syncs, and it does not
   stop the leader or the others.
@@ -29,9 +29,9 @@ from datetime import datetime
 
 import structlog
 
-from apply.errors import ApplyError
-from apply.records import StoredTableState
-from apply.transactions import RemoteTransaction
+from apply.core.errors import ApplyError
+from apply.core.records import StoredTableState
+from apply.core.transactions import RemoteTransaction
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation

@@ -3,7 +3,7 @@
 The table is read with ``COPY (...) TO STDOUT WITH (FORMAT csv)``; rows are
 gathered into blocks of about ``block_bytes`` and each block is parsed by
 pyarrow's CSV reader (C, multithreaded) into binary columns, then typed by
-the same converters the leader uses (``apply.columnar``), so a copied value
+the same converters the leader uses (``apply.columns.columnar``), so a copied value
 and a replicated value of the same column are always the same. Memory
 stays at a few blocks whatever the table's size.
 
@@ -32,8 +32,8 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 from psycopg.abc import Buffer
 
-from apply.columnar import to_arrow
-from apply.schema import TargetSchema
+from apply.columns.columnar import to_arrow
+from apply.columns.schema import TargetSchema
 from subscriber.replication import session
 from tablesync.publication import PublishedTable
 

@@ -45,13 +45,13 @@ import pyarrow as pa
 import structlog
 from psycopg import sql
 
-from apply.collapse import is_keyed
-from apply.copy_source import CopySource
-from apply.failpoints import failpoint
-from apply.pipeline import ApplyContext
-from apply.records import CommitMark
-from apply.schema import TargetSchema, target_schema
-from apply.spool_layout import SpoolLayout
+from apply.arrival.spool_layout import SpoolLayout
+from apply.batching.collapse import is_keyed
+from apply.batching.copy_source import CopySource
+from apply.columns.schema import TargetSchema, target_schema
+from apply.core.failpoints import failpoint
+from apply.core.records import CommitMark
+from apply.worker.pipeline import ApplyContext
 from subscriber.replication import session
 from subscriber.replication.lsn import Lsn
 from tablesync.copy import BlockRange, CopySettings, RangeReader, arrow_blocks

@@ -7,7 +7,7 @@ rest under a new snapshot, and either lands everything in one commit.
 
 The rows are staged where they are read: in the daemon's spool when the
 daemon reads them (a local Spark), in a Delta table under the warehouse
-when Spark tasks read them on the executors (``apply.copy_source.StagedParts``).
+when Spark tasks read them on the executors (``apply.batching.copy_source.StagedParts``).
 The manifest and the markers of complete parts are always in the spool.
 """
 
@@ -24,10 +24,10 @@ import pyarrow as pa
 import structlog
 from psycopg import sql
 
-from apply.copy_source import CopySource, StagedParts
-from apply.failpoints import failpoint
-from apply.records import CommitMark
-from apply.spool_layout import SpoolLayout
+from apply.arrival.spool_layout import SpoolLayout
+from apply.batching.copy_source import CopySource, StagedParts
+from apply.core.failpoints import failpoint
+from apply.core.records import CommitMark
 from subscriber.replication import session
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
@@ -50,8 +50,8 @@ from tablesync.resume import (
 from tablesync.state import TableState
 
 if TYPE_CHECKING:
-    from apply.pipeline import ApplyContext
-    from apply.schema import TargetSchema
+    from apply.columns.schema import TargetSchema
+    from apply.worker.pipeline import ApplyContext
     from tablesync.publication import PublishedTable
     from tablesync.state import TableStatus
 

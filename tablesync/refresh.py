@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from apply.records import StoredTableState
+from apply.core.records import StoredTableState
 from tablesync.publication import PublishedTable
 from tablesync.state import TableState
 

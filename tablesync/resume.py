@@ -48,9 +48,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg import sql
 
-from apply.columnar import arrow_schema
-from apply.schema import TargetSchema
-from apply.spool_layout import SpoolLayout
+from apply.arrival.spool_layout import SpoolLayout
+from apply.columns.columnar import arrow_schema
+from apply.columns.schema import TargetSchema
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.replication.lsn import Lsn
 from tablesync.copy import BlockRange, RangeReader

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from apply.records import StoredTableState
+from apply.core.records import StoredTableState
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,14 +32,14 @@ from typing import Protocol
 import pyarrow as pa
 import structlog
 
-from apply.collapse import is_keyed
-from apply.copy_source import CopySource
-from apply.failpoints import failpoint
-from apply.pipeline import ApplyContext, ApplyPipeline
-from apply.records import CommitMark
-from apply.roles import CatchUp
-from apply.schema import target_schema
-from apply.spool_layout import SpoolLayout
+from apply.arrival.spool_layout import SpoolLayout
+from apply.batching.collapse import is_keyed
+from apply.batching.copy_source import CopySource
+from apply.columns.schema import target_schema
+from apply.core.failpoints import failpoint
+from apply.core.records import CommitMark
+from apply.core.roles import CatchUp
+from apply.worker.pipeline import ApplyContext, ApplyPipeline
 from subscriber.replication import session
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
@@ -183,7 +183,8 @@ class SyncWorker:
         ranges = split(heap_blocks, self._copy_settings.ranges_for(heap_blocks, on_executors))
         staged = len(ranges) > 1 and server_version >= MIN_SERVER_VERSION
         # A table kept with its history lands its staged rows through copy_into, which turns
-        # them into its own (apply.changelog, apply.stamps, apply.versions): staged in the
+        # them into its own (apply.history.changelog, apply.history.stamps,
+        # apply.history.versions): staged in the
         # daemon's spool, not on executors, whose parts land as a mirror's rows.
         landed_here = context.tables.plain_mirror(schema) or not on_executors
         if staged and schema.key and self._copy_settings.resumable and landed_here:

@@ -3,7 +3,7 @@
 PostgreSQL's launcher starts a table's sync worker when there is room
 (``max_sync_workers_per_subscription``) and, after a failed attempt, not
 sooner than ``wal_retrieve_retry_interval``; pgsub doubles that wait with
-each consecutive failure up to ``max_retry_interval`` (``apply.backoff``).
+each consecutive failure up to ``max_retry_interval`` (``apply.core.backoff``).
 ``SyncWorkers`` holds the threads and that backoff; which table is due is
 the coordinator's question (``tablesync.coordinator``), answered with
 ``due`` and ``room``.
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from apply.backoff import retry_delay
+from apply.core.backoff import retry_delay
 from tablesync.publication import PublishedTable
 from tablesync.settings import SyncSettings
 from tablesync.state import SyncFailure

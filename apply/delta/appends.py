@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from apply.columnar import arrow_schema
-from apply.delta.local_tables import (
+from apply.columns.columnar import arrow_schema
+from apply.columns.schema import TargetSchema
+from apply.core.errors import TargetTableError
+from apply.core.records import CommitMark, WriteResult
+from apply.delta.spark.session import SparkErrors, arrow_frame
+from apply.delta.writer.local_tables import (
     as_table_holds,
     delta_rs_writes,
     held_schema,
@@ -27,16 +31,12 @@ from apply.delta.local_tables import (
     no_checkpoint,
     opened,
 )
-from apply.delta.overwrite import keep_log
-from apply.delta.session import SparkErrors, arrow_frame
-from apply.errors import TargetTableError
-from apply.records import CommitMark, WriteResult
-from apply.schema import TargetSchema
+from apply.delta.writer.overwrite import keep_log
 
 if TYPE_CHECKING:
     import deltalake
 
-    from apply.delta.target import TargetTable
+    from apply.delta.spark.target import TargetTable
 
 
 class LocalAppends:
@@ -108,7 +108,7 @@ MESSAGES_DDL = (
 
 
 def append_messages(target: TargetTable, rows: pa.Table, mark: CommitMark) -> WriteResult:
-    """Logical decoding messages (``apply.records.message_rows``) appended by Spark in one
+    """Logical decoding messages (``apply.core.records.message_rows``) appended by Spark in one
     commit carrying ``mark``."""
     try:
         with target.marked(mark) as session:

@@ -17,7 +17,7 @@ carrying the copy's mark (idempotent-write id and ``userMetadata``):
 
 The Spark ways may land the rows by a MERGE instead (``plan``): a
 soft-delete table copied again keeps the rows it marked deleted
-(``apply.merge_plan.soft_resync_merge``).
+(``apply.plans.merge_plan.soft_resync_merge``).
 """
 
 from __future__ import annotations
@@ -30,36 +30,36 @@ from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 
-from apply.changelog import HistoryMode, changelog_schema
-from apply.changelog import copied as changelog_copied
-from apply.columnar import arrow_schema
-from apply.copy_source import CopySource
-from apply.delta import sql as delta_sql
-from apply.delta.local_tables import (
+from apply.batching.copy_source import CopySource
+from apply.batching.source import empty as source_empty
+from apply.columns.columnar import arrow_schema
+from apply.columns.schema import TargetSchema
+from apply.core.errors import TargetTableError
+from apply.core.records import CommitMark
+from apply.delta.files.storage import is_object_store
+from apply.delta.files.store import table_store
+from apply.delta.spark import sql as delta_sql
+from apply.delta.spark.session import SparkErrors, runs_here, struct
+from apply.delta.writer.local_tables import (
     as_table_holds,
     delta_rs_can_write,
     held_schema,
     marked,
     opened,
 )
-from apply.delta.open_table import OpenTable
-from apply.delta.overwrite import append, hand_appendable
-from apply.delta.session import SparkErrors, runs_here, struct
-from apply.delta.storage import is_object_store
-from apply.delta.store import table_store
-from apply.errors import TargetTableError
-from apply.merge_plan import MergePlan, soft_resync_merge, versions_resync_merge
-from apply.records import CommitMark
-from apply.schema import TargetSchema
-from apply.source import empty as source_empty
-from apply.stamps import Keeping, stamped_schema
-from apply.stamps import copied as stamped_copied
-from apply.versions import copied as versions_copied
-from apply.versions import versions_schema
+from apply.delta.writer.open_table import OpenTable
+from apply.delta.writer.overwrite import append, hand_appendable
+from apply.history.changelog import HistoryMode, changelog_schema
+from apply.history.changelog import copied as changelog_copied
+from apply.history.stamps import Keeping, stamped_schema
+from apply.history.stamps import copied as stamped_copied
+from apply.history.versions import copied as versions_copied
+from apply.history.versions import versions_schema
+from apply.plans.merge_plan import MergePlan, soft_resync_merge, versions_resync_merge
 from subscriber.replication.lsn import Lsn
 
 if TYPE_CHECKING:
-    from apply.delta.target import TargetTable
+    from apply.delta.spark.target import TargetTable
 
 # A copy replaces a mirror table's rows, and is appended to a change log's.
 WriteMode = Literal["overwrite", "append"]
@@ -116,7 +116,7 @@ def write_once(
 ) -> int:
     """Replace the table's rows with ``blocks`` (``mode`` append: add them) in one commit
     carrying ``mark``; the rows written. pgsub's own commit where the table's protocol
-    allows (``apply.delta.overwrite.append``: the blocks written as Parquet as they come,
+    allows (``apply.delta.writer.overwrite.append``: the blocks written as Parquet as they come,
     by this thread), else delta-rs's: it pulls the blocks from its own threads, calling back
     into Python, and in an object store that deadlocked against other delta-rs calls of
     the process (the initial load's parallel copies) - not an option there."""

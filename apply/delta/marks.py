@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from apply.delta import sql as delta_sql
-from apply.delta.local_tables import user_metadata
-from apply.records import lsn_from_metadata
+from apply.core.records import lsn_from_metadata
+from apply.delta.spark import sql as delta_sql
+from apply.delta.writer.local_tables import user_metadata
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,7 +1,7 @@
 """Which engine writes a table's batch, and when a table gains deletion vectors by its size.
 
 A keyed batch is merged by delta-rs or pgsub's own writer
-(``apply.delta.local_merge``) when pgsub reaches the warehouse itself - an
+(``apply.delta.writer.local_merge``) when pgsub reaches the warehouse itself - an
 object store, whatever runs Spark (a cluster, a Spark Connect server), or
 this machine's disk with Spark in this process - and no other writer's rows
 must be told apart (origin tracking, shared tables); anything else goes to
@@ -16,13 +16,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from apply.delta.definition import gain_by_size
-from apply.delta.detail import detail
-from apply.delta.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
-from apply.delta.local_tables import is_local_folder, reachable
-from apply.delta.session import runs_here
-from apply.delta.target import TargetTable
-from apply.features import FeatureMode, TableFeatures
+from apply.core.features import FeatureMode, TableFeatures
+from apply.delta.spark.definition import gain_by_size
+from apply.delta.spark.detail import detail
+from apply.delta.spark.session import runs_here
+from apply.delta.spark.target import TargetTable
+from apply.delta.writer.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
+from apply.delta.writer.local_tables import is_local_folder, reachable
 
 
 class Placement:
@@ -63,7 +63,7 @@ class Placement:
         return self._spark_here
 
     def merges_locally(self, target: TargetTable) -> bool:
-        """Whether a keyed batch may be merged by delta-rs (``apply.delta.local_merge``): an
+        """Whether a keyed batch may be merged by delta-rs (``apply.delta.writer.local_merge``): an
         object store always (the daemon reaches it, as the cluster does), this machine's
         disk when Spark runs here too."""
         if not self.reachable or self._other_writers:

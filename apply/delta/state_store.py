@@ -23,11 +23,16 @@ a time (``writing``): the apply worker's checkpoint, the maintenance thread's
 prune and compaction. VACUUM commits nothing and takes no turn.
 
 Where pgsub reaches the warehouse itself - a local folder, an object store
-(``apply.delta.storage``) - appends and reads go through delta-rs (tens of
+(``apply.delta.files.storage``) - appends and reads go through delta-rs (tens of
 milliseconds, no Spark job): a state change is on the sync path of
 every table, and a cold JVM took seconds per change. Deletes, the prepared
 transactions' frames and any table delta-rs may not write (a writer feature
 it lacks) stay with Spark; both write the same Delta log.
+
+Why one module: the five stores are one pattern (``_StateTable``: a Delta table under
+``_pgsub/``, one writer at a time in a process, delta-rs where it may write, else
+Spark) with a few lines of rows each; apart they would repeat that base or import it
+from a module of its own for 60 lines apiece.
 """
 
 from __future__ import annotations
@@ -40,8 +45,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
-from apply.delta import sql as delta_sql
-from apply.delta.local_tables import (
+from apply.core.errors import TargetTableError
+from apply.core.records import StoredTableState
+from apply.delta.spark import sql as delta_sql
+from apply.delta.spark.session import SparkErrors
+from apply.delta.spark.sql import sql_string
+from apply.delta.writer.local_tables import (
     append_rows,
     delta_rs_can_write,
     is_table,
@@ -49,10 +58,6 @@ from apply.delta.local_tables import (
     reachable,
     read_subscription,
 )
-from apply.delta.session import SparkErrors
-from apply.delta.sql import sql_string
-from apply.errors import TargetTableError
-from apply.records import StoredTableState
 from conflicts.report import Conflict
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.wire import pg_timestamp
@@ -379,7 +384,7 @@ class SettingsStore(_StateTable):
 class PreparedStore(_StateTable):
     """Prepared remote transactions (``two_phase``), staged until COMMIT/ROLLBACK PREPARED.
 
-    Each as its spool frames (``apply.spool.frames_of``), one row a frame, written and
+    Each as its spool frames (``apply.arrival.spool.frames_of``), one row a frame, written and
     read ``CHUNK`` frames at a time so that memory does not grow with the transaction.
     In the warehouse, not on local disk: a replaced pod still has what it prepared.
     """

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from apply.changelog import MIRRORS, History
-from apply.features import PORTABLE, TableFeatures
-from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
+from apply.core.features import PORTABLE, TableFeatures
+from apply.core.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
+from apply.history.changelog import MIRRORS, History
 
 
 class CreatedTables(Protocol):
@@ -39,7 +39,9 @@ class TableOptions:
     shared_tables: bool = False  # may write tables another subscription writes
     maintenance: MaintenancePolicy = DEFAULT_POLICY
     messages_path: str | None = None  # messages: true; None: under _pgsub/
-    history: History = MIRRORS  # how each table is kept (apply.changelog, apply.stamps)
+    history: History = (
+        MIRRORS  # how each table is kept (apply.history.changelog, apply.history.stamps)
+    )
 
 
 DEFAULT_OPTIONS: Final = TableOptions()

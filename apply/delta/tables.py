@@ -2,22 +2,29 @@
 
 Table ``schema.name`` lives at ``<warehouse>/<schema>/<name>``
 (``subscriber.replication.names``). ``DeltaTables`` creates and evolves
-them (``apply.delta.definition``: only the reader features their data needs),
+them (``apply.delta.spark.definition``: only the reader features their data needs),
 reads back the LSN each one reached (``applied_lsn``: the latest commit of
 this subscription in its history), and hands each write to the writer for
 its shape - ``keyed``, ``multiset``, the initial ``copy``, or a change log's
-append (``history: changelog``: ``apply.changelog``, ``apply.delta.appends``)
+append (``history: changelog``: ``apply.history.changelog``, ``apply.delta.appends``)
 - as a ``TargetTable``.
 
 Which engine takes a batch (delta-rs or Spark) is ``apply.delta.placement``'s
 choice; what the tables are made with, ``apply.delta.table_options``.
 
 Writes run from several threads at once (one MERGE per table of a batch).
-Each thread has its own Spark session (``apply.delta.session.thread_session``:
+Each thread has its own Spark session (``apply.delta.spark.session.thread_session``:
 the same Spark, its own SQL conf), because the idempotent-write settings
 are session configuration and must not leak between tables. The Delta
-operations this module runs itself go through ``apply.delta.sql``, the form
+operations this module runs itself go through ``apply.delta.spark.sql``, the form
 both a classic session and a Spark Connect session take.
+
+Why one module of 640 lines: ``DeltaTables`` is the ``apply.plans.tables.Tables`` seam,
+one method per thing the worker asks, and each method is the dispatch of that one ask to
+the room that does it (``placement`` picks delta-rs, pgsub's writer or Spark; the
+writers live in ``writer`` and ``spark``). What it keeps across those methods - the
+subscription's options, each table's open state, the reachable store, the per-table
+locks - is the class's state; split by method, every part would need all of it back.
 """
 
 from __future__ import annotations
@@ -33,47 +40,13 @@ from typing import TYPE_CHECKING, Final
 import pyarrow as pa
 import structlog
 
-from apply.changelog import HistoryMode, changelog_schema
-from apply.collapse import KeyedNet, Net, net_bytes
-from apply.copy_source import CopySource
-from apply.ddl import SchemaChange
-from apply.delta import sql as delta_sql
-from apply.delta.appends import LocalAppends, append_messages
-from apply.delta.copy import copy_into, kept_copy, write_once, writes_once
-from apply.delta.ddl import follow as follow_ddl
-from apply.delta.definition import TableDefinition
-from apply.delta.detail import detail
-from apply.delta.durability import Durability
-from apply.delta.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
-from apply.delta.live_files import carries, latest_version
-from apply.delta.local_tables import (
-    delta_rs_writes,
-    folder,
-    is_table,
-)
-from apply.delta.maintenance import Grown, Tended, tend
-from apply.delta.marks import latest_mark
-from apply.delta.multiset import write_multiset
-from apply.delta.origins import OriginTracker
-from apply.delta.overwrite import CommitRacedError
-from apply.delta.placement import Placement
-from apply.delta.session import SparkErrors, runs_here, thread_session
-from apply.delta.staged_copy import StagedCopy
-from apply.delta.store import LocalStore, commit_name, table_store
-from apply.delta.table_options import (
-    DEFAULT_OPTIONS,
-    CreatedTables,
-    Forgetful,
-    TableOptions,
-)
-from apply.delta.target import TargetTable
-from apply.delta.versions import Witness, write_versions
-from apply.delta.write_cost import commit_bytes
-from apply.errors import ConflictError, TargetTableError
-from apply.features import FeatureMode, TableFeatures
-from apply.maintenance_policy import MaintenancePolicy
-from apply.merge_plan import conflict_in
-from apply.records import (
+from apply.batching.collapse import KeyedNet, Net, net_bytes
+from apply.batching.copy_source import CopySource
+from apply.columns.schema import Evolution, TargetSchema
+from apply.core.errors import ConflictError, TargetTableError
+from apply.core.features import FeatureMode, TableFeatures
+from apply.core.maintenance_policy import MaintenancePolicy
+from apply.core.records import (
     MESSAGES_TABLE,
     CommitMark,
     Within,
@@ -81,9 +54,43 @@ from apply.records import (
     lsn_from_metadata,
     within_from_metadata,
 )
-from apply.schema import Evolution, TargetSchema
-from apply.staging import StagedSource
-from apply.stamps import PLAIN, Keeping
+from apply.delta.appends import LocalAppends, append_messages
+from apply.delta.copy import copy_into, kept_copy, write_once, writes_once
+from apply.delta.files.store import LocalStore, commit_name, table_store
+from apply.delta.marks import latest_mark
+from apply.delta.placement import Placement
+from apply.delta.spark import sql as delta_sql
+from apply.delta.spark.ddl import follow as follow_ddl
+from apply.delta.spark.definition import TableDefinition
+from apply.delta.spark.detail import detail
+from apply.delta.spark.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
+from apply.delta.spark.maintenance import Grown, Tended, tend
+from apply.delta.spark.multiset import write_multiset
+from apply.delta.spark.origins import OriginTracker
+from apply.delta.spark.session import SparkErrors, runs_here, thread_session
+from apply.delta.spark.staged_copy import StagedCopy
+from apply.delta.spark.target import TargetTable
+from apply.delta.table_options import (
+    DEFAULT_OPTIONS,
+    CreatedTables,
+    Forgetful,
+    TableOptions,
+)
+from apply.delta.versions import Witness, write_versions
+from apply.delta.writer.durability import Durability
+from apply.delta.writer.live_files import carries, latest_version
+from apply.delta.writer.local_tables import (
+    delta_rs_writes,
+    folder,
+    is_table,
+)
+from apply.delta.writer.overwrite import CommitRacedError
+from apply.delta.writer.write_cost import commit_bytes
+from apply.history.changelog import HistoryMode, changelog_schema
+from apply.history.stamps import PLAIN, Keeping
+from apply.plans.merge_plan import conflict_in
+from apply.plans.staging import StagedSource
+from apply.schema_changes.ddl import SchemaChange
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
@@ -297,7 +304,7 @@ class DeltaTables:
         return self._keeping(schema).mode is HistoryMode.SCD2
 
     def _keeping(self, schema: TargetSchema) -> Keeping:
-        """How the table of ``schema`` is kept (``history``, ``apply.stamps``)."""
+        """How the table of ``schema`` is kept (``history``, ``apply.history.stamps``)."""
         return PLAIN if schema.table == MESSAGES_TABLE else Keeping.of(self.history, schema)
 
     def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
@@ -341,7 +348,7 @@ class DeltaTables:
     def follow_ddl(
         self, change: SchemaChange, new_types: Mapping[str, str], fills: Mapping[str, object]
     ) -> None:
-        """The publisher's schema change of a table at its LSN (``apply.delta.ddl``); a table
+        """The publisher's schema change of a table at its LSN (``apply.delta.spark.ddl``); a table
         not made yet is made later with its new columns."""
         if not self.exists(change.table):
             return
@@ -438,7 +445,7 @@ class DeltaTables:
         resolutions: Mapping[ConflictKind, Resolution],
         nets: Callable[[], Iterator[KeyedNet]],
     ) -> WriteResult:
-        """A large transaction's staged net effect in one commit (``apply.staging``)."""
+        """A large transaction's staged net effect in one commit (``apply.plans.staging``)."""
         target = self.target(schema.table)
         try:
             with self.exclusive(schema.table):
@@ -474,7 +481,7 @@ class DeltaTables:
             if self._placed.merges_locally(target):
                 written = self._local_merges.merge(target.path, schema, net, mark, stamping=stamps)
                 # A table too big for delta-rs that gains deletion vectors now is written by
-                # pgsub's own path (apply.delta.vector_write) from this batch on.
+                # pgsub's own path (apply.delta.writer.vector_write) from this batch on.
                 if written is None and self._placed.check_size(target):
                     written = self._local_merges.merge(
                         target.path, schema, net, mark, stamping=stamps
@@ -552,7 +559,7 @@ class DeltaTables:
     def tend(
         self, table: str, policy: MaintenancePolicy, *, vacuum: bool, lite: bool = False
     ) -> Tended:
-        """Maintenance of ``table`` (``apply.delta.maintenance``): what commits never beside
+        """Maintenance of ``table`` (``apply.delta.spark.maintenance``): what commits never beside
         the table's writes; VACUUM beside them."""
         return tend(
             self.session(),

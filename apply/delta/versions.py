@@ -1,4 +1,4 @@
-"""Writes to a table kept as versions (``history: scd2``, ``apply.versions``).
+"""Writes to a table kept as versions (``history: scd2``, ``apply.history.versions``).
 
 A batch is written in two steps: the current versions of the keys its
 changes name are looked up (by delta-rs on a local warehouse it may
@@ -18,15 +18,14 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from apply.columnar import arrow_schema
-from apply.delta.local_merge import run_merge
-from apply.delta.local_tables import folder
-from apply.delta.overwrite import keep_log
-from apply.errors import ConflictError, TargetTableError
-from apply.merge_plan import key_bounds, versions_merge
-from apply.records import CommitMark, WriteResult
-from apply.schema import TargetSchema, quote
-from apply.versions import (
+from apply.columns.columnar import arrow_schema
+from apply.columns.schema import TargetSchema, quote
+from apply.core.errors import ConflictError, TargetTableError
+from apply.core.records import CommitMark, WriteResult
+from apply.delta.writer.local_merge import run_merge
+from apply.delta.writer.local_tables import folder
+from apply.delta.writer.overwrite import keep_log
+from apply.history.versions import (
     CURRENT,
     Conflicted,
     Key,
@@ -36,14 +35,15 @@ from apply.versions import (
     versions_schema,
     versions_source,
 )
+from apply.plans.merge_plan import key_bounds, versions_merge
 from conflicts.findings import Finding
 from conflicts.kinds import ConflictKind, Resolution
 
 if TYPE_CHECKING:
     import deltalake
 
-    from apply.delta.open_table import OpenTable
-    from apply.delta.target import TargetTable
+    from apply.delta.spark.target import TargetTable
+    from apply.delta.writer.open_table import OpenTable
 
 # The conflicts a batch's versions met, as the applier reports them.
 Witness = Callable[[Sequence[Conflicted]], list[Finding]]
@@ -59,7 +59,8 @@ def write_versions(
     *,
     opened: OpenTable | None,
 ) -> WriteResult:
-    """The change rows ``changes`` (``apply.changelog.change_rows``) as versions of the table
+    """The change rows ``changes`` (``apply.history.changelog.change_rows``) as versions of the
+    table
     of ``schema``, in one commit carrying ``mark``: by delta-rs on ``opened`` (the table kept
     open), else by Spark."""
     stored = versions_schema(schema)

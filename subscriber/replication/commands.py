@@ -114,7 +114,8 @@ class StreamOptions:
     two_phase: bool = False
     origin: str = "any"  # any | none
     proto_version: int | None = None  # None: negotiated from the server version
-    # The messages of pgsub's DDL event triggers (apply.ddl): logical messages asked for on
+    # The messages of pgsub's DDL event triggers (apply.schema_changes.ddl): logical messages asked
+    # for on
     # a PostgreSQL 14+ publisher even without ``messages``.
     schema_changes: bool = False
 

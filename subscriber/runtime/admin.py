@@ -14,11 +14,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from apply.ddl import publisher_setup_sql
-from apply.delta.session import SparkSettings, build_session
+from apply.core.records import StoredTableState
+from apply.delta.files.store_check import StoreError, check_store
+from apply.delta.spark.session import SparkSettings, build_session
 from apply.delta.state_store import STATE_TABLES, SettingsStore, TableStateStore
-from apply.delta.store_check import StoreError, check_store
-from apply.records import StoredTableState
+from apply.schema_changes.ddl import publisher_setup_sql
 from subscriber.replication import session
 from subscriber.replication.errors import SubscriberError, UsageError
 from subscriber.replication.lsn import Lsn
@@ -40,7 +40,8 @@ def spark_on_demand(
 ) -> Callable[[], Any]:
     """What starts the command's Spark session when first needed (most never need it); for a
     command that ``writes``, the warehouse's object store checked first
-    (``apply.delta.store_check``: it writes a probe, which a reader need not be allowed to)."""
+    (``apply.delta.files.store_check``: it writes a probe, which a reader need not be allowed
+    to)."""
     if writes:
         try:
             check_store(config.warehouse, f"pgsub {app_name.removeprefix('pgsub-')}")
@@ -70,7 +71,8 @@ def set_enabled(config: Config, subscription: SubscriptionConfig, enabled: bool)
 
 def publisher_setup(subscription: SubscriptionConfig) -> int:
     """Install on the publisher the event triggers that announce schema changes as logical
-    messages (``apply.ddl.publisher_setup_sql``), in one transaction; the server's version
+    messages (``apply.schema_changes.ddl.publisher_setup_sql``), in one transaction; the server's
+    version
     number."""
     import psycopg
 

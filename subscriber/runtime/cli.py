@@ -301,7 +301,7 @@ def _resync_or_drop(args: argparse.Namespace) -> int:
 
 
 def _publisher_setup(args: argparse.Namespace) -> int:
-    from apply.ddl import publisher_setup_sql
+    from apply.schema_changes.ddl import publisher_setup_sql
 
     if args.print_sql:
         print(publisher_setup_sql(), end="")
@@ -434,7 +434,7 @@ def _exit_now(code: int) -> NoReturn:
 
 def _release_spark_connect() -> None:
     """End the Spark Connect sessions a command opened (an open one blocks the exit)."""
-    session = sys.modules.get("apply.delta.session")  # not imported: no Spark was needed
+    session = sys.modules.get("apply.delta.spark.session")  # not imported: no Spark was needed
     if session is not None:
         session.stop_sessions()
 

@@ -31,12 +31,12 @@ from pydantic import (
     model_validator,
 )
 
-from apply.batch import GROWTH
-from apply.changelog import History, HistoryMode
-from apply.delta.storage import Storage, is_object_store, register
-from apply.features import DELETION_VECTORS_ABOVE, REWRITE_FACTOR, FeatureMode, TableFeatures
-from apply.maintenance_policy import MaintenancePolicy
-from apply.transactions import Bounds
+from apply.core.batch import GROWTH
+from apply.core.features import DELETION_VECTORS_ABOVE, REWRITE_FACTOR, FeatureMode, TableFeatures
+from apply.core.maintenance_policy import MaintenancePolicy
+from apply.core.transactions import Bounds
+from apply.delta.files.storage import Storage, is_object_store, register
+from apply.history.changelog import History, HistoryMode
 from conflicts.kinds import ConflictKind, Resolution
 from subscriber.replication.commands import Streaming, check_slot_name
 from tablesync.copy import CopySettings
@@ -97,7 +97,7 @@ class BatchConfig(_Strict):
 
     def queue_bounds(self) -> Bounds:
         """What the queue from the receiver to the apply worker holds at most: as much as a
-        batch grown while the target lags (``apply.batch.GROWTH``) takes from it."""
+        batch grown while the target lags (``apply.core.batch.GROWTH``) takes from it."""
         return Bounds(max(GROWTH * self.max_changes, 10_000), 2 * self.max_bytes)
 
 
@@ -460,7 +460,7 @@ class Config(_Strict):
         return self
 
     def reach_warehouse(self) -> None:
-        """Record how this process reaches the warehouse (``apply.delta.storage``): every
+        """Record how this process reaches the warehouse (``apply.delta.files.storage``): every
         table path under it finds the storage configuration."""
         if is_object_store(self.warehouse):
             register(self.warehouse, self.storage.storage())

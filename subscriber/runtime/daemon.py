@@ -21,9 +21,9 @@ from typing import Any, Final
 
 import structlog
 
-from apply.delta.session import SparkSettings, build_session, masked_spark_url
+from apply.delta.files.store_check import StoreError, check_store
+from apply.delta.spark.session import SparkSettings, build_session, masked_spark_url
 from apply.delta.state_store import CheckpointStore
-from apply.delta.store_check import StoreError, check_store
 from subscriber.metrics import Metrics
 from subscriber.runtime.config import Config, ConfigError
 from subscriber.runtime.http import StatusServer

@@ -136,7 +136,7 @@ def _catch_up(daemon: Daemon, dsn: str, timeout: float = 300) -> None:
 
 def _report(dsn: str, warehouse: Path) -> bool:
     """Each demo table's rows on the publisher and in Delta (read by delta-rs: no JVM)."""
-    from apply.delta.local_tables import is_table, row_count
+    from apply.delta.writer.local_tables import is_table, row_count
 
     same = True
     with psycopg.connect(dsn, autocommit=True) as conn:

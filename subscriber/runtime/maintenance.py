@@ -24,9 +24,9 @@ from typing import Any
 
 import structlog
 
-from apply.delta.maintenance import Tended, is_delta_table, tend
+from apply.core.errors import ApplyError
+from apply.delta.spark.maintenance import Tended, is_delta_table, tend
 from apply.delta.state_store import STATE_TABLES, CheckpointStore
-from apply.errors import ApplyError
 from subscriber.metrics import Metrics
 from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.subscription import SubscriptionRunner

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 
-from apply.records import TableWrites
-from apply.worker import ApplyWorker
+from apply.core.records import TableWrites
+from apply.worker.worker import ApplyWorker
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
 from subscriber.replication.progress import Progress

@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING
 import psycopg
 import structlog
 
-from apply.assembly import UnsupportedStreamError
-from apply.backoff import retry_delay
+from apply.arrival.assembly import UnsupportedStreamError
+from apply.arrival.spool import private_directory
+from apply.arrival.spool_layout import SpoolLayout
+from apply.batching.error_context import TransactionError
+from apply.core.backoff import retry_delay
+from apply.core.errors import ApplyError
+from apply.core.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
+from apply.core.roles import Leader, PreparedLeftovers
 from apply.delta.state_store import (
     CheckpointStore,
 )
-from apply.error_context import TransactionError
-from apply.errors import ApplyError
-from apply.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
-from apply.pipeline import ApplyPipeline
-from apply.roles import Leader, PreparedLeftovers
-from apply.spool import private_directory
-from apply.spool_layout import SpoolLayout
-from apply.worker import ApplyWorker
+from apply.worker.pipeline import ApplyPipeline
+from apply.worker.worker import ApplyWorker
 from subscriber.metrics import Metrics
 from subscriber.replication import session
 from subscriber.replication.catalog import prepared_transactions
@@ -55,7 +55,7 @@ from tablesync.state import TableState
 from tablesync.worker import SyncWorker
 
 if TYPE_CHECKING:
-    from apply.delta.session import SparkSession
+    from apply.delta.spark.session import SparkSession
 
 log = structlog.get_logger(__name__)
 

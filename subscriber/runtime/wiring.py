@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from apply.delta.session import runs_here
+from apply.arrival.spool_layout import SpoolLayout
+from apply.core.maintenance_policy import MaintenancePolicy
+from apply.delta.spark.session import runs_here
 from apply.delta.state_store import ConflictStore, PreparedStore, SettingsStore, TableStateStore
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.maintenance_policy import MaintenancePolicy
-from apply.pipeline import ApplyContext
-from apply.spool_layout import SpoolLayout
+from apply.worker.pipeline import ApplyContext
 from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
 from subscriber.replication.catalog import PublisherCatalog
@@ -29,7 +29,7 @@ from subscriber.runtime.settings import SubscriptionSettings
 from subscriber.runtime.slots import SubscriptionSlots
 
 if TYPE_CHECKING:
-    from apply.delta.session import SparkSession
+    from apply.delta.spark.session import SparkSession
 
 
 @dataclass(frozen=True, slots=True)

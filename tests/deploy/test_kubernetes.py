@@ -34,8 +34,8 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from apply.delta.local_tables import opened
-from apply.delta.storage import register
+from apply.delta.files.storage import register
+from apply.delta.writer.local_tables import opened
 from tests.plugins.docker import Docker
 from tests.plugins.s3 import ACCESS_KEY, SECRET_KEY, S3Server, start_s3_server, stop_s3_server
 from tests.support import kubernetes

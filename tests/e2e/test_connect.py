@@ -1,7 +1,7 @@
 """The daemon as a Spark Connect client: a server started from pyspark's launcher.
 
 ``spark.remote: sc://...``: the daemon holds no JVM; every Delta operation
-travels as SQL or a DataFrame plan to the server (``apply.delta.sql``), the
+travels as SQL or a DataFrame plan to the server (``apply.delta.spark.sql``), the
 commit marks as the server-side session's conf, and the initial copy's
 CTID ranges are read by Spark tasks in the server. The same scenarios as
 on a standalone cluster (``tests.support.scale_out``), read back by

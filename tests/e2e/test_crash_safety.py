@@ -8,9 +8,9 @@ from typing import Any
 import deltalake
 import pytest
 
-from apply.changelog import OP
-from apply.stamps import DELETED
-from apply.versions import CURRENT, VALID_FROM
+from apply.history.changelog import OP
+from apply.history.stamps import DELETED
+from apply.history.versions import CURRENT, VALID_FROM
 from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
@@ -81,7 +81,7 @@ def test_kills_at_each_step_of_a_batch_then_restart(
     """Killed after one table's commit, then (replaying that batch) before its checkpoint,
     then before the flush is confirmed upstream: the survivor has every row once. With
     deletion vectors on, the keyed table's batches are pgsub's own commits
-    (apply/delta/vector_write.py); as a change log (history: changelog), every change is
+    (apply/delta/writer/vector_write.py); as a change log (history: changelog), every change is
     one row of it; kept with soft deletes (history: soft_delete), every row once, the
     deleted ones marked (the keyless bag stays a mirror); kept as versions (history:
     scd2), every committed version once; in an object store (a bucket of versitygw, a real

@@ -2,7 +2,7 @@
 
 What a real database asks of the apply path (docs/performance.md, "Many
 tables"): every batch touches many tables, most of them small (merged by
-delta-rs in the daemon, apply/delta/local_merge.py), some keyless (Spark),
+delta-rs in the daemon, apply/delta/writer/local_merge.py), some keyless (Spark),
 and large transactions arrive streamed. The daemon is killed once during the
 copies and once after one table's commit of a many-table batch; the
 survivor must bring every table to the publisher's rows, read by Spark and
@@ -28,7 +28,7 @@ from tests.support.writer import Writer
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 KEYED = 47
-KEYLESS = 3  # through Spark's MERGE (apply/delta/multiset.py): each costs seconds
+KEYLESS = 3  # through Spark's MERGE (apply/delta/spark/multiset.py): each costs seconds
 STEPS = 300
 LARGE = (150,)  # the steps that write a large transaction (streamed; staged by Spark)
 ROWS = 200

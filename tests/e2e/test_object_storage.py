@@ -19,10 +19,10 @@ from typing import Any
 import deltalake
 import pytest
 
-from apply.changelog import OP
-from apply.delta.local_tables import opened
-from apply.stamps import DELETED
-from apply.versions import CURRENT
+from apply.delta.writer.local_tables import opened
+from apply.history.changelog import OP
+from apply.history.stamps import DELETED
+from apply.history.versions import CURRENT
 from tests.plugins.s3 import S3Server
 from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher

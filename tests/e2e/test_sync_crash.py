@@ -10,7 +10,7 @@ import deltalake
 import psycopg
 import pytest
 
-from apply.versions import CURRENT
+from apply.history.versions import CURRENT
 from subscriber.replication.commands import StreamOptions
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import HeldProgress

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from apply.delta import storage
-from apply.delta.storage import Storage, register
+from apply.delta.files import storage
+from apply.delta.files.storage import Storage, register
 from tests.support.pgcluster import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apply.delta.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, build_session
 
 # The whole suite shares one JVM: room for its hundreds of tables, beside the daemons.
 DRIVER_MEMORY = "2g"

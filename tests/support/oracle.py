@@ -3,7 +3,8 @@
 Both sides are read into canonical Python values, type-aware (timestamps as
 UTC instants, numerics by value, float4 at float4 precision, NaN equal to
 NaN, arrays element by element, bytes as bytes), and compared as multisets
-of rows, so a missing duplicate counts. Columns that the type mapping (``apply.typemap``) maps to
+of rows, so a missing duplicate counts. Columns that the type mapping (``apply.columns.typemap``)
+maps to
 a string are read from PostgreSQL in their text form (``col::text``), which
 is what the Delta column must hold.
 
@@ -26,8 +27,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from apply import typemap
-from apply.typemap import ColumnType
+from apply.columns import typemap
+from apply.columns.typemap import ColumnType
 from subscriber.replication.catalog import fetch_type_rows
 from subscriber.replication.names import split_qualified
 
@@ -215,8 +216,8 @@ def read_delta_rs(path: str, columns: Sequence[Column]) -> list[Row]:
     """
     import deltalake
 
-    from apply.delta.local_tables import is_table
-    from apply.delta.local_tables import opened as open_table
+    from apply.delta.writer.local_tables import is_table
+    from apply.delta.writer.local_tables import opened as open_table
 
     if not is_table(path):
         return []

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from apply.delta.session import delta_jars
+from apply.delta.spark.session import delta_jars
 from tests.support.pgcluster import free_port, wait_until
 from tests.support.spark_cluster import SPARK_HOME, end_group
 

@@ -3,7 +3,7 @@
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
-from apply import typemap
+from apply.columns import typemap
 from tests.support.oracle import Column, compare_rows
 
 COLS = [Column("id", typemap.INT8, -1), Column("v", typemap.TEXT, -1)]

@@ -5,7 +5,7 @@ binary-mode subscription into two warehouses, through inserts, updates and
 deletes; the two Delta tables must hold the same columns and the same
 values, read back by delta-rs (a reader that is not Spark). Types pgsub reads
 itself in binary and types whose text form the publisher renders
-(``apply.rendering``) are both here, with arrays of each, NULL elements and
+(``apply.core.rendering``) are both here, with arrays of each, NULL elements and
 PostgreSQL's own edge values.
 """
 

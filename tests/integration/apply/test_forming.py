@@ -1,4 +1,4 @@
-"""Batches formed while the batch before is written (``apply.forming``), against a real
+"""Batches formed while the batch before is written (``apply.batching.forming``), against a real
 publisher and real Delta tables."""
 
 from pathlib import Path

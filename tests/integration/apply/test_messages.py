@@ -64,7 +64,7 @@ def test_messages_land_in_commit_order_with_their_transaction_and_once(
         assert found[0]["xid"] == xid_row and found[1]["content"] == b"\xff\xfe"
         assert found[1]["xid"] is None
     # Restarted: it goes on from where it was (a resent batch is dropped by the messages
-    # table's own mark: tests/unit/apply/test_applier.py).
+    # table's own mark: tests/unit/apply/worker/test_applier.py).
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute("SELECT pg_logical_emit_message(true, 'app', 'after')")
         rep.caught_up()

@@ -8,8 +8,8 @@ import psycopg
 import pytest
 from structlog.testing import capture_logs
 
-from apply.delta import local_merge
-from apply.spool_layout import SpoolLayout
+from apply.arrival.spool_layout import SpoolLayout
+from apply.delta.writer import local_merge
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
@@ -218,7 +218,7 @@ def test_a_transaction_larger_than_a_batch_lands_in_one_commit_per_table(
         rep.assert_equal("public.keyed", key=("id",))
         rep.assert_equal("public.other", key=("id",))
         # One commit: a MERGE, or (a table this small) pgsub's rewrite of it, both by
-        # delta-rs on a local warehouse (apply.delta.local_merge).
+        # delta-rs on a local warehouse (apply.delta.writer.local_merge).
         ones = (["MERGE"],) if merged_by == "spark" else (["MERGE"], ["WRITE"])
         assert merges(spark, rep.path("public.keyed"))[before:] in ones
         written = merges(spark, rep.path("public.other"))
@@ -341,7 +341,7 @@ def test_a_streamed_transaction_is_staged_while_it_arrives(
             rep.assert_equal("public.keyed", key=("id",))
             rep.assert_equal("public.other", key=("id",))
         # The second: staged while it arrived, or at its commit when its changes ran across
-        # subtransactions or the rollback cut frames of its spool (apply.prestage; unit
+        # subtransactions or the rollback cut frames of its spool (apply.arrival.prestage; unit
         # tests); the third aborted. Both tables equal either way.
         staged = [e for e in logs if e.get("event") == "transaction staged"]
         assert [e["while_arriving"] for e in staged][:1] == [True] and len(staged) == 2, staged

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from structlog.testing import capture_logs
 
-from apply.schema import target_schema
+from apply.columns.schema import target_schema
 from subscriber.replication.catalog import PublisherCatalog
 from subscriber.replication.commands import SnapshotAction
 from subscriber.replication.stream import ReplicationConnection

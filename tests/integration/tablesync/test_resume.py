@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from apply.schema import TargetSchema, target_schema
+from apply.columns.schema import TargetSchema, target_schema
 from subscriber.replication.catalog import PublisherCatalog
 from subscriber.replication.commands import SnapshotAction
 from subscriber.replication.stream import ReplicationConnection

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from apply.batch import Batch
-from apply.transactions import (
+from apply.core.batch import Batch
+from apply.core.transactions import (
     Change,
     Op,
     RemoteTransaction,

@@ -12,14 +12,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from apply.collapse import KeyedNet, Net
-from apply.copy_source import StagedParts
-from apply.ddl import SchemaChange
-from apply.errors import ConflictError, TargetTableError
-from apply.records import CommitMark, Within, WriteResult
-from apply.schema import Evolution, TargetSchema
-from apply.staging import StagedSource
-from apply.versions import (
+from apply.batching.collapse import KeyedNet, Net
+from apply.batching.copy_source import StagedParts
+from apply.columns.schema import Evolution, TargetSchema
+from apply.core.errors import ConflictError, TargetTableError
+from apply.core.records import CommitMark, Within, WriteResult
+from apply.history.versions import (
     CURRENT,
     VALID_FROM,
     VALID_TO,
@@ -28,6 +26,8 @@ from apply.versions import (
     touched_keys,
     versioned,
 )
+from apply.plans.staging import StagedSource
+from apply.schema_changes.ddl import SchemaChange
 from conflicts.findings import Finding
 from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
@@ -146,7 +146,7 @@ class MemoryTables:
         resolutions: Mapping[ConflictKind, Resolution],
         witness: Callable[[Sequence[Conflicted]], list[Finding]],
     ) -> WriteResult:
-        """``apply.versions`` over a list of rows: the Delta writer's lookup and MERGE."""
+        """``apply.history.versions`` over a list of rows: the Delta writer's lookup and MERGE."""
         kept = self.versions.setdefault(schema.table, [])
         keys = set(touched_keys(changes, schema))
         current = [v for v in kept if v[CURRENT] and tuple(v[k] for k in schema.key) in keys]

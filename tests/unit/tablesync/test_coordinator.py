@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from apply.records import StoredTableState
+from apply.core.records import StoredTableState
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from tablesync.coordinator import SyncCoordinator

@@ -11,9 +11,9 @@ from typing import cast
 import pyarrow as pa
 import pytest
 
-from apply.schema import TargetColumn, TargetSchema
-from apply.spool_layout import SpoolLayout
-from apply.typemap import ColumnType
+from apply.arrival.spool_layout import SpoolLayout
+from apply.columns.schema import TargetColumn, TargetSchema
+from apply.columns.typemap import ColumnType
 from subscriber.replication.lsn import Lsn
 from tablesync.copy import BlockRange
 from tablesync.resume import (

@@ -5,7 +5,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from apply.delta.session import arrow_frame
+from apply.delta.spark.session import arrow_frame
 
 pytestmark = pytest.mark.integration
 

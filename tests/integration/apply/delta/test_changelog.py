@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apply.changelog import LSN, OP, SEQ
+from apply.history.changelog import LSN, OP, SEQ
 from subscriber.runtime import admin
 from subscriber.runtime.config import Config
 from tests.support.pgcluster import wait_until

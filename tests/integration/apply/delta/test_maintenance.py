@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from apply.delta import local_merge
-from apply.delta import maintenance as delta_maintenance
-from apply.delta.maintenance import tend
+from apply.delta.spark import maintenance as delta_maintenance
+from apply.delta.spark.maintenance import tend
 from apply.delta.state_store import CheckpointStore
+from apply.delta.writer import local_merge
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.maintenance import Maintenance
@@ -46,7 +46,7 @@ def test_compaction_and_vacuum_keep_rows_progress_and_time_travel(
         for n in range(1, 7):  # one commit, and one more file, each
             publisher.execute(f"INSERT INTO t VALUES ({n}, 'v')")
             # Applied before the next: a lagging target would grow the batch
-            # (apply.batch.GROWTH) and put several inserts in one commit.
+            # (apply.core.batch.GROWTH) and put several inserts in one commit.
             rep.caught_up()
         path = rep.path("public.t")
         before = data_files(spark, path)

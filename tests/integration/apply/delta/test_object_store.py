@@ -1,4 +1,4 @@
-"""The warehouse in an object store (apply/delta/store.py, storage.py): pgsub's own commits
+"""The warehouse in an object store (apply/delta/files/store.py, storage.py): pgsub's own commits
 by conditional PUT, a lost race made again, a retried PUT taken for its own, delta-rs's
 merges and the state store there - every table read back from the bucket by Spark,
 delta-rs, polars and pgsub's own replay."""
@@ -14,16 +14,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from apply.applier import BatchApplier
-from apply.delta import deletion_vectors, local_merge
-from apply.delta.live_files import LiveFiles, latest_version
-from apply.delta.local_tables import opened
-from apply.delta.overwrite import CommitRacedError
+from apply.core.records import StoredTableState
+from apply.delta.files.storage import storage_for
+from apply.delta.files.store import ObjectStore, commit_name, table_store
 from apply.delta.state_store import CheckpointStore, TableStateStore
-from apply.delta.storage import storage_for
-from apply.delta.store import ObjectStore, commit_name, table_store
 from apply.delta.tables import DeltaTables
-from apply.records import StoredTableState
+from apply.delta.writer import deletion_vectors, local_merge
+from apply.delta.writer.live_files import LiveFiles, latest_version
+from apply.delta.writer.local_tables import opened
+from apply.delta.writer.overwrite import CommitRacedError
+from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
 from tests.plugins.s3 import S3Server
 from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
@@ -179,7 +179,7 @@ def test_a_put_retried_after_its_answer_was_lost_is_taken_for_its_own(
     assert not store.put_if_absent(name, b'{"commitInfo":{"txnId":"b"}}\n')  # another's
     assert store.read(name) == b'{"commitInfo":{"txnId":"a"}}\n'
     with pytest.raises(CommitRacedError):
-        from apply.delta.overwrite import commit
+        from apply.delta.writer.overwrite import commit
 
         commit(store, 0, [{"commitInfo": {"txnId": "c"}}])
 

@@ -16,13 +16,13 @@ from typing import Any
 import deltalake
 import pytest
 
-from apply.applier import BatchApplier
-from apply.delta import local_merge
+from apply.core.errors import TargetTableError
+from apply.core.features import FeatureMode, TableFeatures
+from apply.core.records import BatchResult
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.errors import TargetTableError
-from apply.features import FeatureMode, TableFeatures
-from apply.records import BatchResult
+from apply.delta.writer import local_merge
+from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
 from tests.support.delta_log import writers
 from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd

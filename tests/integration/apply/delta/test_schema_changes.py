@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from apply.ddl import SchemaChange, publisher_setup_sql
-from apply.delta.ddl import kept_name
+from apply.delta.spark.ddl import kept_name
+from apply.schema_changes.ddl import SchemaChange, publisher_setup_sql
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime import admin
 from tests.support.pgcluster import wait_until

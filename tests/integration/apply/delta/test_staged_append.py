@@ -1,5 +1,5 @@
 """A large transaction that only inserts keys the table cannot hold is appended by delta-rs,
-streamed from its staged pieces (apply/delta/local_merge.py, ``append_staged``): the rows,
+streamed from its staged pieces (apply/delta/writer/local_merge.py, ``append_staged``): the rows,
 the mark and exactly-once as Spark's MERGE; a key range that meets the table's files, or a
 piece that is not all inserts, is not appended."""
 
@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from apply.change_columns import ChangeColumns
-from apply.columns_net import keyed_columns_source
-from apply.delta.local_merge import LocalMerges
+from apply.batching.columns_net import keyed_columns_source
+from apply.columns.change_columns import ChangeColumns
+from apply.columns.schema import target_schema
+from apply.core.records import CommitMark
+from apply.core.transactions import RowChange
 from apply.delta.tables import DeltaTables
-from apply.records import CommitMark
-from apply.schema import target_schema
-from apply.staging import StagedSource
-from apply.transactions import RowChange
+from apply.delta.writer.local_merge import LocalMerges
+from apply.plans.staging import StagedSource
 from subscriber.replication.lsn import Lsn
-from tests.integration.apply.delta.test_local_merge import delta_rs_rows
+from tests.integration.apply.delta.writer.test_local_merge import delta_rs_rows
 from tests.support.delta_log import operations
 from tests.unit.apply.builders import ins, relation, upd
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from apply.changelog import COMMIT_TIME, LSN
-from apply.stamps import DELETED
+from apply.history.changelog import COMMIT_TIME, LSN
+from apply.history.stamps import DELETED
 from subscriber.runtime import admin
 from subscriber.runtime.config import Config
 from tests.support.pgcluster import wait_until

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from apply.delta.local_tables import ddl_schema
+from apply.core.records import StoredTableState
 from apply.delta.state_store import CheckpointStore, SettingsStore, TableStateStore
-from apply.records import StoredTableState
+from apply.delta.writer.local_tables import ddl_schema
 from subscriber.replication.lsn import Lsn
 
 pytestmark = pytest.mark.integration

@@ -34,11 +34,11 @@ def test_progress_is_found_behind_more_foreign_commits_than_the_peek(
     spark: Any, warehouse: Path
 ) -> None:
     """A piece's mark, then other writers' commits: the mark is still found (no repeat)."""
-    from apply.batch import TableChange, TableWork
-    from apply.collapse import collapse
+    from apply.batching.collapse import collapse
+    from apply.columns.schema import target_schema
+    from apply.core.batch import TableChange, TableWork
+    from apply.core.records import CommitMark, Within
     from apply.delta.tables import DeltaTables
-    from apply.records import CommitMark, Within
-    from apply.schema import target_schema
     from subscriber.replication.lsn import Lsn
     from tests.unit.apply.builders import ins, relation
 
@@ -215,7 +215,7 @@ def test_a_column_of_a_table_past_the_rewrite_bound_is_widened_in_place(
     is widened in place with Delta's type widening, logged with the readers it excludes."""
     from structlog.testing import capture_logs
 
-    from apply.delta import definition
+    from apply.delta.spark import definition
     from tests.support.oracle import SPARK
 
     monkeypatch.setattr(definition, "SCHEMA_REWRITE_MAX_BYTES", 0)
@@ -271,12 +271,12 @@ def test_a_second_subscription_on_a_table_is_refused_unless_shared(
 def test_a_staged_copy_lands_fresh_parts_whole_and_stale_ones_without_keys_read_again(
     spark: Any, warehouse: Path
 ) -> None:
-    """What a copy on the executors stages (apply.delta.staged_copy), run by local tasks."""
+    """What a copy on the executors stages (apply.delta.spark.staged_copy), run by local tasks."""
     import pyarrow as pa
 
+    from apply.columns.schema import target_schema
+    from apply.core.records import CommitMark
     from apply.delta.tables import DeltaTables
-    from apply.records import CommitMark
-    from apply.schema import target_schema
     from subscriber.replication.lsn import Lsn
     from tests.unit.apply.builders import relation
 
@@ -318,11 +318,11 @@ def test_delta_rs_creates_the_table_spark_would_create(spark: Any, warehouse: Pa
 
     import deltalake
 
-    from apply import typemap as t
-    from apply.delta.definition import TableDefinition
-    from apply.features import PORTABLE
-    from apply.maintenance_policy import DEFAULT_POLICY
-    from apply.schema import TargetColumn, TargetSchema
+    from apply.columns import typemap as t
+    from apply.columns.schema import TargetColumn, TargetSchema
+    from apply.core.features import PORTABLE
+    from apply.core.maintenance_policy import DEFAULT_POLICY
+    from apply.delta.spark.definition import TableDefinition
 
     scalars = [t.BOOL, t.INT2, t.INT4, t.INT8, t.FLOAT4, t.FLOAT8, t.BYTEA, t.DATE]
     scalars += [t.TIMESTAMP, t.TIMESTAMPTZ, t.TEXT, t.UUID, t.JSONB, t.INTERVAL, t.TIME]
@@ -377,9 +377,9 @@ def test_a_restart_checks_an_unchanged_table_without_spark(spark: Any, warehouse
     """After a restart each table's first batch checks its schema and properties: read by
     delta-rs from a local table's log, with no Spark job, when nothing is to change; a
     column to add still goes through Spark."""
-    from apply.delta.definition import TableDefinition
+    from apply.columns.schema import Evolution, target_schema
+    from apply.delta.spark.definition import TableDefinition
     from apply.delta.tables import DeltaTables
-    from apply.schema import Evolution, target_schema
     from tests.unit.apply.builders import relation
 
     rel = relation("id", "v")
@@ -404,7 +404,7 @@ def test_a_restart_checks_an_unchanged_table_without_spark(spark: Any, warehouse
 def test_delta_rs_spells_each_type_as_spark_does(spark: Any, warehouse: Path) -> None:
     """The columns delta-rs reads from a table's log, spelled as Spark's simpleString: what
     the check above compares with the wanted schema."""
-    from apply.delta.local_tables import described
+    from apply.delta.writer.local_tables import described
 
     path = str(warehouse / "types")
     spark.sql(

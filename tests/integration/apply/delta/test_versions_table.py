@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from apply.versions import CURRENT, VALID_FROM, VALID_FROM_TIME, VALID_TO, VALID_TO_TIME
+from apply.history.versions import CURRENT, VALID_FROM, VALID_FROM_TIME, VALID_TO, VALID_TO_TIME
 from subscriber.runtime import admin
 from subscriber.runtime.config import Config
 from tests.integration.apply.delta.test_stamped_tables import (
@@ -183,10 +183,10 @@ def test_a_versions_table_an_earlier_pgsub_marked_as_a_mirror_is_corrected(
     needs a key; such a table is recognised by its columns and its property set right."""
     from structlog.testing import capture_logs
 
-    from apply.changelog import History, HistoryMode
+    from apply.columns.schema import target_schema
     from apply.delta.table_options import TableOptions
     from apply.delta.tables import DeltaTables
-    from apply.schema import target_schema
+    from apply.history.changelog import History, HistoryMode
     from tests.unit.apply.builders import relation
 
     options = TableOptions(history=History(HistoryMode.SCD2))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from apply.core.features import FeatureMode, TableFeatures
 from apply.delta.placement import Placement
-from apply.delta.target import TargetTable
-from apply.features import FeatureMode, TableFeatures
+from apply.delta.spark.target import TargetTable
 
 
 class _Conf:

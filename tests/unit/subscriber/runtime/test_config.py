@@ -138,7 +138,7 @@ def test_max_bytes_defaults_to_64mb_and_a_bad_size_is_named(tmp_path: Path) -> N
 
 
 def test_table_features_default_to_what_every_reader_opens(tmp_path: Path) -> None:
-    from apply.features import PORTABLE, FeatureMode
+    from apply.core.features import PORTABLE, FeatureMode
 
     sub = load(write(tmp_path, GOOD), {}).subscriptions[0]
     assert sub.table_features.features() == PORTABLE
@@ -148,7 +148,7 @@ def test_table_features_default_to_what_every_reader_opens(tmp_path: Path) -> No
 
 
 def test_tables_are_mirrors_unless_history_says_otherwise_per_table(tmp_path: Path) -> None:
-    from apply.changelog import MIRRORS, HistoryMode
+    from apply.history.changelog import MIRRORS, HistoryMode
 
     sub = load(write(tmp_path, GOOD), {}).subscriptions[0]
     assert sub.history.history() == MIRRORS

@@ -1,0 +1,193 @@
+"""The next batch split by table and collapsed while it forms, so that at its turn its
+writes start at once (docs/apply.md, "Formed while the last batch is written").
+
+A batch's own Python work before its writes is two loops over its changes:
+splitting them by table (``Batch.tables``) and folding each table's into its
+net effect (``apply.batching.collapse``). ``Forming`` does both a transaction at a time,
+as the worker adds transactions to the open batch, and the worker adds them
+while the batch before is written (the MERGE runs in Spark or delta-rs,
+outside Python's lock). At the batch's turn only the write is left.
+
+Forming is exact or nothing: the formed work must be what ``Batch.tables``
+and ``collapse`` would make of the batch at its turn. It is abandoned - the
+batch is then split and collapsed at its turn, as before - on what could
+make them differ, and ``take`` checks at the turn what could have changed
+since:
+
+- a table the applier has not written yet in this run (its applied LSN is
+  read from Delta at its first batch, and its schema made ready there);
+- a TRUNCATE, a logical decoding message (schema changes arrive as
+  messages), a piece of a spooled transaction;
+- a table whose columns change within the batch;
+- the table states ``should_apply`` answers from (a table handed over by
+  its sync worker, resynced, removed), compared at the turn;
+- a table's target schema, compared at the turn;
+- an error while forming (a renamed table, say): the turn meets it again,
+  and raises it with the batch's context.
+
+The applied LSNs need no check at the turn: the batch's transactions all end
+after the batch before, so a table that batch commits keeps them as before.
+Only a keyed table's changes are collapsed ahead; a table without a key, a
+history table or one whose binary values are rendered at its turn is split
+ahead and collapsed at its turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from apply.batching.collapse import KeyedNet, Layout, fold_keyed, is_keyed
+from apply.core.batch import Batch, TableChange, TableWork
+from apply.core.transactions import MessageChange, RemoteTransaction, RowChange, TruncateChange
+from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Relation
+
+FOLD_EVERY: Final = 256  # changes of a table held before they are folded into its net effect
+
+
+class FormingView(Protocol):
+    """What the applier tells the forming batch (``BatchApplier``)."""
+
+    def applies(self, relation: Relation, tx: RemoteTransaction) -> bool:
+        """``should_apply``: whether the leader applies ``tx``'s changes of ``relation``."""
+        ...
+
+    def known_applied_lsn(self, table: str) -> Lsn | None:
+        """The table's applied LSN when this run has it (None: read at the batch's turn)."""
+        ...
+
+    def formable(self, relation: Relation) -> bool | None:
+        """Whether the table's changes are collapsed ahead (True) or only split (False);
+        None: not ahead at all (its target schema is not ready for ``relation``)."""
+        ...
+
+    def table_states(self) -> object:
+        """What ``applies`` answers from, compared at the turn."""
+        ...
+
+
+@dataclass
+class _Table:
+    work: TableWork
+    net: KeyedNet | None  # None: collapsed at the batch's turn
+    folded: int = 0  # of ``work.changes``
+
+
+@dataclass
+class Formed:
+    """A batch's work split by table, and each keyed table's net effect."""
+
+    works: dict[str, TableWork]
+    nets: dict[str, KeyedNet]
+
+
+@dataclass
+class Forming:
+    """The open batch's work, formed as its transactions are added."""
+
+    view: FormingView
+    abandoned: str | None = None  # why (None: formed so far)
+    _count: int = 0
+    _last: RemoteTransaction | None = None
+    _states: object = None
+    _tables: dict[str, _Table] = field(default_factory=dict)
+
+    def add(self, tx: RemoteTransaction) -> None:
+        """``tx`` joins the open batch (after every transaction added before it)."""
+        index = self._count
+        self._count += 1
+        self._last = tx
+        if self.abandoned is not None:
+            return
+        if index == 0:
+            self._states = self.view.table_states()
+        if tx.total is not None:
+            self._abandon("a piece of a spooled transaction")
+            return
+        for ordinal, change in enumerate(tx.changes):
+            if isinstance(change, MessageChange):
+                self._abandon("a logical decoding message")
+                return
+            if isinstance(change, TruncateChange):
+                self._abandon("a TRUNCATE")
+                return
+            try:
+                self._add_change(index, ordinal, tx, change)
+            except Exception as exc:  # noqa: BLE001 - met again at the batch's turn, and raised
+                self._abandon(f"{type(exc).__name__}: {exc}")
+            if self.abandoned is not None:
+                return
+
+    def _add_change(
+        self, index: int, ordinal: int, tx: RemoteTransaction, change: RowChange
+    ) -> None:
+        relation = change.relation
+        name = relation.qualified_name
+        if not self.view.applies(relation, tx):
+            return
+        applied = self.view.known_applied_lsn(name)
+        if applied is None:
+            self._abandon(f"{name}: its first batch in this run")
+            return
+        if tx.end_lsn <= applied:
+            return
+        table = self._tables.get(name)
+        if table is None:
+            formable = self.view.formable(relation)
+            if formable is None:
+                self._abandon(f"{name}: its target schema is not ready for these columns")
+                return
+            net = _empty_net(relation) if formable and is_keyed(relation) else None
+            table = self._tables[name] = _Table(TableWork(relation), net)
+        elif relation is not table.work.relation and relation != table.work.relation:
+            self._abandon(f"{name}: its columns changed within the batch")
+            return
+        table.work.changes.append(TableChange(index, change, tx.first + ordinal))
+        if table.net is not None and len(table.work.changes) - table.folded >= FOLD_EVERY:
+            _fold(table)
+
+    def _abandon(self, why: str) -> None:
+        self.abandoned = why
+        self._tables = {}
+
+    def take(self, batch: Batch) -> Formed | None:
+        """The formed work when it is ``batch``'s, as ``Batch.tables`` and ``collapse`` would
+        make it now; None: split and collapse ``batch`` at its turn. The next batch forms
+        anew."""
+        try:
+            formed = self._formed(batch)
+        except Exception:  # noqa: BLE001 - met again at the batch's turn, and raised
+            formed = None
+        self.abandoned, self._count, self._last, self._states = None, 0, None, None
+        self._tables = {}
+        return formed
+
+    def _formed(self, batch: Batch) -> Formed | None:
+        if self.abandoned is not None or not batch.transactions:
+            return None
+        if self._count != len(batch.transactions) or self._last is not batch.transactions[-1]:
+            return None  # not the batch formed (one cut by a spooled transaction, say)
+        if self.view.table_states() != self._states:
+            return None
+        for table in self._tables.values():
+            if self.view.formable(table.work.relation) is None:
+                return None
+        nets = {}
+        for name, table in self._tables.items():
+            if table.net is not None:
+                _fold(table)
+                nets[name] = table.net
+        return Formed({name: table.work for name, table in self._tables.items()}, nets)
+
+
+def _empty_net(relation: Relation) -> KeyedNet:
+    return KeyedNet(relation, tuple(c.name for c in relation.columns if c.is_key))
+
+
+def _fold(table: _Table) -> None:
+    """Fold the table's changes added since the last fold into its net effect."""
+    assert table.net is not None
+    changes = table.work.changes
+    fold_keyed(table.net, changes[table.folded :], Layout(table.work.relation))
+    table.folded = len(changes)

@@ -1,0 +1,338 @@
+"""Where one table's files live, as pgsub's own Delta writer reads and writes them.
+
+Delta's protocol asks two things of the storage under a table's log: a
+commit file appears whole and only if no other writer made that version
+first (mutual exclusion, "put if absent"), and what a writer made is
+there for good before it says so. pgsub confirms a batch's LSN to the
+publisher once its commits are made, so both are what makes it exactly
+once (docs/tables.md, "pgsub's own commits"). ``LocalStore`` gives them on
+this machine's file system (``ObjectStore``, below, in an object store):
+
+- a data or deletion vector file is written and fsynced (``write``): a
+  power loss after the confirmation cannot leave it truncated;
+- a commit file is written to a temporary name and fsynced, then linked
+  into place (``put_if_absent``): a hard link refuses a name that exists,
+  so the file appears whole and only once (as delta-rs does on a local
+  folder); the log's folder and the table's are fsynced after, so the
+  names are durable too;
+- a commit another engine made (delta-rs, Spark: neither fsyncs) is made
+  durable after it (``sync``, of the files ``apply.delta.writer.live_files.
+  make_durable`` reads from the commit): its commit file, the files it
+  adds and the folders that hold them.
+
+Names are relative to the table's folder, ``/``-separated, as Delta's log
+spells a data file's relative path once decoded (``canonical``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Final, Protocol
+from urllib.parse import unquote, urlsplit
+
+from apply.delta.files.storage import Storage
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs
+
+LOG: Final = "_delta_log"
+
+
+def commit_name(version: int) -> str:
+    """The log's file of ``version``, relative to the table."""
+    return f"{LOG}/{version:020d}.json"
+
+
+class TableStore(Protocol):
+    """One table's files (``LocalStore``, ``ObjectStore``)."""
+
+    @property
+    def location(self) -> str:
+        """The table's location as Delta readers open it (a folder, or a URL)."""
+        ...
+
+    @property
+    def options(self) -> Mapping[str, str]:
+        """What delta-rs opens the table with (``storage_options``)."""
+        ...
+
+    @property
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        """Where pyarrow reads the table's Parquet files (``source`` names them in it)."""
+        ...
+
+    def source(self, name: str) -> str:
+        """The file ``name`` as ``filesystem`` names it."""
+        ...
+
+    def open(self, name: str) -> pa.NativeFile:
+        """The file ``name``, to read (Parquet: its footer and row groups, by range)."""
+        ...
+
+    def read(self, name: str) -> bytes: ...
+
+    def read_range(self, name: str, start: int, length: int) -> bytes: ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def listed(self, prefix: str) -> list[str]:
+        """The names of the files under the folder ``prefix`` (not its subfolders)."""
+        ...
+
+    def write(self, name: str, data: bytes) -> int:
+        """``data`` as the file ``name``, durable when this returns; its size."""
+        ...
+
+    def writing(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """A file to write ``name`` through, durable once the block exits."""
+        ...
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        """``data`` as the file ``name``, whole and durable, unless the name exists already
+        (False, nothing written)."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Remove the file ``name``, if it is there."""
+        ...
+
+    def sync(self, names: list[str]) -> None:
+        """The files ``names``, which another engine wrote, durable with their names."""
+        ...
+
+
+def canonical(path: str, root: str) -> str:
+    """A path as Delta's log spells it (a URI: relative to the table at ``root``, or
+    absolute, percent-encoded) reduced to one spelling per file: decoded, relative to the
+    table when it is inside it. ``file:/a``, ``file:///a`` and ``/a`` are one file; so are
+    ``a%20b`` and ``a b``."""
+    parts = urlsplit(path)
+    if parts.scheme in ("", "file"):
+        decoded = unquote(parts.path)
+        if not decoded.startswith("/"):
+            return decoded
+        base = unquote(urlsplit(root).path).rstrip("/") + "/" if root else None
+    else:
+        decoded = f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
+        base = root.rstrip("/") + "/" if root else None
+    return decoded[len(base) :] if base and decoded.startswith(base) else decoded
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStore:
+    """A table in a folder of this machine."""
+
+    folder: str
+
+    @property
+    def location(self) -> str:
+        return self.folder
+
+    @property
+    def options(self) -> Mapping[str, str]:
+        return {}
+
+    @property
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        import pyarrow.fs
+
+        return pyarrow.fs.LocalFileSystem()
+
+    def open(self, name: str) -> pa.NativeFile:
+        import pyarrow as pa
+
+        return pa.OSFile(self.source(name))
+
+    def _path(self, name: str) -> Path:
+        return Path(name) if name.startswith("/") else Path(self.folder, name)
+
+    def read(self, name: str) -> bytes:
+        return self._path(name).read_bytes()
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        with self._path(name).open("rb") as file:
+            file.seek(start)
+            return file.read(length)
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).exists()
+
+    def source(self, name: str) -> str:
+        return str(self._path(name))
+
+    def listed(self, prefix: str) -> list[str]:
+        folder = self._path(prefix)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+        return [f"{prefix.rstrip('/')}/{n}" for n in names if (folder / n).is_file()]
+
+    def write(self, name: str, data: bytes) -> int:
+        with self.writing(name) as file:
+            file.write(data)
+        return len(data)
+
+    @contextlib.contextmanager
+    def writing(self, name: str) -> Iterator[IO[bytes]]:
+        path = self._path(name)
+        with path.open("xb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        final = self._path(name)
+        temporary = final.with_name(f".{final.name}.{uuid.uuid4()}.tmp")
+        self.write(str(temporary), data)
+        try:
+            os.link(temporary, final)
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+        _sync_folder(final.parent)
+        _sync_folder(Path(self.folder))
+        return True
+
+    def delete(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)
+
+    def sync(self, names: list[str]) -> None:
+        files = [self._path(name) for name in names]
+        for file in files:
+            _sync_file(file)
+        for folder in {file.parent for file in files} | {Path(self.folder)}:
+            _sync_folder(folder)
+
+
+def _sync_file(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):  # removed since: VACUUM, a later commit
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def _sync_folder(path: Path) -> None:
+    _sync_file(path)
+
+
+class ObjectStore:
+    """A table in an object store (``s3://``, ``s3a://``, ``gs://``, ``abfss://``).
+
+    The commit files go through obstore (object store's Python binding, the
+    library delta-rs commits with): ``put_if_absent`` is a conditional PUT
+    (``If-None-Match: *``), which the store refuses (412) when the name exists.
+    A PUT that did succeed but whose answer was lost is retried by obstore and
+    then refused: the file is read back, and taken for this writer's own when
+    it holds exactly what was put (each commit carries a ``txnId`` of its own).
+    A successful PUT is durable: nothing is left to ``sync``. The Parquet and
+    vector files go through a pyarrow file system over the same store (ranged
+    reads of a footer and its row groups; a multipart upload for a large file).
+    """
+
+    def __init__(self, url: str, storage: Storage) -> None:
+        from obstore.store import from_url
+
+        self.url = url.rstrip("/")
+        self._storage = storage
+        config, client = storage.obstore_config()
+        self._store = from_url(self.url, config=config, client_options=client)  # type: ignore[call-overload]
+        self._filesystem, self._root = storage.arrow_filesystem(self.url)
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    @property
+    def options(self) -> Mapping[str, str]:
+        return self._storage.delta_rs_options()
+
+    @property
+    def filesystem(self) -> pyarrow.fs.FileSystem:
+        return self._filesystem
+
+    def source(self, name: str) -> str:
+        return f"{self._root}/{name}"
+
+    def open(self, name: str) -> pa.NativeFile:
+        return self._filesystem.open_input_file(self.source(name))
+
+    def read(self, name: str) -> bytes:
+        import obstore
+
+        try:
+            return bytes(obstore.get(self._store, name).bytes())
+        except FileNotFoundError:
+            raise
+        except obstore.exceptions.NotFoundError as exc:
+            raise FileNotFoundError(f"{self.url}/{name}") from exc
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        import obstore
+
+        return bytes(obstore.get_range(self._store, name, start=start, length=length))
+
+    def exists(self, name: str) -> bool:
+        import obstore
+
+        try:
+            obstore.head(self._store, name)
+        except (FileNotFoundError, obstore.exceptions.NotFoundError):
+            return False
+        return True
+
+    def listed(self, prefix: str) -> list[str]:
+        import obstore
+
+        listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+        return [str(item["path"]) for item in listed["objects"]]
+
+    def write(self, name: str, data: bytes) -> int:
+        import obstore
+
+        obstore.put(self._store, name, data)
+        return len(data)
+
+    @contextlib.contextmanager
+    def writing(self, name: str) -> Iterator[IO[bytes]]:
+        with self._filesystem.open_output_stream(self.source(name)) as stream:
+            yield stream
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        import obstore
+
+        try:
+            obstore.put(self._store, name, data, mode="create")
+        except obstore.exceptions.AlreadyExistsError:
+            # Someone's: another writer's, or this one's own PUT, retried after its
+            # answer was lost (then it holds exactly this).
+            return self.read(name) == data
+        return True
+
+    def delete(self, name: str) -> None:
+        import obstore
+
+        with contextlib.suppress(FileNotFoundError, obstore.exceptions.NotFoundError):
+            obstore.delete(self._store, name)
+
+    def sync(self, names: list[str]) -> None:
+        """A PUT the store answered is durable."""
+
+
+def table_store(path: str) -> TableStore:
+    """Where the table at ``path`` keeps its files: a folder here, or an object store."""
+    from apply.delta.files.storage import is_object_store, storage_for
+
+    if is_object_store(path):
+        return ObjectStore(path, storage_for(path))
+    return LocalStore(path.removeprefix("file://").removeprefix("file:"))

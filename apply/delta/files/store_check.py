@@ -1,0 +1,96 @@
+"""What the daemon asks of an object store before it writes a row there.
+
+Every commit pgsub makes on object storage, its own and delta-rs's, takes
+put-if-absent from a conditional PUT (``If-None-Match: *``): a store that
+ignores the header would let two writers make one version, and a batch
+would vanish under another. So before anything else ``check_store`` puts
+one probe object twice under ``<warehouse>/_pgsub/probe/``: the second PUT
+must be refused (412), else the daemon stops with an error saying so. The
+same two requests tell apart what a user gets wrong first - an endpoint
+that does not answer, credentials the store refuses, a bucket that is not
+there - each a ``StoreError`` naming the warehouse and what to fix, not a
+Java stack trace retried for ever.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import structlog
+
+from apply.core.errors import TargetTableError
+from apply.delta.files.storage import Storage, is_object_store, storage_for
+
+log = structlog.get_logger(__name__)
+
+
+class StoreError(TargetTableError):
+    """The warehouse's object store cannot be used as configured."""
+
+
+def check_store(warehouse: str, what: str = "pgsub") -> None:
+    """Raise a ``StoreError`` unless the object store under ``warehouse`` answers, takes the
+    configured credentials, has the bucket, and refuses a second PUT of one name. ``what``:
+    who asks (a subscription, a command), for the message. A local folder needs nothing."""
+    if not is_object_store(warehouse):
+        return
+    import obstore
+    from obstore.store import from_url
+
+    storage = storage_for(warehouse)
+    probe = f"{warehouse.rstrip('/')}/_pgsub/probe"
+    config, client = storage.obstore_config()
+    store = from_url(probe, config=config, client_options=client)  # type: ignore[call-overload]
+    name = f"{uuid.uuid4()}.probe"
+    try:
+        obstore.put(store, name, b"pgsub probe", mode="create")
+        try:
+            obstore.put(store, name, b"pgsub probe, again", mode="create")
+        except obstore.exceptions.AlreadyExistsError:
+            pass  # refused, as it must be
+        else:
+            raise StoreError(
+                f"{what}: the object store of warehouse {warehouse} does not honour "
+                "conditional PUTs (If-None-Match: *): it took a second PUT of one name. pgsub "
+                "commits to Delta tables by conditional PUT, so that no two writers make one "
+                "version; use a store that supports them (AWS S3, and most S3-compatible "
+                "servers: MinIO, versitygw, Ceph RGW 17+)"
+            )
+        obstore.delete(store, name)
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - each store error, said in the user's terms
+        raise StoreError(_explained(exc, warehouse, storage, what)) from None
+    log.info("object store checked", warehouse=warehouse, conditional_put=True)
+
+
+def _explained(exc: Exception, warehouse: str, storage: Storage, what: str) -> str:
+    """What the store's answer to the probe says to fix (never a credential)."""
+    import obstore
+
+    text = str(exc)
+    where = storage.endpoint or "the cloud's default endpoint"
+    if isinstance(exc, obstore.exceptions.NotFoundError) or "NoSuchBucket" in text:
+        return (
+            f"{what}: the bucket of warehouse {warehouse} does not exist at {where}: "
+            "create it, or correct the warehouse URL"
+        )
+    if isinstance(
+        exc, obstore.exceptions.PermissionDeniedError | obstore.exceptions.UnauthenticatedError
+    ) or any(
+        word in text
+        for word in ("403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch", "401")
+    ):
+        return (
+            f"{what}: the object store at {where} refused the credentials for warehouse "
+            f"{warehouse} (HTTP 401/403): set storage.access_key_id_file and "
+            "storage.secret_access_key_file, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "to a key that may read and write the bucket"
+        )
+    if any(word in text for word in ("error sending request", "Connection refused", "dns")):
+        return (
+            f"{what}: the object store of warehouse {warehouse} does not answer at {where}: "
+            "check storage.endpoint (scheme, host, port) and that the store runs"
+        )
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return f"{what}: cannot use the object store of warehouse {warehouse} at {where}: {first}"

@@ -1,0 +1,247 @@
+"""A table's live files with their deletion vectors, as its Delta log says.
+
+delta-rs lists a table's files but not the deletion vector each carries,
+and a commit that gives a file a new vector must name the old one in its
+``remove`` (Delta's protocol: a file is the pair of its path and its
+vector). ``LiveFiles`` replays the log for them: the latest checkpoint it
+can read (one Parquet file, or every part of a multi-part one), then the
+JSON commits after it; after that only the commits it has not read, and
+pgsub's own commits as it makes them (``applied``).
+
+A file is known by its path as the log spells it, decoded
+(``apply.delta.files.store.canonical``): an ``add`` and a ``remove`` that spell
+one file two ways (``a%20b`` and ``a b``, ``file:/t/a`` and ``file:///t/a``,
+the absolute path of a relative one) are one file.
+
+What it does not read is an ``UnreadableLogError``, never a wrong answer:
+a V2 checkpoint (UUID-named, or with sidecars: the ``v2Checkpoint``
+feature, which ``apply.delta.writer.vector_write.vector_writable`` refuses before
+this is asked), a partitioned table. A multi-part checkpoint missing a part
+is passed over for an older one, or for the commits from the first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Final
+
+import pyarrow.parquet as pq
+
+from apply.core.errors import TargetTableError
+from apply.delta.files.store import LOG, canonical, commit_name
+from apply.delta.writer.deletion_vectors import Descriptor
+
+if TYPE_CHECKING:
+    from apply.core.records import CommitMark
+    from apply.delta.files.store import TableStore
+
+_CHECKPOINT_COLUMNS: Final = ["add"]
+_CLASSIC: Final = re.compile(r"(\d{20})\.checkpoint\.parquet")
+_PART: Final = re.compile(r"(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet")
+_V2: Final = re.compile(r"(\d{20})\.checkpoint\.[0-9a-fA-F-]{36}\.(json|parquet)")
+
+
+@dataclass(frozen=True, slots=True)
+class VectorFile:
+    """A live data file: its ``add`` action as the log holds it."""
+
+    path: str  # as the log spells it (what a ``remove`` names)
+    name: str  # the file, decoded: relative to the table, or absolute
+    size: int
+    modification_time: int
+    stats: str | None  # the ``add``'s statistics (JSON), as written
+    vector: Descriptor | None  # the rows it deletes, if any
+
+    @property
+    def identity(self) -> tuple[str, str | None]:
+        """What tells live files apart: the file and its vector (Delta's protocol)."""
+        return self.name, None if self.vector is None else self.vector.unique_id
+
+    def rows(self) -> int | None:
+        """The rows the file holds (deleted ones too), from its statistics."""
+        if self.stats is None:
+            return None
+        count = json.loads(self.stats).get("numRecords")
+        return None if count is None else int(count)
+
+    def with_vector(self, vector: Descriptor) -> VectorFile:
+        return replace(self, vector=vector)
+
+
+class UnreadableLogError(TargetTableError):
+    """A log pgsub does not replay itself (a V2 checkpoint, a partitioned table)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    version: int
+    parts: list[str]  # every part, in order
+
+
+class LiveFiles:
+    """The live files of the table in ``store``, as of ``version``."""
+
+    def __init__(self, store: TableStore) -> None:
+        self.store = store
+        self.version = -1
+        self._files: dict[tuple[str, str | None], VectorFile] = {}
+
+    @property
+    def files(self) -> list[VectorFile]:
+        return list(self._files.values())
+
+    def read(self, version: int) -> None:
+        """Brought to ``version``: the commits after the one read, or the log anew."""
+        if version == self.version:
+            return
+        if self.version < 0 or version < self.version or not self._commits(self.version, version):
+            self._replay(version)
+        for at in range(self.version + 1, version + 1):
+            self._apply(self.store.read(commit_name(at)).decode().splitlines())
+        self.version = version
+
+    def applied(self, version: int, actions: list[dict[str, object]]) -> None:
+        """pgsub's own commit ``version`` (its ``actions``), which follows the one read."""
+        if version != self.version + 1:
+            raise ValueError(f"commit {version} does not follow {self.version}")
+        self._apply([json.dumps(a) for a in actions])
+        self.version = version
+
+    def _commits(self, after: int, through: int) -> bool:
+        """Whether the log holds every commit after ``after`` through ``through``."""
+        return all(self.store.exists(commit_name(v)) for v in range(after + 1, through + 1))
+
+    def _replay(self, version: int) -> None:
+        """The files as of the latest checkpoint at or below ``version`` that this can read
+        and that the commits after it follow on from (none: from commit 0)."""
+        self._files = {}
+        self.version = -1
+        found = self._checkpoints(version)
+        for checkpoint in found:
+            if self._commits(checkpoint.version, version):
+                for part in checkpoint.parts:
+                    self._read_checkpoint(part)
+                self.version = checkpoint.version
+                return
+        if not self._commits(-1, version):
+            newest = found[0].version if found else None
+            raise UnreadableLogError(
+                f"{self.store.location}: no checkpoint pgsub reads (newest readable: "
+                f"{newest}) is followed by every commit through version {version}"
+            )
+
+    def _checkpoints(self, version: int) -> list[_Checkpoint]:
+        """The complete classic checkpoints at or below ``version``, newest first; a V2 one
+        among them is an ``UnreadableLogError``."""
+        classic: dict[int, str] = {}
+        parts: dict[tuple[int, int], dict[int, str]] = {}
+        for name in self.store.listed(LOG):
+            base = name.rsplit("/", 1)[-1]
+            if match := _V2.fullmatch(base):
+                if int(match[1]) <= version:
+                    raise UnreadableLogError(
+                        f"{self.store.location} has a V2 checkpoint ({base}), which pgsub "
+                        "does not read"
+                    )
+            elif match := _CLASSIC.fullmatch(base):
+                classic[int(match[1])] = name
+            elif match := _PART.fullmatch(base):
+                parts.setdefault((int(match[1]), int(match[3])), {})[int(match[2])] = name
+        found = [_Checkpoint(v, [name]) for v, name in classic.items()]
+        for (at, count), got in parts.items():
+            if sorted(got) == list(range(1, count + 1)):  # a part missing: passed over
+                found.append(_Checkpoint(at, [got[i] for i in sorted(got)]))
+        return sorted((c for c in found if c.version <= version), key=lambda c: -c.version)
+
+    def _read_checkpoint(self, part: str) -> None:
+        file = pq.ParquetFile(self.store.open(part))
+        if "sidecar" in file.schema_arrow.names:
+            sidecars = file.read(columns=["sidecar"]).column("sidecar")
+            if sidecars.null_count < len(sidecars):
+                raise UnreadableLogError(
+                    f"checkpoint {part} of {self.store.location} names sidecar files (a V2 "
+                    "checkpoint), which pgsub does not read"
+                )
+        for add in file.read(columns=_CHECKPOINT_COLUMNS).column("add").to_pylist():
+            if add is not None:
+                self._add(add)
+
+    def _apply(self, lines: list[str]) -> None:
+        for line in lines:
+            action = json.loads(line)
+            if "remove" in action:
+                remove = action["remove"]
+                vector = remove.get("deletionVector")
+                unique = Descriptor.of(vector).unique_id if isinstance(vector, dict) else None
+                name = canonical(str(remove["path"]), self.store.location)
+                self._files.pop((name, unique), None)
+            elif "add" in action:
+                self._add(action["add"])
+
+    def _add(self, add: dict[str, object]) -> None:
+        if add.get("partitionValues"):
+            raise UnreadableLogError(f"{self.store.location} is partitioned")
+        vector = add.get("deletionVector")
+        path = str(add["path"])
+        file = VectorFile(
+            path,
+            canonical(path, self.store.location),
+            int(str(add["size"])),
+            int(str(add["modificationTime"])),
+            None if add.get("stats") is None else str(add["stats"]),
+            Descriptor.of(vector) if isinstance(vector, dict) else None,
+        )
+        self._files[file.identity] = file
+
+
+def make_durable(store: TableStore, version: int) -> None:
+    """The commit ``version`` another engine made (delta-rs, Spark), durable with the files
+    it adds: its data and deletion vector files, itself, and the folders naming them."""
+    names: list[str] = []
+    for line in store.read(commit_name(version)).decode().splitlines():
+        action = json.loads(line)
+        add = action.get("add") or action.get("cdc")
+        if not isinstance(add, dict):
+            continue
+        names.append(canonical(str(add["path"]), store.location))
+        vector = add.get("deletionVector")
+        if isinstance(vector, dict) and vector.get("storageType") in ("u", "p"):
+            names.append(Descriptor.of(vector).name)
+    store.sync([*names, commit_name(version)])
+
+
+def latest_version(store: TableStore) -> int:
+    """The table's latest version, found from its last checkpoint without listing the log
+    (which holds a commit a second for a week): the commits after it probed, doubling the
+    step, then halving it. -1: no commit."""
+    try:
+        low = int(json.loads(store.read(f"{LOG}/_last_checkpoint"))["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        low = 0 if store.exists(commit_name(0)) else -1
+    if low < 0:
+        return -1
+    step = 1
+    while store.exists(commit_name(low + step)):
+        low, step = low + step, step * 2
+    while step > 1:  # low exists, low + step does not
+        step //= 2
+        if store.exists(commit_name(low + step)):
+            low += step
+    return low
+
+
+def carries(store: TableStore, version: int, mark: CommitMark) -> bool:
+    """Whether the table's commit ``version`` carries ``mark``'s idempotent-write id: it is
+    the commit made for that mark, not another engine's made over it."""
+    app_id, batch_version = mark.txn
+    try:
+        lines = store.read(commit_name(version)).decode().splitlines()
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        txn = json.loads(line).get("txn")
+        if isinstance(txn, dict) and txn.get("appId") == app_id:
+            return int(txn.get("version", -1)) == batch_version
+    return False

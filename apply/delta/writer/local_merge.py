@@ -1,0 +1,591 @@
+"""A keyed table's batch merged by delta-rs in this process: no Spark job, no JVM.
+
+A Spark MERGE costs about a second whatever its size (its jobs, its commit's
+snapshot and statistics: docs/performance.md, "Many tables"), so a batch
+over many small tables paid a second per table. On a local warehouse, a
+table that delta-rs may write (``delta_rs_can_write``) and whose files hold
+at most ``LOCAL_MERGE_MAX_BYTES`` takes this path instead:
+
+1. the commit already made? Delta's idempotent-write id
+   (``txn``: ``mark.txn``) is read from the log, and a batch the table has
+   is not merged twice (what Spark's ``txnAppId`` does);
+2. the batch's keys are looked up in the table's key columns, read by
+   pyarrow from its live files; a chain whose first change does not find
+   what it expects (``conflicts.kinds.judge``) is a conflict, and the whole
+   batch then takes Spark's path (``apply.delta.spark.keyed``), which judges,
+   resolves and reports it - conflicts cost what they did, and their report
+   is the same;
+3. the same MERGE plan as Spark's (``apply.plans.merge_plan``, without its
+   ``raise_error`` clause: nothing conflicts) is run by delta-rs, in one
+   commit carrying the same mark (txn and ``userMetadata``).
+
+A table of at most ``REWRITE_MAX_BYTES`` takes a shorter way for steps 2
+and 3: its rows are read whole, the batch is applied to them in Arrow
+(``apply.plans.rewrite``, which finds conflicts the same way) and the table is
+overwritten in one commit with the same mark, which pgsub writes itself
+where the table's protocol allows (``apply.delta.writer.overwrite``): 8 ms a table
+of 2,000 rows against the MERGE's 35 (``benchmarks.local_merge_bench``).
+
+A large transaction staged in pieces (``apply.plans.staging``) takes steps 1-3
+too, its staged rows read whole, while they are at most
+``STAGED_MAX_BYTES`` of Parquet (``LocalMerges.merge_staged``); one that
+only inserts keys the table's files cannot hold (their key ranges say so)
+is appended instead, streamed from its pieces whatever its size
+(``LocalMerges.append_staged``).
+
+A stamped table (``apply.history.stamps``: metadata columns, soft deletes) takes
+steps 1-3 with its source stamped (and, with soft deletes, its marked rows
+counted as absent in the lookup); never the rewrite or the deletion vector
+path, which do not stamp rows.
+
+None from ``LocalMerges.merge`` means "take Spark's path", and nothing was
+written. Left to Spark: a TRUNCATE in the batch, an update that moved a
+key with unchanged TOAST values (``fill_moved``), a table whose types
+delta-rs would write differently, multiset tables, large tables.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import structlog
+
+from apply.batching.collapse import KeyedNet
+from apply.batching.source import PRESENT, KeyedSource, keyed_source
+from apply.columns.columnar import arrow_schema
+from apply.core.errors import TargetTableError
+from apply.core.features import PORTABLE, FeatureMode, TableFeatures, write_gain
+from apply.core.records import CommitMark, WriteResult
+from apply.delta.files.store import TableStore, table_store
+from apply.delta.writer.deletion_vectors import DeletionVectorError
+from apply.delta.writer.key_index import KeyIndex, lookup_keys
+from apply.delta.writer.key_lookup import keys_apart, keys_conflict
+from apply.delta.writer.live_files import LiveFiles, UnreadableLogError
+from apply.delta.writer.local_tables import delta_rs_writes, marked, no_checkpoint
+from apply.delta.writer.open_table import OpenTable
+from apply.delta.writer.overwrite import (
+    CommitRacedError,
+    append,
+    checkpoint_due,
+    hand_appendable,
+    hand_writable,
+    keep_log,
+    overwrite,
+)
+from apply.delta.writer.protocol import vectors_on, warn_gained
+from apply.delta.writer.vector_write import (
+    VectorTable,
+    vector_writable,
+    vectors_allowed,
+    write_by_vectors,
+)
+from apply.delta.writer.write_cost import DEFAULT_ROW_BYTES, rewrite_bytes
+from apply.history.stamps import Stamping, stamped, stamped_schema
+from apply.plans.merge_plan import (
+    ClauseKind,
+    MergePlan,
+    OnExists,
+    expected_counts,
+    expected_touched,
+    key_bounds,
+    keyed_merge,
+    shape_of,
+)
+from apply.plans.rewrite import rewritten
+from apply.plans.staging import StagedSource
+
+if TYPE_CHECKING:
+    import deltalake
+
+    from apply.columns.schema import TargetSchema
+
+log = structlog.get_logger(__name__)
+
+# Above this much Parquet a table's MERGE goes to Spark: delta-rs rewrites the touched files
+# in this process's memory, and the key lookup reads every key.
+LOCAL_MERGE_MAX_BYTES: Final = 256 * 2**20
+# Up to this much Parquet a table is rewritten whole, its new rows computed in Arrow
+# (``apply.plans.rewrite``): cheaper than delta-rs's MERGE, which rewrites its one file anyway.
+REWRITE_MAX_BYTES: Final = 4 * 2**20
+# Up to this much staged Parquet a large transaction is merged by delta-rs too (its staged
+# pieces read into memory, a few times their size: about 90 MB a million rows of five
+# columns); past it, by Spark, which streams them.
+STAGED_MAX_BYTES: Final = 64 * 2**20
+# The files of a staged append by delta-rs, which holds a few files' rows while it writes.
+APPEND_FILE_BYTES: Final = 32 * 2**20
+
+
+class LocalMerges:
+    """Keyed batches merged by delta-rs, with each table's log kept open between batches.
+
+    Opening a table replays its log (15 ms for a few dozen commits); an open
+    table reads only the commits after its version (under 2 ms), and its own
+    MERGE moves it forward. A table is used by one writer at a time
+    (``DeltaTables.exclusive``). ``forget`` drops one whose folder was made
+    anew (a table created again after it was deleted).
+    """
+
+    def __init__(
+        self,
+        max_bytes: int = LOCAL_MERGE_MAX_BYTES,
+        store_of: Callable[[str], TableStore] | None = None,
+        features: TableFeatures = PORTABLE,
+    ) -> None:
+        self.max_bytes = max_bytes  # a larger table's batches go to Spark
+        self.features = features  # whether a batch may turn deletion vectors on (auto)
+        # Where a table's files are, by its path (``apply.delta.files.store``).
+        self._store_of = store_of or table_store
+        self._open: dict[str, OpenTable] = {}
+        self._vectors: dict[str, VectorTable] = {}  # tables written with deletion vectors
+        self._lock = threading.Lock()
+
+    def forget(self, path: str) -> None:
+        location = self._store_of(path).location
+        with self._lock:
+            self._open.pop(location, None)
+            self._vectors.pop(location, None)
+
+    def merge(
+        self,
+        path: str,
+        schema: TargetSchema,
+        net: KeyedNet,
+        mark: CommitMark,
+        *,
+        stamping: Stamping = Stamping.NONE,
+    ) -> WriteResult | None:
+        """``net`` merged into the table at ``path`` by delta-rs, in one commit carrying
+        ``mark``; None when the batch must take Spark's path (nothing was written).
+        ``stamping``: what the table's rows carry (``apply.history.stamps``)."""
+        if net.truncated or any(row.toast_key is not None for row in net.rows.values()):
+            return None
+        source = keyed_source(net, schema)
+        if stamping.stamps:
+            rows = list(net.rows.values())
+            source = replace(source, table=stamped(source.table, rows, net.commits))
+        return self.merge_source(path, schema, source, mark, stamping=stamping)
+
+    def merge_staged(
+        self, path: str, schema: TargetSchema, stage: StagedSource, mark: CommitMark
+    ) -> WriteResult | None:
+        """A large transaction's staged pieces (``apply.plans.staging``) merged by delta-rs in one
+        commit carrying ``mark``, when they are at most ``STAGED_MAX_BYTES`` of Parquet: a
+        MERGE of a million rows takes delta-rs about a second where Spark's took seven.
+        None: Spark's path (``apply.delta.spark.keyed.write_staged``), nothing written."""
+        if stage.bytes > STAGED_MAX_BYTES:
+            return None
+        table = stage.read()
+        return self.merge_source(
+            path, schema, KeyedSource(table, tuple(sorted(stage.keep)), False), mark
+        )
+
+    def append_staged(
+        self, path: str, schema: TargetSchema, stage: StagedSource, mark: CommitMark
+    ) -> WriteResult | None:
+        """A large transaction that only inserts, into a table that cannot hold its keys (no
+        live file, or none whose key range meets the staged keys'), appended in one commit
+        carrying ``mark``, streamed from the staged pieces: by pgsub's own commit where the
+        table's protocol allows (``apply.delta.writer.overwrite.append``: memory stays one batch of
+        rows whatever the transaction's size), else by delta-rs (which holds a few files'
+        rows). None: not such a transaction or table (nothing written)."""
+        import deltalake
+
+        if stage.keep or stage.expected != (stage.rows, 0, 0):
+            return None  # some row is not an insert of an absent key
+        with self._failing(path, f"appending {schema.table} to {path} at LSN {mark.lsn}"):
+            open_table = self._table(path)
+            table = open_table.table
+            have = _types(open_table, schema)
+            if (
+                have is None
+                or have.names != [c.name for c in schema.columns]
+                or not delta_rs_writes(table.protocol())
+                or vector_writable(table, schema)  # its key index follows the vector path
+            ):
+                return None
+            app_id, version = mark.txn
+            done = open_table.done(app_id)
+            if done is not None and done >= version:
+                return WriteResult(schema.table, None)  # committed before: Delta's txn says so
+            table = open_table.synced()
+            if not keys_apart(table, schema.key[0], stage.bounds):
+                return None
+            written = 0
+            if hand_appendable(table, nullable=True):
+                _, written = append(
+                    open_table.store, table.version(), stage.reader(have), have, mark
+                )
+                table = open_table.synced()
+            else:
+                deltalake.write_deltalake(
+                    table,
+                    stage.reader(have),
+                    mode="append",
+                    target_file_size=APPEND_FILE_BYTES,
+                    commit_properties=marked(mark),
+                    post_commithook_properties=no_checkpoint(),
+                )
+                table = open_table.synced()
+            open_table.wrote(app_id, version)
+            keep_log(table, open_table.store.location)
+        return WriteResult(
+            schema.table, table.version(), stage.rows, written_bytes=written, durable=written > 0
+        )
+
+    def merge_source(
+        self,
+        path: str,
+        schema: TargetSchema,
+        source: KeyedSource,
+        mark: CommitMark,
+        *,
+        stamping: Stamping = Stamping.NONE,
+    ) -> WriteResult | None:
+        """A MERGE source (``apply.batching.source``, stamped as ``stamping`` says) merged by
+        delta-rs
+        into the table at ``path``; None: Spark's path, nothing written."""
+
+        if source.moved:
+            return None
+        with self._failing(path, f"writing {schema.table} to {path} at LSN {mark.lsn}"):
+            open_table = self._table(path)
+            done = open_table.done(mark.txn[0])
+            if not stamping.stamps and vector_writable(open_table.table, schema):
+                return self._write_by_vectors(open_table, schema, source, mark, done)
+            if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
+                return self._write_by_vectors(open_table, schema, source, mark, done)
+            written = merge_into(
+                open_table,
+                schema,
+                source,
+                mark,
+                done=done,
+                max_bytes=self.max_bytes,
+                stamping=stamping,
+            )
+        return written  # None: Spark writes it; the open table reads that commit next time
+
+    @contextmanager
+    def _failing(self, path: str, what: str) -> Iterator[None]:
+        """A delta-rs error while doing ``what`` as a ``TargetTableError`` naming it, a raced
+        commit as itself; either way the table at ``path`` is read anew next time."""
+        import deltalake
+
+        try:
+            yield
+        except CommitRacedError:
+            self.forget(path)
+            raise
+        except deltalake.exceptions.CommitFailedError as exc:  # delta-rs lost the same race
+            self.forget(path)
+            raise CommitRacedError(f"{what} through delta-rs: {exc}") from exc
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            self.forget(path)
+            raise TargetTableError(f"{what} through delta-rs failed: {exc}") from exc
+
+    def _vectors_pay(
+        self,
+        open_table: OpenTable,
+        schema: TargetSchema,
+        source: KeyedSource,
+        done: int | None,
+        mark: CommitMark,
+    ) -> bool:
+        """Whether the batch would rewrite far more than it writes with deletion vectors
+        (``apply.core.features.write_gain``); if so they are turned on now, by pgsub's own commit
+        (``apply.delta.writer.protocol``), and the batch is theirs to write."""
+        table = open_table.table
+        if self.features.deletion_vectors is not FeatureMode.AUTO:
+            return False
+        if done is not None and done >= mark.txn[1]:
+            return False  # committed before: nothing to write
+        if not vectors_allowed(table, schema) or not delta_rs_writes(table.protocol()):
+            return False
+        types = _types(open_table, schema)
+        if types is None or lookup_keys(types, schema.key) is None:
+            return False  # the vector path could not look its keys up
+        files = open_table.files()
+        size = sum(f.size for f in files)
+        rows = sum(f.rows or 0 for f in files)
+        if size <= REWRITE_MAX_BYTES:
+            rewrite = size  # rewritten whole
+        else:
+            first = schema.key[0]
+            rewrite = rewrite_bytes(open_table.synced(), first, source.table[first])
+        written = pc.sum(pc.cast(source.table[PRESENT], pa.int64())).as_py() or 0
+        per_row = size // rows if rows else DEFAULT_ROW_BYTES
+        properties = open_table.table.metadata().configuration
+        gain = write_gain(properties, rewrite, written, per_row, self.features)
+        if gain is None:
+            return False
+        table = open_table.synced()
+        vectors_on(open_table.store, table, table.version())
+        open_table.synced()
+        warn_gained(schema.table, gain)
+        return True
+
+    def _write_by_vectors(
+        self,
+        open_table: OpenTable,
+        schema: TargetSchema,
+        source: KeyedSource,
+        mark: CommitMark,
+        done: int | None,
+    ) -> WriteResult | None:
+        """A batch into a table with deletion vectors on (``apply.delta.writer.vector_write``)."""
+        if done is not None and done >= mark.txn[1]:
+            return WriteResult(schema.table, None)  # committed before: Delta's txn says so
+        try:
+            state = self._vector_state(open_table, schema)
+            if state is None:
+                return None
+            return write_by_vectors(open_table, state, schema, source, mark)
+        except pa.ArrowException:  # a key type pyarrow cannot look up
+            return None
+        except (DeletionVectorError, UnreadableLogError) as exc:
+            # Another writer's vector or checkpoint this path does not read: Spark writes
+            # the batch (and every later one the same, until the log is one this reads).
+            self.forget(open_table.store.location)
+            log.warning(
+                "table written by Spark: pgsub's own writer cannot read its log",
+                table=schema.table,
+                path=open_table.store.location,
+                lsn=str(mark.lsn),
+                error=str(exc),
+            )
+            return None
+
+    def _vector_state(self, open_table: OpenTable, schema: TargetSchema) -> VectorTable | None:
+        """What the vector path keeps of the table (made at its first batch, or anew for a new
+        replica identity); None: its columns or key do not allow the path."""
+        types = _types(open_table, schema)
+        keys = None if types is None else lookup_keys(types, schema.key)
+        if keys is None:
+            return None
+        location = open_table.store.location
+        with self._lock:
+            state = self._vectors.get(location)
+        if state is None or state.index.keys != keys:
+            state = VectorTable(LiveFiles(open_table.store), KeyIndex(open_table.store, keys))
+            with self._lock:
+                self._vectors[location] = state
+        return state
+
+    def warm(self, path: str, schema: TargetSchema) -> None:
+        """Read the key index of a table the vector path will write (after its copy, before
+        READY), so that its first batch does not wait for it: 2.8 s at 50M rows. Anything
+        that fails here is left to that first batch."""
+        import deltalake
+
+        try:
+            open_table = self._table(path)
+            if not schema.key or not vector_writable(open_table.table, schema):
+                return
+            state = self._vector_state(open_table, schema)
+            if state is not None:
+                state.files.read(open_table.version)
+                state.index.refresh(state.files.files)
+        except (
+            deltalake.exceptions.DeltaError,
+            pa.ArrowException,
+            OSError,
+            DeletionVectorError,
+            UnreadableLogError,
+        ) as exc:
+            self.forget(path)
+            log.info("key index left to the first batch", path=path, error=str(exc))
+
+    def opened(self, path: str) -> OpenTable:
+        """The table at ``path``, kept open between batches and brought up to its latest
+        commit (a versions table's lookup and MERGE, ``apply.delta.versions``)."""
+        return self._table(path)
+
+    def _table(self, path: str) -> OpenTable:
+        """The table at ``path``, brought up to its latest commit."""
+        import deltalake
+
+        store = self._store_of(path)
+        location = store.location
+        with self._lock:
+            open_table = self._open.get(location)
+        if open_table is not None and open_table.latest():
+            return open_table
+        opened = deltalake.DeltaTable(location, storage_options=dict(store.options) or None)
+        open_table = OpenTable(store, opened)  # new, or deleted since
+        with self._lock:
+            self._open[location] = open_table
+            self._vectors.pop(location, None)
+        return open_table
+
+
+def merge_locally(
+    path: str, schema: TargetSchema, net: KeyedNet, mark: CommitMark
+) -> WriteResult | None:
+    """One batch through a fresh ``LocalMerges`` (a table opened for it alone)."""
+    return LocalMerges().merge(path, schema, net, mark)
+
+
+def merge_into(
+    open_table: OpenTable,
+    schema: TargetSchema,
+    source: KeyedSource,
+    mark: CommitMark,
+    *,
+    done: int | None,
+    max_bytes: int = LOCAL_MERGE_MAX_BYTES,
+    stamping: Stamping = Stamping.NONE,
+) -> WriteResult | None:
+    """``source`` merged into ``table`` (at its latest commit, of at most ``max_bytes`` of
+    Parquet; rewritten whole up to ``REWRITE_MAX_BYTES``, read at the call);
+    None: Spark's path. ``done``: the last batch version of ``mark``'s app the table has."""
+    if not delta_rs_writes(open_table.table.protocol()):
+        return None
+    app_id, version = mark.txn
+    if done is not None and done >= version:
+        return WriteResult(schema.table, None)  # committed before: Delta's txn says so
+    size = _fitting_size(open_table, stamped_schema(schema, stamping), max_bytes)
+    if size is None:
+        return None
+    try:
+        if size <= REWRITE_MAX_BYTES and not stamping.stamps:
+            return _rewrite(open_table, schema, source, mark)
+        table = open_table.synced()
+        if keys_conflict(open_table, schema, source.table, stamping.soft):
+            return None
+    except pa.ArrowException:  # a key type pyarrow cannot join on
+        return None
+    bounds = key_bounds(source.table, schema.key[0])
+    shape = shape_of(source.table)
+    plan = keyed_merge(
+        schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, stamping=stamping
+    )
+    metrics = run_merge(table, source.table, plan, mark)
+    keep_log(table, open_table.store.location)
+    counts = (
+        metrics.get("num_target_rows_inserted", 0),
+        metrics.get("num_target_rows_updated", 0),
+        metrics.get("num_target_rows_deleted", 0),
+    )
+    expected = expected_counts(source.table)
+    if stamping.soft:  # a revived or marked row is an update
+        expected = (counts[0], expected_touched(source.table) - counts[0], 0)
+    if counts != expected:
+        # Only another writer between the lookup and the commit can make this happen.
+        log.warning(
+            "a MERGE by delta-rs changed other rows than its lookup predicted",
+            table=schema.table,
+            lsn=str(mark.lsn),
+            counts=counts,
+            expected=expected,
+        )
+    open_table.wrote(app_id, version)
+    return WriteResult(schema.table, table.version(), *counts)
+
+
+def _fitting_size(open_table: OpenTable, schema: TargetSchema, max_bytes: int) -> int | None:
+    """The table's bytes of Parquet, if at most ``max_bytes`` and its columns have the types
+    pgsub's Arrow values have (``_types``); else None."""
+    size = sum(file.size for file in open_table.files())
+    if size > max_bytes or _types(open_table, schema) is None:
+        return None
+    return size
+
+
+def _types(open_table: OpenTable, schema: TargetSchema) -> pa.Schema | None:
+    """The table's Arrow schema, if its columns have the types pgsub's Arrow values have (a
+    table made by Spark, or evolved, may differ); else None."""
+    have = pa.schema(open_table.table.schema().to_arrow())
+    for wanted in arrow_schema(schema.columns):
+        if wanted.name not in have.names or have.field(wanted.name).type != wanted.type:
+            return None
+    return have
+
+
+def _rewrite(
+    open_table: OpenTable, schema: TargetSchema, source: KeyedSource, mark: CommitMark
+) -> WriteResult | None:
+    """A small table rewritten whole with the batch applied in Arrow (``apply.plans.rewrite``), in
+    one commit carrying ``mark``; None: a conflict (Spark's path), nothing written."""
+    import deltalake
+
+    have = pa.schema(open_table.table.schema().to_arrow())
+    live = open_table.files()
+    current = _read(have, open_table.store, [f.name for f in live])
+    rows = rewritten(current, source, list(schema.key))
+    if rows is None:
+        return None
+    app_id, version = mark.txn
+    counts = expected_counts(source.table)
+    if hand_writable(open_table.table, rows):
+        own, written = overwrite(open_table.store, open_table.version, live, rows, mark)
+        open_table.wrote(app_id, version, own)
+        configuration = open_table.table.metadata().configuration
+        if checkpoint_due(open_table.version, configuration, open_table.store.location):
+            keep_log(open_table.synced(), open_table.store.location)
+        return WriteResult(
+            schema.table, open_table.version, *counts, written_bytes=written, durable=True
+        )
+    table = open_table.synced()
+    deltalake.write_deltalake(
+        table,
+        rows,
+        mode="overwrite",
+        commit_properties=marked(mark),
+        post_commithook_properties=no_checkpoint(),
+    )
+    keep_log(table, open_table.store.location)
+    open_table.wrote(app_id, version)
+    return WriteResult(schema.table, table.version(), *counts)
+
+
+def _read(schema: pa.Schema, store: TableStore, names: list[str]) -> pa.Table:
+    """The rows of a small table's files ``names``, in its ``schema``."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    def scanned() -> pa.Table:
+        files = [store.source(name) for name in names]
+        dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=store.filesystem)
+        return dataset.to_table()
+
+    parts = []
+    for name in names:
+        part = pq.ParquetFile(store.open(name)).read()  # a quarter of a dataset scan's time
+        if sorted(part.schema.names) != sorted(schema.names):
+            return scanned()
+        part = part.select(schema.names)
+        if part.schema.types != schema.types:  # another writer's types (Spark's INT96)
+            return scanned()
+        parts.append(part)
+    return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+
+
+def run_merge(
+    table: deltalake.DeltaTable, source: pa.Table, plan: MergePlan, mark: CommitMark
+) -> dict[str, int]:
+    """``plan`` (the SQL conditions and values Spark's MERGE takes) run by delta-rs."""
+    merger = table.merge(
+        source,
+        plan.condition,
+        source_alias="s",
+        target_alias="t",
+        streamed_exec=False,  # a small source, read twice: its key range prunes files
+        commit_properties=marked(mark),
+        post_commithook_properties=no_checkpoint(),
+    )
+    for clause in plan.clauses:
+        if clause.kind is ClauseKind.MATCHED_UPDATE:
+            merger = merger.when_matched_update(clause.assignments, clause.condition)
+        elif clause.kind is ClauseKind.MATCHED_DELETE:
+            merger = merger.when_matched_delete(clause.condition)
+        elif clause.kind is ClauseKind.NOT_MATCHED_BY_SOURCE_UPDATE:
+            merger = merger.when_not_matched_by_source_update(clause.assignments, clause.condition)
+        else:
+            merger = merger.when_not_matched_insert(clause.assignments, clause.condition)
+    return {k: int(v) for k, v in merger.execute().items() if isinstance(v, int)}

@@ -1,0 +1,298 @@
+"""Delta tables through delta-rs, in a local folder or an object store: no Spark job, no JVM.
+
+What the state store reads and appends where pgsub reaches the warehouse, the test of
+when delta-rs may write a table at all (``delta_rs_can_write``; the initial
+copy uses it too), the creation of a target table that needs no table
+feature (``delta_rs_creates``), and a table's existence and commit marks
+read from its log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import pyarrow as pa
+
+from apply.core.errors import TargetTableError
+from apply.delta.files.storage import delta_rs_options, is_object_store
+from apply.delta.files.store import LocalStore, canonical, table_store
+from apply.delta.writer.live_files import latest_version, make_durable
+
+if TYPE_CHECKING:
+    import deltalake
+
+    from apply.core.records import CommitMark
+
+# Writer features delta-rs 1.6 writes correctly; any other makes a write go through Spark.
+DELTA_RS_WRITES: Final = frozenset({"appendOnly", "invariants", "timestampNtz"})
+
+# The table properties delta-rs sets at a table's creation as Spark does: no table feature
+# among them (pgsub's own, not ``delta.*``, are kept as they are).
+DELTA_RS_CREATES: Final = frozenset(
+    {
+        "delta.logRetentionDuration",
+        "delta.deletedFileRetentionDuration",
+        "delta.setTransactionRetentionDuration",
+    }
+)
+
+_ARROW_TYPES: Final = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "binary": pa.binary(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "map<string,long>": pa.map_(pa.string(), pa.int64()),
+}
+
+
+def is_local_folder(location: str) -> bool:
+    """Whether a warehouse (or table) location is on the local file system."""
+    return "://" not in location or location.startswith("file:")
+
+
+def reachable(location: str) -> bool:
+    """Whether delta-rs and pgsub's own writer reach ``location`` from this process: a
+    folder of this machine, or an object store (``apply.delta.files.storage``)."""
+    return is_local_folder(location) or is_object_store(location)
+
+
+def folder(location: str) -> str:
+    """A local location as a plain path."""
+    return location.removeprefix("file://").removeprefix("file:")
+
+
+def where(location: str) -> str:
+    """``location`` as delta-rs opens it: a plain path, or the object store's URL."""
+    return folder(location) if is_local_folder(location) else location
+
+
+def opened(location: str) -> deltalake.DeltaTable:
+    """The Delta table at ``location``, opened by delta-rs with the storage it needs."""
+    import deltalake
+
+    return deltalake.DeltaTable(where(location), storage_options=delta_rs_options(location))
+
+
+def delta_rs_can_write(path: str) -> bool:
+    """Whether delta-rs may write the table at ``path`` (a local folder): its writer
+    features are all ones delta-rs supports."""
+    import deltalake
+
+    try:
+        protocol = opened(path).protocol()
+    except (deltalake.exceptions.DeltaError, OSError):
+        return False
+    return delta_rs_writes(protocol)
+
+
+def delta_rs_writes(protocol: deltalake.table.ProtocolVersions) -> bool:
+    """Whether delta-rs writes a table of ``protocol`` correctly."""
+    features = set(protocol.writer_features or ())
+    if protocol.min_writer_version < 7:
+        # The legacy protocol: 3 adds CHECK constraints, 4 generated columns and change
+        # data feed, 5 column mapping.
+        return protocol.min_writer_version <= 2
+    return features <= DELTA_RS_WRITES
+
+
+def delta_rs_creates(properties: Mapping[str, str]) -> bool:
+    """Whether delta-rs creates a table with ``properties`` as Spark would: they enable no
+    table feature (column mapping, type widening, deletion vectors, row tracking)."""
+    return all(not key.startswith("delta.") or key in DELTA_RS_CREATES for key in properties)
+
+
+def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+    """Create the table at ``path`` unless there is one (``CREATE TABLE IF NOT EXISTS``);
+    a ``_delta_log`` without a commit (a creation cut short) is created over."""
+    import deltalake
+
+    try:
+        deltalake.DeltaTable.create(
+            where(path),
+            schema=schema,
+            storage_options=delta_rs_options(path),
+            mode="ignore",
+            configuration=dict(properties),
+            # pgsub.* properties are not Delta's; delta-rs refuses unknown keys unless told.
+            raise_if_key_not_exists=False,
+        )
+    except (deltalake.exceptions.DeltaError, OSError) as exc:
+        raise TargetTableError(f"cannot create the Delta table at {path}: {exc}") from exc
+
+
+def is_table(path: str) -> bool:
+    """Whether ``path`` holds a Delta table with a commit (a ``_delta_log`` left empty by a
+    creation cut short does not)."""
+    import deltalake
+
+    return bool(
+        deltalake.DeltaTable.is_deltatable(where(path), storage_options=delta_rs_options(path))
+    )
+
+
+# delta-rs's names of Delta's primitive types, as Spark's simpleString spells them.
+_SPARK_NAMES: Final = {"integer": "int", "long": "bigint", "short": "smallint", "byte": "tinyint"}
+
+
+def described(path: str) -> tuple[dict[str, str], dict[str, str]] | None:
+    """The table's columns (name -> Spark's simpleString of its type) and its properties,
+    read from its log by delta-rs, without a Spark job; None for a type this does not
+    spell (Spark reads it then)."""
+    import deltalake
+
+    try:
+        table = opened(path)
+        columns = {field.name: _spark_name(field.type) for field in table.schema().fields}
+        properties = dict(table.metadata().configuration)
+    except (deltalake.exceptions.DeltaError, OSError, LookupError):
+        return None
+    if None in columns.values():
+        return None
+    return {name: str(spelled) for name, spelled in columns.items()}, properties
+
+
+def _spark_name(kind: object) -> str | None:
+    from deltalake.schema import ArrayType, MapType, PrimitiveType
+
+    if isinstance(kind, PrimitiveType):
+        return _SPARK_NAMES.get(kind.type, kind.type)
+    if isinstance(kind, ArrayType):
+        element = _spark_name(kind.element_type)
+        return None if element is None else f"array<{element}>"
+    if isinstance(kind, MapType):
+        key, value = _spark_name(kind.key_type), _spark_name(kind.value_type)
+        return None if key is None or value is None else f"map<{key},{value}>"
+    return None  # a struct: Spark spells it
+
+
+def marked(mark: CommitMark) -> deltalake.CommitProperties:
+    """A delta-rs commit carrying ``mark``: its ``userMetadata`` and idempotent-write id."""
+    import deltalake
+
+    app_id, version = mark.txn
+    return deltalake.CommitProperties(
+        custom_metadata={"userMetadata": mark.user_metadata()},
+        app_transactions=[deltalake.Transaction(app_id=app_id, version=version)],
+    )
+
+
+def no_checkpoint() -> deltalake.PostCommitHookProperties:
+    """delta-rs's own checkpoint after a commit, off: pgsub makes it at a version of the
+    table's own (``apply.delta.writer.overwrite.keep_log``)."""
+    import deltalake
+
+    return deltalake.PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+
+
+def as_table_holds(rows: pa.Table, held: pa.Schema) -> pa.Table:
+    """``rows`` with a NULL column for each of ``held``'s (a table's) they lack: columns the
+    publisher no longer sends, which the table keeps (delta-rs refuses rows without them)."""
+    for column in held:
+        if column.name not in rows.column_names:
+            rows = rows.append_column(column, pa.nulls(rows.num_rows, column.type))
+    return rows
+
+
+def held_schema(table: deltalake.DeltaTable) -> pa.Schema:
+    """The table's columns as Arrow fields."""
+    return pa.schema(table.schema().to_arrow())
+
+
+def row_count(path: str) -> int:
+    """The rows of the table's latest version, read by delta-rs (no Spark, no JVM)."""
+
+    return int(opened(path).to_pyarrow_dataset().count_rows())
+
+
+def user_metadata(path: str, limit: int | None) -> list[str | None]:
+    """The ``userMetadata`` of the table's latest ``limit`` commits (None: all), newest
+    first, read from its log; DeltaError when delta-rs cannot read the log."""
+
+    commits = opened(path).history(limit)
+    ordered = sorted(commits, key=lambda commit: -int(commit["version"]))
+    return [commit.get("userMetadata") for commit in ordered]
+
+
+def ddl_schema(ddl: str) -> pa.Schema:
+    """A state table's DDL (``a string, b map<string,long>``) as an Arrow schema."""
+    fields = []
+    for column in re.split(r",\s*(?![^<]*>)", ddl):
+        name, kind = column.split(None, 1)
+        fields.append(pa.field(name, _ARROW_TYPES[kind.replace(" ", "")]))
+    return pa.schema(fields)
+
+
+def read_subscription(path: str, subscription: str) -> pa.Table | None:
+    """The rows of ``subscription`` in the table at ``path`` (None: no table yet).
+
+    delta-rs lists the table's live files and pyarrow reads them (from the local
+    folder or the object store). Not ``DeltaTable.to_pyarrow_dataset``: its file
+    system calls back into Python from Arrow's I/O threads, and about every other
+    process that used it aborted at exit ("terminate called without an active
+    exception", exit 134) - an admin command's exit code lost.
+    """
+    import deltalake
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    store = table_store(path)
+    try:
+        table = opened(path)
+        paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+        schema = pa.schema(table.schema().to_arrow())
+    except deltalake.exceptions.TableNotFoundError:
+        return None
+    except (deltalake.exceptions.DeltaError, OSError) as exc:
+        raise TargetTableError(f"cannot read {path}: {exc}") from exc
+    files = [store.source(canonical(p, store.location)) for p in paths]
+    wanted = pc.field("subscription") == subscription
+    scan = ds.dataset(files, schema=schema, format="parquet", filesystem=store.filesystem)
+    return scan.to_table(filter=wanted)
+
+
+# Tries of a state table's append whose commit lost to another writer's.
+APPEND_ATTEMPTS: Final = 3
+
+
+def append_rows(path: str, ddl: str, rows: list[tuple[Any, ...]]) -> None:
+    """Append ``rows`` (tuples in ``ddl`` order) to the table at ``path``, made if absent;
+    a column added to ``ddl`` joins an older table."""
+    import deltalake
+
+    schema = ddl_schema(ddl)
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+    table = pa.table(
+        [
+            pa.array([_arrow_value(v) for v in values], type=f.type)
+            for values, f in zip(columns, schema, strict=True)
+        ],
+        schema=schema,
+    )
+    for attempt in range(1, APPEND_ATTEMPTS + 1):
+        try:
+            deltalake.write_deltalake(
+                where(path),
+                table,
+                mode="append",
+                schema_mode="merge",
+                storage_options=delta_rs_options(path),
+            )
+            if is_local_folder(path):  # durable before the state it records is acted on
+                store = LocalStore(folder(path))
+                make_durable(store, latest_version(store))
+            return
+        except deltalake.exceptions.CommitFailedError as exc:
+            # Nothing was committed, and a blind append may be made again on the newer
+            # version: a writer of another process (this one's take turns) deleted or
+            # compacted the rows the append's conflict check counts as read.
+            if attempt == APPEND_ATTEMPTS:
+                raise TargetTableError(f"cannot write to {path}: {exc}") from exc
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            raise TargetTableError(f"cannot write to {path}: {exc}") from exc
+
+
+def _arrow_value(value: object) -> object:
+    return list(value.items()) if isinstance(value, dict) else value

@@ -1,0 +1,115 @@
+"""A table's log kept open between batches, and what pgsub's own commits changed.
+
+Opening a table replays its log (15 ms for a few dozen commits); an open
+delta-rs table reads only the commits after its version, but reading even
+one costs about 5 ms. Most of a table's commits are pgsub's own
+(``apply.delta.writer.overwrite``, ``apply.delta.writer.vector_write``), which change
+nothing but the version, the live files and the batch's mark. So
+``OpenTable`` keeps the version and the mark itself (and an overwrite's one
+live file; a deletion vector commit's are ``LiveFiles``'s), and brings
+delta-rs's snapshot forward only when something else needs it (``synced``:
+a MERGE, a checkpoint) or another writer committed (``latest``: the next
+version's file is there). The
+protocol, schema and properties of the snapshot stay true meanwhile: an
+overwrite does not change them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from apply.delta.files.store import TableStore, canonical, commit_name
+
+if TYPE_CHECKING:
+    import deltalake
+
+
+@dataclass(frozen=True, slots=True)
+class LiveFile:
+    log_path: str  # as the log names it (what a ``remove`` must name)
+    name: str  # the file, decoded (``apply.delta.files.store.canonical``)
+    size: int
+    rows: int | None = None  # its statistics' row count, if it has one
+
+
+@dataclass(frozen=True, slots=True)
+class _Own:
+    """The table after pgsub's last own commit, while the snapshot has not read it: an
+    overwrite's one live file, or None (a deletion vector commit's files are
+    ``apply.delta.writer.live_files``'s to know)."""
+
+    version: int
+    file: LiveFile | None
+
+
+class OpenTable:
+    """One table's delta-rs snapshot plus the state of pgsub's commits after it."""
+
+    def __init__(self, store: TableStore, table: deltalake.DeltaTable) -> None:
+        self.store = store
+        self.table = table  # protocol, schema, properties: current; files: see ``files``
+        self._own: _Own | None = None
+        self._marks: dict[str, int] = {}  # app id -> its batch version, as of _marks_at
+        self._marks_at = -1
+
+    @property
+    def version(self) -> int:
+        return self._own.version if self._own is not None else self.table.version()
+
+    def latest(self) -> bool:
+        """Brought up to the table's latest commit; False: the log is not the one read (the
+        table was made anew). A commit file that is not there says no one else wrote."""
+        if self.store.exists(commit_name(self.version + 1)):
+            self.synced()
+        return self.store.exists(commit_name(self.version))
+
+    def synced(self) -> deltalake.DeltaTable:
+        """delta-rs's snapshot, brought up to the log's latest commit."""
+        self.table.update_incremental()
+        self._own = None
+        return self.table
+
+    def files(self) -> list[LiveFile]:
+        """The table's live files."""
+        if self._own is not None and self._own.file is not None:
+            return [self._own.file]
+        if self._own is not None:
+            self.synced()
+        actions = pa.table(self.table.get_add_actions(flatten=True))
+        if not actions.num_rows:
+            return []
+        paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
+        counts = (
+            actions.column("num_records").to_pylist()
+            if "num_records" in actions.column_names
+            else [None] * len(paths)
+        )
+        location = self.store.location
+        return [
+            LiveFile(path, canonical(path, location), int(size), rows)
+            for path, size, rows in zip(paths, sizes, counts, strict=True)
+        ]
+
+    def done(self, app_id: str) -> int | None:
+        """The last batch version of ``app_id`` the table has (Delta's txn), or None."""
+        if self._marks_at == self.version and app_id in self._marks:
+            return self._marks[app_id]
+        return self.synced().transaction_version(app_id)
+
+    def wrote(
+        self, app_id: str, batch_version: int, own: LiveFile | None = None, *, by_own: bool = False
+    ) -> None:
+        """This process just committed ``app_id``'s batch ``batch_version``: by delta-rs
+        (the snapshot moved), by its own overwrite whose one file is ``own``, or by its own
+        deletion vector commit (``by_own``)."""
+        before = self.version
+        if own is not None or by_own:
+            self._own = _Own(before + 1, own)
+        if self._marks_at != self.version - 1:
+            self._marks.clear()  # known only as of the commit before ours
+        self._marks[app_id] = batch_version
+        self._marks_at = self.version

@@ -1,0 +1,303 @@
+"""A small table overwritten by one commit that pgsub writes itself (Delta's protocol).
+
+delta-rs takes 8-9 ms to overwrite a 2,000-row table (its writer plan, its
+commit), pyarrow 0.7 ms to write the same rows as Parquet: at 200 tables a
+batch, that is most of the batch (docs/performance.md, "Many tables"). The
+commit of an overwrite is the simplest the protocol has, so pgsub writes it:
+
+1. the rows as one Parquet file in the table's folder (pyarrow), durable
+   before the commit names it (``apply.delta.files.store``);
+2. ``_delta_log/<version + 1>.json``, put only if no other writer made
+   that version first (``TableStore.put_if_absent``: Delta's "mutual
+   exclusion"): a ``remove`` of every live file, the ``add`` of the new
+   one (its statistics as delta-rs's writer gives them, ``apply.delta.writer.file_stats``:
+   data skipping by key needs them, and delta-rs skips a file a filter's
+   column has no bounds in), the batch's ``txn`` and a
+   ``commitInfo``
+   with its ``userMetadata`` and a ``txnId`` of its own;
+3. every ``delta.checkpointInterval`` commits (100 unless set), a
+   checkpoint and the removal of expired log files, by delta-rs
+   (``keep_log``; the caller asks for them). Each table checkpoints at
+   versions of its own (``checkpoint_due``): the tables one batch writes
+   reach the same version together, and 200 checkpoints in one batch
+   stalled it 6 s where a batch took 0.7 (docs/performance.md, "Many
+   tables").
+
+The same commit adds files without removing any for a large transaction
+that only inserts (``append``: files written a batch at a time, so memory
+stays one batch whatever the transaction's size, with the same
+statistics).
+
+Only for a table whose protocol asks nothing more of a writer
+(``hand_writable``): no column invariants, not append-only, no table
+feature. Another writer's commit in between is a ``CommitRacedError`` and
+nothing is committed (the Parquet file is removed). Any other failure
+leaves the files it wrote where they are: the commit may have been made
+(the temporary file's removal failing after the link, an interrupt), and
+removing a file a commit names would leave every reader failing on it; a
+file no commit names is removed by the next full VACUUM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from apply.core.errors import TargetTableError
+from apply.delta.files.store import TableStore, commit_name
+from apply.delta.writer.file_stats import FileStats
+from apply.delta.writer.open_table import LiveFile
+
+if TYPE_CHECKING:
+    import deltalake
+
+    from apply.core.records import CommitMark
+
+ENGINE: Final = "pgsub"
+# The table features pgsub's own commits may meet in a table's protocol (``hand_appendable``).
+HAND_READS: Final = frozenset({"timestampNtz"})
+HAND_WRITES: Final = frozenset({"timestampNtz", "appendOnly", "invariants"})
+_CHECKPOINT_INTERVAL: Final = 100  # delta.checkpointInterval's default
+APPEND_FILE_ROWS: Final = 1_000_000  # rows a file of ``append``: a few dozen MB
+
+
+class CommitRacedError(TargetTableError):
+    """Another writer made the version this commit was for; nothing was committed."""
+
+
+def hand_writable(table: deltalake.DeltaTable, rows: pa.Table) -> bool:
+    """Whether pgsub may write ``rows`` over ``table`` by its own commit: the table's
+    protocol asks nothing of a writer beyond writing its files (``hand_appendable``) and no
+    column that may not be null holds a null."""
+    if not hand_appendable(table):
+        return False
+    return all(
+        field.get("nullable", True) or not rows.column(field["name"]).null_count
+        for field in json.loads(table.schema().to_json())["fields"]
+    )
+
+
+def hand_appendable(table: deltalake.DeltaTable, nullable: bool = False) -> bool:
+    """Whether pgsub may add files to ``table`` by its own commit (``append``): its protocol
+    asks nothing of a writer beyond writing its files - the legacy protocol of a plain
+    table (reader 1, writer at most 2), or reader 3 / writer 7 listing no feature but
+    ``timestampNtz`` (its columns written as Parquet timestamps not adjusted to UTC, as
+    pyarrow writes them) and the legacy ones Spark lists with it, unused: not append-only,
+    no ``delta.invariants`` on a column; with ``nullable``, every column may also hold
+    null (rows not seen yet can)."""
+    protocol = table.protocol()
+    legacy = protocol.min_reader_version <= 1 and protocol.min_writer_version <= 2
+    features = protocol.min_reader_version == 3 and protocol.min_writer_version == 7
+    if not legacy and not (
+        features
+        and set(protocol.reader_features or ()) <= HAND_READS
+        and set(protocol.writer_features or ()) <= HAND_WRITES
+    ):
+        return False
+    metadata = table.metadata()
+    if metadata.partition_columns:
+        return False
+    if metadata.configuration.get("delta.appendOnly", "false").lower() == "true":
+        return False
+    for field in json.loads(table.schema().to_json())["fields"]:
+        if "delta.invariants" in (field.get("metadata") or {}):
+            return False
+        if nullable and not field.get("nullable", True):
+            return False
+    return True
+
+
+def append(
+    store: TableStore,
+    version: int,
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    mark: CommitMark,
+    file_rows: int = APPEND_FILE_ROWS,
+    *,
+    replacing: list[LiveFile] | None = None,
+) -> tuple[int, int]:
+    """``batches`` added to the table in ``store`` (latest version ``version``) as files of
+    up to ``file_rows`` rows, written a batch at a time, in one commit carrying ``mark``;
+    the rows added and the bytes written (files and commit), each file with the statistics
+    of ``apply.delta.writer.file_stats``. ``replacing``: the live files the commit removes (a copy
+    that replaces the table's rows: an overwrite streamed a batch at a time)."""
+    names: list[str] = []
+    adds: list[dict[str, object]] = []
+    rows = size = 0
+    with contextlib.ExitStack() as open_file:
+        writer: pq.ParquetWriter | None = None
+        file: IO[bytes] | None = None
+        stats = FileStats(schema)
+        for batch in batches:
+            if writer is None:
+                names.append(f"part-{len(names):05d}-{uuid.uuid4()}-c000.snappy.parquet")
+                file = open_file.enter_context(store.writing(names[-1]))
+                writer = pq.ParquetWriter(file, schema, compression="snappy")
+            writer.write_batch(batch)
+            stats.add(batch)
+            if stats.rows >= file_rows:
+                writer.close()
+                assert file is not None
+                adds.append(_add(names[-1], file.tell(), stats))
+                size += file.tell()
+                open_file.close()  # the file durable
+                writer, file = None, None
+                rows, stats = rows + stats.rows, FileStats(schema)
+        if writer is not None and file is not None:
+            writer.close()
+            adds.append(_add(names[-1], file.tell(), stats))
+            size += file.tell()
+            rows += stats.rows
+    metrics = {
+        "numFiles": str(len(adds)),
+        "numOutputRows": str(rows),
+        "numOutputBytes": str(size),
+    }
+    now = _now()
+    mode = "Append" if replacing is None else "Overwrite"
+    actions = opening_actions("WRITE", {"mode": mode}, metrics, mark, now)
+    actions += [_remove(file, now) for file in replacing or ()]
+    try:
+        size += commit(store, version + 1, actions + adds)
+    except CommitRacedError:
+        for name in names:
+            store.delete(name)
+        raise
+    return rows, size
+
+
+def _add(name: str, size: int, stats: FileStats) -> dict[str, object]:
+    return {
+        "add": {
+            "path": name,
+            "partitionValues": {},
+            "size": size,
+            "modificationTime": _now(),
+            "dataChange": True,
+            "stats": stats.json(),
+        }
+    }
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+def overwrite(
+    store: TableStore, version: int, live: list[LiveFile], rows: pa.Table, mark: CommitMark
+) -> tuple[LiveFile, int]:
+    """``rows`` as the whole table in ``store``, whose latest version is ``version`` and
+    live files ``live``, in one commit carrying ``mark``: the new file, and the bytes
+    written (it and the commit)."""
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    with store.writing(name) as file:
+        pq.write_table(rows, file, compression="snappy")
+        size = file.tell()
+    now = int(time.time() * 1000)
+    actions = opening_actions(
+        "WRITE",
+        {"mode": "Overwrite"},
+        {"numFiles": "1", "numOutputRows": str(rows.num_rows), "numOutputBytes": str(size)},
+        mark,
+        now,
+    )
+    actions += [_remove(file, now) for file in live]
+    stats = FileStats(rows.schema)
+    for batch in rows.to_batches():
+        stats.add(batch)
+    actions.append(
+        {
+            "add": {
+                "path": name,
+                "partitionValues": {},
+                "size": size,
+                "modificationTime": now,
+                "dataChange": True,
+                "stats": stats.json(),
+            }
+        }
+    )
+    try:
+        written = size + commit(store, version + 1, actions)
+    except CommitRacedError:
+        store.delete(name)
+        raise
+    return LiveFile(name, name, size, rows.num_rows), written
+
+
+def _remove(file: LiveFile, now: int) -> dict[str, object]:
+    return {
+        "remove": {
+            "path": file.log_path,
+            "deletionTimestamp": now,
+            "dataChange": True,
+            "extendedFileMetadata": True,
+            "partitionValues": {},
+            "size": file.size,
+        }
+    }
+
+
+def opening_actions(
+    operation: str,
+    parameters: dict[str, str],
+    metrics: dict[str, str],
+    mark: CommitMark,
+    now: int,
+) -> list[dict[str, object]]:
+    """A pgsub commit's first actions: its ``commitInfo`` (the ``operation`` as Spark's
+    history shows it, with the batch's ``userMetadata``) and the batch's ``txn``."""
+    app_id, batch_version = mark.txn
+    info = {
+        "timestamp": now,
+        "operation": operation,
+        "operationParameters": parameters,
+        "operationMetrics": metrics,
+        "engineInfo": ENGINE,
+        "clientVersion": ENGINE,
+        "userMetadata": mark.user_metadata(),
+        "txnId": str(uuid.uuid4()),
+    }
+    return [
+        {"commitInfo": info},
+        {"txn": {"appId": app_id, "version": batch_version, "lastUpdated": now}},
+    ]
+
+
+def checkpoint_due(version: int, properties: Mapping[str, str], location: str) -> bool:
+    """Whether the table at ``location`` checkpoints at ``version``: once every checkpoint
+    interval, at a version shifted by an amount of its own (from its folder's name), so that
+    tables written by the same batches do not all checkpoint in one. A reader may find a
+    checkpoint at any version."""
+    interval = max(int(properties.get("delta.checkpointInterval") or _CHECKPOINT_INTERVAL), 1)
+    shift = zlib.crc32(location.rstrip("/").encode()) % interval
+    return (version + shift) % interval == 0
+
+
+def keep_log(table: deltalake.DeltaTable, location: str) -> None:
+    """After a commit pgsub made (by hand, or by delta-rs with ``NO_CHECKPOINT``): the
+    table's checkpoint, and the removal of its expired log files, if its version is due."""
+    if checkpoint_due(table.version(), table.metadata().configuration, location):
+        table.create_checkpoint()
+        table.cleanup_metadata()
+
+
+def commit(store: TableStore, version: int, actions: list[dict[str, object]]) -> int:
+    """``actions`` as the log's ``version`` of the table in ``store``, whole, durable and
+    only if it is not there yet (a ``CommitRacedError`` if it is); the commit file's
+    bytes."""
+    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+    if not store.put_if_absent(commit_name(version), text):
+        raise CommitRacedError(
+            f"another writer committed version {version} of {store.location} first"
+        )
+    return len(text)

@@ -1,0 +1,187 @@
+"""A batch split and collapsed as it forms is the batch split and collapsed at its turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import apply.batching.forming
+from apply.batching.collapse import collapse
+from apply.batching.forming import Forming
+from apply.core.batch import Batch
+from apply.core.transactions import MessageChange, RemoteTransaction
+from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.messages import Relation
+from tests.unit.apply.batching.test_collapse_properties import KEYED, keyed_history
+from tests.unit.apply.builders import dele, ins, relation, trunc, tx, upd
+
+T = relation("id", "v")
+OTHER = relation("id", "v", oid=16390, name="other")
+BAG = relation("a", "b", key=(), name="bag")
+
+
+@dataclass
+class View:
+    """The applier's answers, as a test sets them."""
+
+    applied: dict[str, Lsn] = field(default_factory=dict)
+    applied_tables: set[str] | None = None  # None: every table
+    schemas: dict[str, Relation] = field(default_factory=dict)  # target schemas made ready
+    split_only: set[str] = field(default_factory=set)  # history tables
+    states: int = 0
+
+    def applies(self, relation: Relation, tx: RemoteTransaction) -> bool:
+        return self.applied_tables is None or relation.qualified_name in self.applied_tables
+
+    def known_applied_lsn(self, table: str) -> Lsn | None:
+        return self.applied.get(table)
+
+    def formable(self, relation: Relation) -> bool | None:
+        if self.schemas.get(relation.qualified_name) != relation:
+            return None
+        return relation.qualified_name not in self.split_only
+
+    def table_states(self) -> object:
+        return self.states
+
+    def ready(self, *relations: Relation) -> View:
+        for rel in relations:
+            self.schemas[rel.qualified_name] = rel
+            self.applied.setdefault(rel.qualified_name, ZERO)
+        return self
+
+
+def formed_at_turn(view: View, batch: Batch) -> Forming:
+    forming = Forming(view)
+    for transaction in batch.transactions:
+        forming.add(transaction)
+    return forming
+
+
+@settings(max_examples=300, deadline=None)
+@given(keyed_history(), st.data())
+def test_formed_as_it_arrives_equals_split_and_collapsed_at_the_turn(
+    history: tuple[list[object], object], data: st.DataObject
+) -> None:
+    changes = [c for c in history[0] if not isinstance(c, type(trunc(KEYED)))]
+    transactions, position, end = [], 0, 100
+    while position < len(changes):
+        size = data.draw(st.integers(1, 6))
+        end += 100
+        chunk = tuple(changes[position : position + size])
+        transactions.append(RemoteTransaction(1, Lsn(end - 8), Lsn(end), 0, chunk))  # type: ignore[arg-type]
+        position += size
+    assume(transactions)
+    batch = Batch(transactions)
+    view = View().ready(KEYED)
+    fold_every = data.draw(st.integers(1, 8))
+    original, apply.batching.forming.FOLD_EVERY = apply.batching.forming.FOLD_EVERY, fold_every  # type: ignore[misc]
+    try:
+        formed = formed_at_turn(view, batch).take(batch)
+    finally:
+        apply.batching.forming.FOLD_EVERY = original  # type: ignore[misc]
+    work = batch.tables(lambda name: ZERO)
+    assert formed is not None
+    assert formed.works == work
+    assert formed.nets == {KEYED.qualified_name: collapse(work[KEYED.qualified_name])}
+
+
+def test_what_the_leader_does_not_apply_or_has_applied_is_left_out_as_at_the_turn() -> None:
+    view = View(applied_tables={T.qualified_name}).ready(T, OTHER)
+    view.applied[T.qualified_name] = Lsn(200)
+    batch = Batch(
+        [
+            tx(ins(T, 1, "a"), ins(OTHER, 1, "x"), end=200),  # T applied it before a crash
+            tx(upd(T, 2, "b"), dele(OTHER, 1), end=300),
+            tx(ins(T, 3, "c"), upd(T, 2, "c"), end=400),
+        ]
+    )
+    formed = formed_at_turn(view, batch).take(batch)
+    assert formed is not None
+    at_turn = batch.tables(lambda name: view.applied[name], view.applies)
+    assert formed.works == at_turn and list(formed.works) == [T.qualified_name]
+    assert formed.nets[T.qualified_name] == collapse(at_turn[T.qualified_name])
+
+
+def test_a_table_without_a_key_or_kept_as_history_is_split_ahead_and_collapsed_at_its_turn() -> (
+    None
+):
+    view = View(split_only={OTHER.qualified_name}).ready(BAG, OTHER, T)
+    batch = Batch([tx(ins(BAG, 1, 2), ins(OTHER, 1, "x"), ins(T, 1, "a"), end=200)])
+    formed = formed_at_turn(view, batch).take(batch)
+    assert formed is not None
+    assert set(formed.works) == {BAG.qualified_name, OTHER.qualified_name, T.qualified_name}
+    assert set(formed.nets) == {T.qualified_name}
+
+
+@pytest.mark.parametrize(
+    ("batch", "view"),
+    [
+        pytest.param(
+            Batch([tx(ins(T, 1, "a"), end=200), tx(trunc(T), end=300)]),
+            View().ready(T),
+            id="a TRUNCATE",
+        ),
+        pytest.param(
+            Batch([tx(MessageChange(Lsn(0x60), True, "pgsub", b"{}"), ins(T, 1, "a"))]),
+            View().ready(T),
+            id="a message (schema changes come as messages)",
+        ),
+        pytest.param(
+            Batch([tx(ins(T, 1, "a"))]),
+            View(schemas={T.qualified_name: T}),
+            id="a table not written yet in this run",
+        ),
+        pytest.param(
+            Batch([tx(ins(T, 1, "a"))]),
+            View(applied={T.qualified_name: ZERO}),
+            id="a target schema not ready",
+        ),
+        pytest.param(
+            Batch([tx(ins(T, 1, "a"), end=200), tx(ins(relation("id", "v", "w"), 2, "b", "c"))]),
+            View().ready(T),
+            id="columns changed within the batch",
+        ),
+    ],
+)
+def test_what_the_turn_could_make_otherwise_is_left_to_the_turn(batch: Batch, view: View) -> None:
+    forming = formed_at_turn(view, batch)
+    assert forming.abandoned is not None
+    assert forming.take(batch) is None
+
+
+def test_the_turn_checks_the_table_states_and_schemas_again() -> None:
+    view = View().ready(T)
+    batch = Batch([tx(ins(T, 1, "a"))])
+    forming = formed_at_turn(view, batch)
+    view.states += 1  # a table handed over by its sync worker meanwhile
+    assert forming.take(batch) is None
+    forming = formed_at_turn(view, batch)
+    view.schemas[T.qualified_name] = relation("id", "v", "w")  # the table's schema evolved
+    assert forming.take(batch) is None
+
+
+def test_only_the_batch_formed_takes_the_formed_work_and_the_next_forms_anew() -> None:
+    view = View().ready(T)
+    first, second = tx(ins(T, 1, "a"), end=200), tx(ins(T, 2, "b"), end=300)
+    forming = formed_at_turn(view, Batch([first, second]))
+    assert forming.take(Batch([first])) is None  # cut before a spooled transaction, say
+    forming.add(second)
+    formed = forming.take(Batch([second]))
+    assert formed is not None
+    assert [c.change for c in formed.works[T.qualified_name].changes] == list(second.changes)
+
+
+def test_an_error_while_forming_is_left_to_the_turn_which_raises_it() -> None:
+    class Renamed(View):
+        def applies(self, relation: Relation, tx: RemoteTransaction) -> bool:
+            raise ValueError("table public.t was renamed to public.u on the publisher")
+
+    view = Renamed().ready(T)
+    batch = Batch([tx(ins(T, 1, "a"))])
+    forming = formed_at_turn(view, batch)
+    assert forming.abandoned is not None and "renamed to public.u" in forming.abandoned
+    assert forming.take(batch) is None

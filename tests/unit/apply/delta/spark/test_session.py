@@ -1,0 +1,106 @@
+"""The session configuration is pure; jars come from a folder, never a download."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apply.delta.spark.session import (
+    SparkSettings,
+    SparkSetupError,
+    delta_jars,
+    is_remote,
+    runs_here,
+    session_conf,
+    spark_master,
+    stop_sessions,
+    thread_session,
+)
+
+
+def make_jars(folder: Path) -> Path:
+    folder.mkdir()
+    for name in ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"):
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+def test_local_session_points_spark_at_the_jars(tmp_path: Path) -> None:
+    folder = make_jars(tmp_path / "lib")
+    conf = session_conf(SparkSettings(master="local[2]"), folder)
+    assert conf["spark.jars"].split(",") == [str(p) for p in sorted(folder.glob("*.jar"))]
+    assert "spark.jars.packages" not in conf
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+
+
+def test_user_conf_wins(tmp_path: Path) -> None:
+    folder = make_jars(tmp_path / "lib")
+    conf = session_conf(
+        SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "64"}), folder
+    )
+    assert conf["spark.sql.shuffle.partitions"] == "64"
+
+
+def test_remote_session_needs_no_local_jars(tmp_path: Path) -> None:
+    conf = session_conf(SparkSettings(remote="sc://spark:15002"), tmp_path / "absent")
+    assert "spark.jars" not in conf
+
+
+def test_missing_jars_say_how_to_get_them(tmp_path: Path) -> None:
+    with pytest.raises(SparkSetupError, match="make jars"):
+        delta_jars(tmp_path / "absent")
+
+
+def test_jvm_stack_traces_are_logged_only_at_debug(tmp_path: Path) -> None:
+    folder = make_jars(tmp_path / "lib")
+    quiet = session_conf(SparkSettings(master="local[2]"), folder)["spark.driver.extraJavaOptions"]
+    loud = session_conf(SparkSettings(master="local[2]", jvm_traces=True), folder)
+    config = Path(quiet.split("-Dlog4j2.configurationFile=")[1].split()[0])
+    assert config.is_file() and "alwaysWriteExceptions" in config.read_text()
+    assert "-Dpgsub.jvm.traces=false" in quiet
+    assert "-Dpgsub.jvm.traces=true" in loud["spark.driver.extraJavaOptions"]
+
+
+def test_a_spark_connect_token_never_reaches_the_log() -> None:
+    from apply.delta.spark.session import masked_spark_url
+
+    url = "sc://spark.example:443/;use_ssl=true;token=dapi-s3cr3t;user_id=pgsub"
+    assert masked_spark_url(url) == "sc://spark.example:443/;use_ssl=true;token=***;user_id=pgsub"
+    assert masked_spark_url("local[*]") == "local[*]"
+
+
+def test_sparks_python_tasks_run_this_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PySpark's default is the first `python3` on PATH, which lacks pgsub's packages: the
+    copy's range readers failed with "No module named 'pyarrow'" on a cluster, and a
+    staged copy's tasks on a local master under a plain PATH."""
+    import sys
+
+    folder = make_jars(tmp_path / "lib")
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    cluster = session_conf(SparkSettings(master="spark://m:7077"), folder)
+    assert cluster["spark.pyspark.python"] == sys.executable
+    local = session_conf(SparkSettings(master="local[2]"), folder)
+    assert local["spark.pyspark.python"] == sys.executable
+    chosen = SparkSettings(master="spark://m:7077", conf={"spark.pyspark.python": "/opt/py"})
+    assert session_conf(chosen, folder)["spark.pyspark.python"] == "/opt/py"
+
+
+def test_a_spark_connect_session_is_told_apart_and_its_thread_sessions_are_released() -> None:
+    """No server is needed: a Spark Connect client connects on its first call."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    client: Any = ConnectSession(connection="sc://127.0.0.1:9")
+    try:
+        assert is_remote(client)
+        assert spark_master(client) == "" and not runs_here(client)
+        own: Any = thread_session(client)
+        assert is_remote(own) and own is not client
+        assert own.session_id != client.session_id  # its own conf and temporary views
+    finally:
+        stop_sessions()  # at once, though no server answers
+        client.release_session_on_close = False
+        client.stop()
+    assert own.is_stopped
