@@ -47,7 +47,7 @@ from tests.unit.apply.builders import batch, dele, ins, tx, upd
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[5]
 PLAIN = Relation(
     16384,
     "public",
