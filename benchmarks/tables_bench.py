@@ -73,6 +73,8 @@ class Figures:
     warehouse_gb_per_hour: float | None = None
     # In an object store: the requests the load made, per table per batch.
     requests_per_table_batch: float | None = None
+    # ... and by what they were: operation and object ("GetObject data": per table per batch).
+    request_mix: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -207,6 +209,10 @@ def run_pgsub(
             if warehouse.kind == "s3" and table_batches:
                 made = warehouse.requests() - requests
                 figures.requests_per_table_batch = made / table_batches
+                figures.request_mix = {
+                    kind: round(count / table_batches, 2)
+                    for kind, count in warehouse.request_mix(requests).items()
+                }
         figures.peak_rss_python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
     return figures
@@ -285,6 +291,8 @@ def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
     print(f"| (b) warehouse growth, GB/hour, before VACUUM | {growth_text} | - | |")
     if ours.requests_per_table_batch is not None:
         print(f"| requests per table per batch | {ours.requests_per_table_batch:,.1f} | - | |")
+        for kind, count in ours.request_mix.items():
+            print(f"| - {kind} | {count:,.2f} | - | |")
     write_results(args, ours, native)
 
 

@@ -100,6 +100,24 @@ def start_s3_server(
     return server
 
 
+def logged_requests(access_log: Path) -> list[tuple[str, str]]:
+    """Every request versitygw answered so far, as (operation, object key), oldest first:
+    ``("PutObject", "wh/t/_delta_log/00000000000000000001.json")``; a listing's key is
+    its prefix."""
+    from urllib.parse import unquote
+
+    found = []
+    for line in access_log.read_text().splitlines():
+        fields = line.split("] ", 1)[-1].split()
+        if len(fields) < 6 or not fields[3].startswith("s3_"):
+            continue
+        key = fields[4]
+        if key == "-":  # a listing: its prefix
+            key = unquote(fields[5].partition("prefix=")[2].partition("&")[0])
+        found.append((fields[3].removeprefix("s3_"), key))
+    return found
+
+
 def stop_s3_server(server: S3Server) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.process.pid, signal.SIGTERM)
@@ -131,18 +149,25 @@ def configure_spark(spark: Any, store: Storage) -> None:
             spark.conf.set(key, value)
 
 
-@pytest.fixture
-def s3_warehouse(s3_server: S3Server, request: pytest.FixtureRequest) -> Iterator[str]:
-    """An ``s3a://`` warehouse in a bucket of its own, registered in this process (and given
-    to this process's Spark when the test uses it)."""
+@contextlib.contextmanager
+def bucket_warehouse(server: S3Server, request: pytest.FixtureRequest) -> Iterator[str]:
+    """An ``s3a://`` warehouse in a new bucket of ``server`` named for the test, registered
+    in this process (and given to this process's Spark when the test uses it)."""
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-    bucket = s3_server.bucket(f"{name}-{int(time.time() * 1000) % 10**9}")
+    bucket = server.bucket(f"{name}-{int(time.time() * 1000) % 10**9}")
     warehouse = f"s3a://{bucket}/wh"
-    register(warehouse, s3_server.storage())
+    register(warehouse, server.storage())
     if "spark" in request.fixturenames:
-        configure_spark(request.getfixturevalue("spark"), s3_server.storage())
+        configure_spark(request.getfixturevalue("spark"), server.storage())
     try:
         yield warehouse
     finally:
         with storage._LOCK:
             storage._REGISTERED.pop(warehouse, None)
+
+
+@pytest.fixture
+def s3_warehouse(s3_server: S3Server, request: pytest.FixtureRequest) -> Iterator[str]:
+    """An ``s3a://`` warehouse in a bucket of its own (``bucket_warehouse``)."""
+    with bucket_warehouse(s3_server, request) as warehouse:
+        yield warehouse

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Final, Protocol
+from typing import IO, TYPE_CHECKING, Final, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
 from apply.delta.files.storage import Storage
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     import pyarrow.fs
 
 LOG: Final = "_delta_log"
+# What an object store's file in the making holds in memory before it spills to local disk.
+_BUFFERED: Final = 16 * 2**20
 
 
 def commit_name(version: int) -> str:
@@ -71,8 +74,9 @@ class TableStore(Protocol):
         """The file ``name`` as ``filesystem`` names it."""
         ...
 
-    def open(self, name: str) -> pa.NativeFile:
-        """The file ``name``, to read (Parquet: its footer and row groups, by range)."""
+    def open(self, name: str, size: int | None = None) -> pa.NativeFile:
+        """The file ``name``, to read (Parquet: its footer and row groups, by range);
+        ``size``: its bytes, if known (a small file in an object store is then one GET)."""
         ...
 
     def read(self, name: str) -> bytes: ...
@@ -144,7 +148,7 @@ class LocalStore:
 
         return pyarrow.fs.LocalFileSystem()
 
-    def open(self, name: str) -> pa.NativeFile:
+    def open(self, name: str, size: int | None = None) -> pa.NativeFile:
         import pyarrow as pa
 
         return pa.OSFile(self.source(name))
@@ -236,8 +240,9 @@ class ObjectStore:
     then refused: the file is read back, and taken for this writer's own when
     it holds exactly what was put (each commit carries a ``txnId`` of its own).
     A successful PUT is durable: nothing is left to ``sync``. The Parquet and
-    vector files go through a pyarrow file system over the same store (ranged
-    reads of a footer and its row groups; a multipart upload for a large file).
+    vector files are PUT whole by obstore too (``writing``: one request, a
+    multipart upload only for a large file) and read through a pyarrow file
+    system over the same store (ranged reads of a footer and its row groups).
     """
 
     def __init__(self, url: str, storage: Storage) -> None:
@@ -264,7 +269,13 @@ class ObjectStore:
     def source(self, name: str) -> str:
         return f"{self._root}/{name}"
 
-    def open(self, name: str) -> pa.NativeFile:
+    def open(self, name: str, size: int | None = None) -> pa.NativeFile:
+        """A file of known ``size`` up to ``_BUFFERED`` bytes read whole in one GET; else
+        by ranges (a HEAD for its size, then its footer, then what is read of it)."""
+        if size is not None and size <= _BUFFERED:
+            import pyarrow as pa
+
+            return pa.BufferReader(self.read(name))
         return self._filesystem.open_input_file(self.source(name))
 
     def read(self, name: str) -> bytes:
@@ -305,8 +316,16 @@ class ObjectStore:
 
     @contextlib.contextmanager
     def writing(self, name: str) -> Iterator[IO[bytes]]:
-        with self._filesystem.open_output_stream(self.source(name)) as stream:
-            yield stream
+        """A buffer (in memory, spilled to a local temporary file past ``_BUFFERED``), PUT
+        whole once the block exits: one request up to obstore's part size (5 MiB), a
+        multipart upload past it - where a stream straight to the store costs three
+        requests (create, part, complete) for the smallest file."""
+        import obstore
+
+        with tempfile.SpooledTemporaryFile(max_size=_BUFFERED) as buffer:
+            yield cast("IO[bytes]", buffer)
+            buffer.seek(0)
+            obstore.put(self._store, name, buffer)
 
     def put_if_absent(self, name: str, data: bytes) -> bool:
         import obstore

@@ -154,7 +154,7 @@ class KeyIndex:
 
     def _read(self, file: VectorFile) -> _Keys:
         """The file's keys, every row alive (its vector is read by ``refresh``)."""
-        keys = pq.ParquetFile(self.store.open(file.name)).read(columns=self.keys.names)
+        keys = pq.ParquetFile(self.store.open(file.name, file.size)).read(columns=self.keys.names)
         return _Keys.of(self.key_of(keys))
 
     def find(self, files: list[VectorFile], wanted: pa.Array) -> tuple[list[Match], pa.Array]:

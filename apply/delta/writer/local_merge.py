@@ -64,11 +64,12 @@ from apply.core.features import PORTABLE, FeatureMode, TableFeatures, write_gain
 from apply.core.records import CommitMark, WriteResult
 from apply.delta.files.store import TableStore, table_store
 from apply.delta.writer.deletion_vectors import DeletionVectorError
+from apply.delta.writer.kept_rows import KEPT
 from apply.delta.writer.key_index import KeyIndex, lookup_keys
 from apply.delta.writer.key_lookup import keys_apart, keys_conflict
 from apply.delta.writer.live_files import LiveFiles, UnreadableLogError
 from apply.delta.writer.local_tables import delta_rs_writes, marked, no_checkpoint
-from apply.delta.writer.open_table import OpenTable
+from apply.delta.writer.open_table import LiveFile, OpenTable
 from apply.delta.writer.overwrite import (
     CommitRacedError,
     append,
@@ -516,7 +517,7 @@ def _rewrite(
 
     have = pa.schema(open_table.table.schema().to_arrow())
     live = open_table.files()
-    current = _read(have, open_table.store, [f.name for f in live])
+    current = _read(have, open_table.store, live)
     rows = rewritten(current, source, list(schema.key))
     if rows is None:
         return None
@@ -524,6 +525,7 @@ def _rewrite(
     counts = expected_counts(source.table)
     if hand_writable(open_table.table, rows):
         own, written = overwrite(open_table.store, open_table.version, live, rows, mark)
+        KEPT.keep(open_table.store.location, own.name, rows)  # the next batch's ``current``
         open_table.wrote(app_id, version, own)
         configuration = open_table.table.metadata().configuration
         if checkpoint_due(open_table.version, configuration, open_table.store.location):
@@ -544,19 +546,22 @@ def _rewrite(
     return WriteResult(schema.table, table.version(), *counts)
 
 
-def _read(schema: pa.Schema, store: TableStore, names: list[str]) -> pa.Table:
-    """The rows of a small table's files ``names``, in its ``schema``."""
+def _read(schema: pa.Schema, store: TableStore, live: list[LiveFile]) -> pa.Table:
+    """The rows of a small table's files ``live``, in its ``schema``: kept from this
+    process's own overwrite (``apply.delta.writer.kept_rows``), or read."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
     def scanned() -> pa.Table:
-        files = [store.source(name) for name in names]
+        files = [store.source(file.name) for file in live]
         dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=store.filesystem)
         return dataset.to_table()
 
     parts = []
-    for name in names:
-        part = pq.ParquetFile(store.open(name)).read()  # a quarter of a dataset scan's time
+    for file in live:
+        part = KEPT.get(store.location, file.name)
+        if part is None:  # a quarter of a dataset scan's time:
+            part = pq.ParquetFile(store.open(file.name, file.size)).read()
         if sorted(part.schema.names) != sorted(schema.names):
             return scanned()
         part = part.select(schema.names)

@@ -10,14 +10,16 @@ read from its log.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
 from apply.core.errors import TargetTableError
 from apply.delta.files.storage import delta_rs_options, is_object_store
-from apply.delta.files.store import LocalStore, canonical, table_store
+from apply.delta.files.store import LocalStore, canonical, commit_name, table_store
 from apply.delta.writer.live_files import latest_version, make_durable
 
 if TYPE_CHECKING:
@@ -225,8 +227,31 @@ def ddl_schema(ddl: str) -> pa.Schema:
     return pa.schema(fields)
 
 
+@dataclass
+class _Read:
+    """A state table as ``read_subscription`` last read it: its log, and every row of each of
+    its live files, by the path the log names it by."""
+
+    table: deltalake.DeltaTable
+    files: dict[str, pa.Table]
+
+
+_READS: dict[str, _Read] = {}
+_READS_LOCK = threading.Lock()
+_READING: dict[str, threading.Lock] = {}
+
+
 def read_subscription(path: str, subscription: str) -> pa.Table | None:
     """The rows of ``subscription`` in the table at ``path`` (None: no table yet).
+
+    The daemon reads its state tables every few seconds (an admin command's
+    request, a table's state). The table's log is kept open between reads
+    and brought forward (its new commits only), and each live file's rows are
+    kept: a file never changes, so only the files added since the last read
+    are read - in an object store, a read of a state table with nothing new
+    is a HEAD and a LIST, where reading it whole was a GET a commit since its
+    checkpoint and three requests a file (50 and more). A log whose version
+    read last is gone (the table made anew) is read again from its start.
 
     delta-rs lists the table's live files and pyarrow reads them (from the local
     folder or the object store). Not ``DeltaTable.to_pyarrow_dataset``: its file
@@ -238,19 +263,37 @@ def read_subscription(path: str, subscription: str) -> pa.Table | None:
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
+    with _READS_LOCK:
+        reading = _READING.setdefault(path, threading.Lock())
     store = table_store(path)
-    try:
-        table = opened(path)
-        paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
-        schema = pa.schema(table.schema().to_arrow())
-    except deltalake.exceptions.TableNotFoundError:
-        return None
-    except (deltalake.exceptions.DeltaError, OSError) as exc:
-        raise TargetTableError(f"cannot read {path}: {exc}") from exc
-    files = [store.source(canonical(p, store.location)) for p in paths]
+    with reading:
+        before = _READS.pop(path, None)
+        try:
+            if before is not None and store.exists(commit_name(before.table.version())):
+                table = before.table
+                table.update_incremental()
+            else:
+                table, before = opened(path), None
+            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+            schema = pa.schema(table.schema().to_arrow())
+        except deltalake.exceptions.TableNotFoundError:
+            return None
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            raise TargetTableError(f"cannot read {path}: {exc}") from exc
+        files: dict[str, pa.Table] = {}
+        for logged in paths:
+            rows = None if before is None else before.files.get(logged)
+            if rows is None or rows.schema != schema:  # new, or read before a column was added
+                source = store.source(canonical(logged, store.location))
+                scan = ds.dataset(
+                    [source], schema=schema, format="parquet", filesystem=store.filesystem
+                )
+                rows = scan.to_table()
+            files[logged] = rows
+        _READS[path] = _Read(table, files)
     wanted = pc.field("subscription") == subscription
-    scan = ds.dataset(files, schema=schema, format="parquet", filesystem=store.filesystem)
-    return scan.to_table(filter=wanted)
+    parts = [rows.filter(wanted) for rows in files.values()]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
 # Tries of a state table's append whose commit lost to another writer's.

@@ -1,0 +1,208 @@
+"""What a batch asks of an object store, request by request (versitygw's access log).
+
+In a bucket every request is a round trip the batch waits for, and a bill: a
+batch of one table is its rows' PUT, its vector's PUT, its commit's
+conditional PUT and the two HEADs that find the log as pgsub left it - no
+multipart upload for a small file, no read of a file this process wrote
+(a small table's next rewrite, a fold of small batch files:
+``apply.delta.writer.kept_rows``). The state tables the daemon polls are
+read incrementally: a poll with nothing new reads no file.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pytest
+
+from apply.core.records import StoredTableState
+from apply.delta.state_store import TableStateStore
+from apply.delta.tables import DeltaTables
+from apply.delta.writer.local_tables import opened, read_subscription
+from apply.worker.applier import BatchApplier
+from subscriber.replication.lsn import Lsn
+from tests.plugins.s3 import (
+    S3Server,
+    bucket_warehouse,
+    logged_requests,
+    start_s3_server,
+    stop_s3_server,
+)
+from tests.unit.apply.builders import batch, ins, relation, tx, upd
+
+pytestmark = pytest.mark.integration
+
+T = relation("id", "v")
+
+
+class Logged:
+    """A bucket whose requests are counted."""
+
+    def __init__(self, server: S3Server, log: Path, warehouse: str) -> None:
+        self.server, self.log, self.warehouse = server, log, warehouse
+        self._seen = 0
+
+    def since(self) -> list[tuple[str, str]]:
+        """The requests made since the last call."""
+        made = logged_requests(self.log)
+        new, self._seen = made[self._seen :], len(made)
+        return new
+
+
+@pytest.fixture(scope="module")
+def logged_server() -> Iterator[tuple[S3Server, Path]]:
+    scratch = Path(tempfile.mkdtemp(prefix="pgsub-requests-"))
+    server = start_s3_server(scratch / "root", access_log=scratch / "access.log")
+    try:
+        yield server, scratch / "access.log"
+    finally:
+        stop_s3_server(server)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.fixture
+def bucket(
+    logged_server: tuple[S3Server, Path], request: pytest.FixtureRequest
+) -> Iterator[Logged]:
+    server, log = logged_server
+    with bucket_warehouse(server, request) as warehouse:
+        yield Logged(server, log, warehouse)
+
+
+def of_table(made: list[tuple[str, str]], table: str) -> Counter[str]:
+    """The requests on ``table``'s objects, by operation and kind of object."""
+    counted: Counter[str] = Counter()
+    for operation, key in made:
+        if f"/{table}/" not in key:
+            continue
+        kind = (
+            "commit"
+            if key.endswith(".json")
+            else "checkpoint"
+            if "checkpoint" in key
+            else "vector"
+            if key.endswith(".bin")
+            else "data"
+        )
+        counted[f"{operation} {kind}"] += 1
+    return counted
+
+
+def test_a_small_table_rewritten_each_batch_is_a_put_of_its_rows_and_of_its_commit(
+    spark: Any, bucket: Logged
+) -> None:
+    """A 50-row table rewritten whole by pgsub's own commit: each batch PUTs its one file
+    (one request, not a multipart upload) and its commit, after two HEADs; the rows it
+    rewrites are the ones it wrote last batch, never read back from the bucket."""
+    tables = DeltaTables(spark, bucket.warehouse, "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    path = tables.path("public.t")
+    try:
+        applier.apply(batch(tx(*(ins(T, i, "a") for i in range(50)), end=100)))
+        bucket.since()
+        for n in range(1, 13):
+            applier.apply(batch(tx(upd(T, n, f"b{n}"), end=100 + n * 10)))
+            made = of_table(bucket.since(), "t")
+            assert made["PutObject data"] == 1, made
+            assert made["PutObject commit"] == 1, made
+            assert not {k for k in made if k.startswith("GetObject data")}, made
+            assert not {k for k in made if "Multipart" in k or "UploadPart" in k}, made
+            assert made["HeadObject commit"] <= 2, made
+    finally:
+        applier.close()
+    rows = opened(path).to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r["v"]) for r in rows) == [
+        (i, f"b{i}" if 1 <= i <= 12 else "a") for i in range(50)
+    ]
+    assert tables.applied_lsn("public.t") == Lsn(220)
+
+
+def test_a_batch_by_deletion_vectors_reads_no_file_it_wrote_even_when_it_folds(
+    spark: Any, bucket: Logged
+) -> None:
+    """A table written by deletion vectors: a batch is its rows' PUT, its vector's PUT and
+    its commit, whole files, never a multipart upload; the batches that fold the small
+    files of earlier ones (every 16 to 31) take their rows from memory, not the bucket."""
+    tables = DeltaTables(spark, bucket.warehouse, "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    path = tables.path("public.t")
+    model = {i: f"{i:064d}" for i in range(20_000)}
+    try:
+        applier.apply(batch(tx(*(ins(T, i, v) for i, v in model.items()), end=100)))
+        applier.apply(batch(tx(upd(T, 1, "one"), end=110)))  # vectors turned on
+        model[1] = "one"
+        assert "deletionVectors" in (opened(path).protocol().reader_features or ())
+        bucket.since()
+        total: Counter[str] = Counter()
+        for n in range(2, 42):
+            key = n * 97
+            applier.apply(batch(tx(upd(T, key, f"n{n}"), end=100 + n * 10)))
+            model[key] = f"n{n}"
+            made = of_table(bucket.since(), "t")
+            assert made["PutObject vector"] == 1, made
+            assert made["PutObject commit"] == 1, made
+            assert made["PutObject data"] == 1, made
+            total += made
+    finally:
+        applier.close()
+    assert not {k for k in total if "Multipart" in k or "UploadPart" in k}, total
+    assert total["GetObject data"] == 0, total  # the folds read no file
+    files = opened(path).get_add_actions(flatten=True)
+    assert files.num_rows < 20  # folded: the 40 batch files are not all live
+    found = deltalake.QueryBuilder().register("t", opened(path)).execute("SELECT id, v FROM t")
+    got = {r["id"]: r["v"] for r in pa.table(found.read_all()).to_pylist()}
+    assert got == model
+
+
+def test_a_state_table_polled_with_nothing_new_reads_no_file(bucket: Logged) -> None:
+    """The daemon polls its state tables: a poll with nothing new is a HEAD and a LIST, one
+    after an append reads only the file it added (its footer, then its rows); the rows are
+    always the table's."""
+
+    def no_spark() -> Any:
+        raise AssertionError("the state store asked for Spark")
+
+    states = TableStateStore(no_spark, bucket.warehouse)
+    for oid in range(16384, 16394):
+        states.record("sub1", [StoredTableState(oid, "public", f"t{oid}", "d", Lsn(100))])
+    assert len(states.load("sub1")) == 10
+    bucket.since()
+    assert len(states.load("sub1")) == 10
+    made = bucket.since()
+    assert not [r for r in made if r[0] == "GetObject" and r[1].endswith(".parquet")], made
+    assert len(made) <= 3, made
+    states.record("sub1", [StoredTableState(16384, "public", "t16384", "r", Lsn(200))])
+    bucket.since()
+    loaded = states.load("sub1")
+    made = bucket.since()
+    assert loaded[16384].state == "r"
+    assert len({r[1] for r in made if r[0] == "GetObject" and r[1].endswith(".parquet")}) == 1
+
+
+def test_a_state_table_made_anew_at_its_path_is_read_anew(bucket: Logged) -> None:
+    """A state table removed and made again where it was (its log restarted at version 0):
+    the kept read is dropped, and only the new table's rows are found."""
+    import obstore
+    from obstore.store import from_url
+
+    def no_spark() -> Any:
+        raise AssertionError("the state store asked for Spark")
+
+    states = TableStateStore(no_spark, bucket.warehouse)
+    for n in range(3):
+        states.record("sub1", [StoredTableState(16384 + n, "public", f"t{n}", "r", Lsn(100))])
+    assert len(states.load("sub1")) == 3
+    config, client = bucket.server.storage().obstore_config()
+    root = from_url(bucket.warehouse, config=config, client_options=client)  # type: ignore[call-overload]
+    for chunk in obstore.list(root, "_pgsub/table_states/"):
+        obstore.delete(root, [item["path"] for item in chunk])
+    states.record("sub1", [StoredTableState(20000, "public", "x", "i", Lsn(300))])
+    assert list(states.load("sub1")) == [20000]
+    assert read_subscription(f"{bucket.warehouse}/_pgsub/table_states", "sub1") is not None
