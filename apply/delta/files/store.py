@@ -29,8 +29,10 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final, Protocol, cast
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 LOG: Final = "_delta_log"
 # What an object store's file in the making holds in memory before it spills to local disk.
 _BUFFERED: Final = 16 * 2**20
+# The threads that ask an object store several things at once (``ObjectStore.exist``).
+_ASKING: Final = ThreadPoolExecutor(max_workers=16, thread_name_prefix="store-head")
 
 
 def commit_name(version: int) -> str:
@@ -84,6 +88,10 @@ class TableStore(Protocol):
     def read_range(self, name: str, start: int, length: int) -> bytes: ...
 
     def exists(self, name: str) -> bool: ...
+
+    def exist(self, names: list[str]) -> list[bool]:
+        """Whether each of ``names`` exists (in an object store: asked at once)."""
+        ...
 
     def listed(self, prefix: str) -> list[str]:
         """The names of the files under the folder ``prefix`` (not its subfolders)."""
@@ -166,6 +174,9 @@ class LocalStore:
 
     def exists(self, name: str) -> bool:
         return self._path(name).exists()
+
+    def exist(self, names: list[str]) -> list[bool]:
+        return [self.exists(name) for name in names]
 
     def source(self, name: str) -> str:
         return str(self._path(name))
@@ -302,6 +313,12 @@ class ObjectStore:
             return False
         return True
 
+    def exist(self, names: list[str]) -> list[bool]:
+        """One HEAD each, all in flight at once: a round trip, not one a name."""
+        if len(names) < 2:
+            return [self.exists(name) for name in names]
+        return list(_ASKING.map(self.exists, names))
+
     def listed(self, prefix: str) -> list[str]:
         import obstore
 
@@ -348,10 +365,23 @@ class ObjectStore:
         """A PUT the store answered is durable."""
 
 
+# Each table's ObjectStore, by its URL and storage: made once (obstore's client - its
+# HTTP connections, kept alive between requests - took 5 ms to make, a table a batch).
+_OBJECT_STORES: dict[tuple[str, Storage], ObjectStore] = {}
+_OBJECT_STORES_LOCK = threading.Lock()
+
+
 def table_store(path: str) -> TableStore:
     """Where the table at ``path`` keeps its files: a folder here, or an object store."""
     from apply.delta.files.storage import is_object_store, storage_for
 
-    if is_object_store(path):
-        return ObjectStore(path, storage_for(path))
-    return LocalStore(path.removeprefix("file://").removeprefix("file:"))
+    if not is_object_store(path):
+        return LocalStore(path.removeprefix("file://").removeprefix("file:"))
+    key = (path.rstrip("/"), storage_for(path))
+    with _OBJECT_STORES_LOCK:
+        store = _OBJECT_STORES.get(key)
+    if store is None:
+        store = ObjectStore(*key)
+        with _OBJECT_STORES_LOCK:
+            store = _OBJECT_STORES.setdefault(key, store)
+    return store

@@ -60,11 +60,16 @@ class OpenTable:
         return self._own.version if self._own is not None else self.table.version()
 
     def latest(self) -> bool:
-        """Brought up to the table's latest commit; False: the log is not the one read (the
-        table was made anew). A commit file that is not there says no one else wrote."""
-        if self.store.exists(commit_name(self.version + 1)):
+        """Brought up to the table's latest commit; False: the log is not the one read (its
+        version is gone: the table was made anew). The next commit file not there says no
+        one else wrote. Both asked at once: in an object store, two HEADs in one round
+        trip."""
+        here, after = self.store.exist([commit_name(self.version), commit_name(self.version + 1)])
+        if not here:
+            return False
+        if after:
             self.synced()
-        return self.store.exists(commit_name(self.version))
+        return True
 
     def synced(self) -> deltalake.DeltaTable:
         """delta-rs's snapshot, brought up to the log's latest commit."""
