@@ -20,6 +20,7 @@ what it measured so far in ``--out`` (``"failed": true``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 
 from apply.delta.spark.session import SparkSettings, build_session
 from benchmarks.harness import (
+    BenchWarehouse,
     NativeRun,
     PgsubRun,
     bench_publisher,
@@ -56,23 +58,25 @@ def windows(lags: list[float], minutes: float) -> list[dict[str, float]]:
     ]
 
 
-def table_health(spark: Any, warehouse: Path, table: str) -> dict[str, Any]:
-    path = warehouse / "public" / table
-    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+def table_health(spark: Any, run: PgsubRun, table: str) -> dict[str, Any]:
+    """The table's files, its log's and the state's bytes (read where the warehouse's bytes
+    are on this machine: a folder, or the bucket's folder under the gateway)."""
+    path = run.warehouse / "public" / table
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{run.location}/public/{table}`").first()
     return {
         "data_files": int(detail["numFiles"]),
         "table_bytes": int(detail["sizeInBytes"]),
         "deletion_vectors": (detail["properties"] or {}).get("delta.enableDeletionVectors")
         == "true",
         "delta_log_bytes": folder_bytes(path / "_delta_log"),
-        "pgsub_state_bytes": folder_bytes(warehouse / "_pgsub"),
+        "pgsub_state_bytes": folder_bytes(run.warehouse / "_pgsub"),
     }
 
 
-def merge_writes(spark: Any, warehouse: Path, table: str) -> dict[str, Any]:
+def merge_writes(spark: Any, location: str, table: str) -> dict[str, Any]:
     """What each MERGE of the run wrote and replaced (bytes, files), from the table's
     history: a write that follows the batch, not the table, shows here."""
-    path = warehouse / "public" / table
+    path = f"{location}/public/{table}"
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
     merges = [r["operationMetrics"] or {} for r in history if r["operation"] == "MERGE"]
 
@@ -154,6 +158,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--retention-hours", type=float, default=168, help="maintenance.retention (at least 1)"
     )
+    parser.add_argument(
+        "--warehouse-in",
+        choices=["disk", "s3"],
+        default="disk",
+        help="pgsub's warehouse: a folder, or a bucket of versitygw (a real S3 gateway)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/soak.json"))
     return parser.parse_args()
 
@@ -172,6 +182,8 @@ def main() -> None:
         "retention_hours": args.retention_hours,
     }
     watch: DiskWatch | None = None
+    figures["warehouse"] = args.warehouse_in
+    closing = contextlib.ExitStack()
     try:
         with NativeRun(publisher, "soak_native") as native:
             lags, tps, kept, _ = steady_load(
@@ -185,13 +197,16 @@ def main() -> None:
         their_windows = windows(lags, args.window)
         theirs = {"windows": their_windows, "tps": tps, "kept_up": kept}
         figures["native"] = theirs
-        spark = build_session(SparkSettings(master="local[*]"))
+        warehouse = BenchWarehouse(args.warehouse_in)
+        closing.callback(warehouse.close)
+        spark = build_session(SparkSettings(master="local[*]", conf=warehouse.spark_conf))
         tune_garbage_collector()
         maintenance = MaintenanceConfig(
             interval=args.maintenance_interval, retention=args.retention_hours * 3600
         )
         with PgsubRun(
             spark,
+            warehouse=warehouse,
             connection=publisher.dsn("bench"),
             publications=["pub_soak_pgsub"],
             copy_data=True,
@@ -199,7 +214,7 @@ def main() -> None:
         ) as run:
             run.start(maintenance)
             run.wait_ready()
-            start = table_health(spark, run.warehouse, "soak_pgsub")
+            start = table_health(spark, run, "soak_pgsub")
             with DiskWatch(run.warehouse) as watch:
                 lags, tps, kept, _ = steady_load(
                     publisher,
@@ -209,8 +224,8 @@ def main() -> None:
                     rows=args.rows,
                     position=run.position,
                 )
-            end = table_health(spark, run.warehouse, "soak_pgsub")
-            writes = merge_writes(spark, run.warehouse, "soak_pgsub")
+            end = table_health(spark, run, "soak_pgsub")
+            writes = merge_writes(spark, run.location, "soak_pgsub")
         our_windows = windows(lags, args.window)
         ours = {
             "windows": our_windows,
@@ -234,6 +249,7 @@ def main() -> None:
         raise
     finally:
         publisher.destroy()
+        closing.close()
     figures["pgsub"] = ours
     report(args, figures)
 

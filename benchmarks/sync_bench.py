@@ -17,7 +17,9 @@ per number of CTID ranges (``copy.ranges``); ``--master spark://...`` runs
 it on a cluster, ``--master standalone`` on a two-worker standalone cluster
 started here; ``--remote sc://...`` through a Spark Connect server,
 ``--remote local`` through one started here (local[2]; its JVM is not in
-the memory figures). Prints one table, writes JSON.
+the memory figures). ``--warehouse-in disk,s3`` runs it with the warehouse
+on this machine's disk and in a bucket of versitygw (a real S3 gateway on
+127.0.0.1), one after the other. Prints one table, writes JSON.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from apply.delta.spark.session import SparkSettings, build_session, stop_sessions
-from benchmarks.harness import PgsubRun, jvm_peak_rss_mb, stop_on_sigterm
+from benchmarks.harness import BenchWarehouse, PgsubRun, jvm_peak_rss_mb, stop_on_sigterm
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 from tablesync.state import TableState
@@ -112,11 +114,23 @@ def timed_events() -> Iterator[list[MutableMapping[str, Any]]]:
 
 
 def pgsub(
-    publisher: PgCluster, rows: int, spark: Any, ranges: int | None, readers: int
+    publisher: PgCluster,
+    rows: int,
+    spark: Any,
+    ranges: int | None,
+    readers: int,
+    warehouse: BenchWarehouse,
 ) -> dict[str, Any]:
+    """One sync to READY; on a local disk into a warehouse of its own (a folder a run)."""
     copy = {"ranges": ranges or "auto", "readers": readers}
     run = PgsubRun(
-        spark, connection=publisher.dsn("bench"), publications=["pub"], copy_data=True, copy=copy
+        spark,
+        warehouse=warehouse if warehouse.kind != "disk" else None,
+        name=f"bench_{warehouse.kind}_{ranges or 'auto'}",
+        connection=publisher.dsn("bench"),
+        publications=["pub"],
+        copy_data=True,
+        copy=copy,
     )
     with run, timed_events() as events:
         started = time.monotonic()
@@ -135,6 +149,7 @@ def pgsub(
             if e["event"] in MILESTONES
         ]
         return {
+            "warehouse": warehouse.kind,
             "timeline": timeline,
             "readers": readers,
             "ranges": started_copy.get("ranges"),
@@ -162,11 +177,18 @@ def main() -> None:
         "--master", default="local[*]", help="pgsub's Spark master; standalone: start one here"
     )
     parser.add_argument(
+        "--warehouse-in",
+        default="disk",
+        help="disk, s3 (a bucket of versitygw, a real S3 gateway), or disk,s3: both in one run",
+    )
+    parser.add_argument(
         "--remote", help="a Spark Connect server's sc:// URL instead; local: start one here"
     )
     args = parser.parse_args()
     stop_on_sigterm()
     counts = [None if r == "auto" else int(r) for r in args.ranges.split(",")]
+    if "s3" in args.warehouse_in and len(counts) > 1:
+        parser.error("--warehouse-in s3 takes one --ranges value (the bucket holds one table)")
     publisher = PgCluster(major=15, settings={"max_wal_size": "4GB"}).start()
     with contextlib.ExitStack() as stack:
         stack.callback(publisher.destroy)
@@ -189,14 +211,24 @@ def main() -> None:
             from tests.support.spark_connect import connect_server
 
             remote = stack.enter_context(connect_server(root)).url
-        spark = build_session(SparkSettings(master=master, remote=remote))
+        warehouses = [BenchWarehouse(kind) for kind in args.warehouse_in.split(",")]
+        for warehouse in warehouses:
+            stack.callback(warehouse.close)
+        conf = next((w.spark_conf for w in warehouses if w.spark_conf), {})
+        spark = build_session(SparkSettings(master=master, remote=remote, conf=conf))
         stack.callback(stop_sessions if remote else spark.stop)
         tune_garbage_collector()  # as `pgsub run` does
         # One reader for one range and for auto (the daemon's default), two for a number.
         ours = [
             pgsub(
-                publisher, args.rows, spark, count, args.readers or (2 if (count or 1) > 1 else 1)
+                publisher,
+                args.rows,
+                spark,
+                count,
+                args.readers or (2 if (count or 1) > 1 else 1),
+                warehouse,
             )
+            for warehouse in warehouses
             for count in counts
         ]
     figures = {
@@ -208,6 +240,15 @@ def main() -> None:
         "pgsub": ours,
     }
     print(json.dumps(figures, indent=2))
+    report(args, figures)
+
+
+def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
+    ours, theirs, raw = (
+        figures["pgsub"],
+        figures["native_rows_per_s"],
+        figures["raw_copy_rows_per_s"],
+    )
     print(
         f"\n| initial sync, {args.rows:,} rows, {args.remote or args.master} | rows/s to READY"
         " | copy / to READY (s) | peak RSS Python / JVM (MB) |"
@@ -217,7 +258,7 @@ def main() -> None:
         mine = run["rows_per_s"] or 0
         ratio = f" ({mine / theirs:.2f}x)" if theirs else ""
         by = f"{run['readers']} reader(s)" if run["read_by"] == "pgsub" else run["read_by"]
-        label = f"pgsub, {run['ranges']} range(s) read by {by}"
+        label = f"pgsub ({run['warehouse']}), {run['ranges']} range(s) read by {by}"
         seconds = f"{run['copy_seconds'] or 0:.1f} / {run['seconds'] or 0:.1f}"
         memory = f"{run['peak_rss_python_mb'] or 0:.0f} / {run['peak_rss_jvm_mb'] or 0:.0f}"
         print(f"| {label} | {mine:,.0f}{ratio} | {seconds} | {memory} |")
