@@ -103,6 +103,10 @@ HISTORY_PEEK: Final = 100
 # as that writer left it.
 RACE_ATTEMPTS: Final = 3
 
+# Tables of a batch written at once, on a local disk and in an object store (``writers``).
+LOCAL_WRITERS: Final = 4
+BUCKET_WRITERS: Final = 16
+
 log = structlog.get_logger(__name__)
 
 
@@ -174,6 +178,13 @@ class DeltaTables:
         return delta_sql.is_delta_table(self.session(), self.path(table))
 
     # -- progress ------------------------------------------------------------
+
+    @property
+    def writers(self) -> int:
+        """Tables of a batch written at once: ``LOCAL_WRITERS`` on this machine's disk, where
+        a table's write is CPU; ``BUCKET_WRITERS`` in an object store, where it is mostly
+        waiting for requests (four or five round trips of 20-200 ms on a cloud store)."""
+        return LOCAL_WRITERS if self._on_local_disk else BUCKET_WRITERS
 
     def applied_lsn(self, table: str) -> Lsn:
         """The end LSN of the last batch this subscription committed to ``table``."""

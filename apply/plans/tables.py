@@ -34,6 +34,11 @@ class Tables(Protocol):
 
     def applied_lsn(self, table: str) -> Lsn: ...
 
+    @property
+    def writers(self) -> int:
+        """How many tables of a batch are written at once."""
+        ...
+
     def applied_within(self, table: str) -> Within | None: ...
 
     def prepare(

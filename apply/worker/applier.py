@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MERGE_THREADS = 4  # tables of a batch written at once
 
 # Called every ``FORM_EVERY`` seconds while a batch's tables are written: it takes what has
 # arrived for the next batch. False: it takes no more now (the writes are then waited for).
@@ -103,7 +102,7 @@ class BatchApplier:
         self._followed: set[str] = set()  # tables whose schema change this batch followed
         self._ddl = SchemaFollower(subscription, tables, types, self._applies, self.applied_lsn)
         self._keeps_messages = messages  # messages: true (else only DDL ones arrive)
-        self._pool = ThreadPoolExecutor(max_workers=MERGE_THREADS, thread_name_prefix="merge")
+        self._pool = ThreadPoolExecutor(max_workers=tables.writers, thread_name_prefix="merge")
         # What ``should_apply`` answers from (None: it never changes its answers).
         self._table_states = None if applies is None else applies.states
         self.forming = Forming(self)  # the open batch, split and collapsed as it forms

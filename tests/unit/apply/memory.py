@@ -48,6 +48,8 @@ class MemoryTables:
         self.reads = 0
         self.replaced: set[int] = set()  # versions another engine took over after the commit
 
+    writers = 4
+
     def applied_lsn(self, table: str) -> Lsn:
         self.reads += 1
         return self.lsn.get(table, ZERO)
