@@ -10,7 +10,6 @@ origin's ``remote_lsn``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -25,7 +24,6 @@ from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
-from urllib.parse import unquote
 
 import psycopg
 
@@ -365,15 +363,12 @@ class BenchWarehouse:
     def request_mix(self, since: int = 0) -> dict[str, int]:
         """The gateway's requests after the first ``since``, by operation and what they
         touched (``GetObject data``, ``PutObject commit``, ``HeadObject state``, ...)."""
-        mix: Counter[str] = Counter()
+        from tests.plugins.s3 import logged_requests, object_kind
+
         if self.server is None or not self.access_log.exists():
             return {}
-        with self.access_log.open() as log:
-            for line in itertools.islice(log, since, None):
-                fields = line.split("] ", 1)[-1].split()
-                if len(fields) < 5 or not fields[3].startswith("s3_"):
-                    continue
-                mix[f"{fields[3].removeprefix('s3_')} {_touched(fields[4], fields[5])}"] += 1
+        made = logged_requests(self.access_log)[since:]
+        mix = Counter(f"{operation} {object_kind(key)}" for operation, key in made)
         return dict(mix.most_common())
 
     def commits(self) -> int:
@@ -386,24 +381,6 @@ class BenchWarehouse:
         if self.server is not None:
             stop_s3_server(self.server)
         shutil.rmtree(self._scratch, ignore_errors=True)
-
-
-def _touched(key: str, uri: str) -> str:
-    """What a request's object is: pgsub's state, a commit, a checkpoint, a data file..."""
-    if key == "-":
-        key = unquote(uri.partition("prefix=")[2].partition("&")[0])
-    if "/_pgsub/" in key or key.startswith("_pgsub"):
-        return "state"
-    if "_delta_log/" in key:
-        name = key.rpartition("/")[2]
-        if name.endswith(".json"):
-            return "commit"
-        if "checkpoint" in name:
-            return "checkpoint"
-        return "log" if name else "log listing"
-    if key.endswith(".bin"):
-        return "deletion vector"
-    return "data" if key.endswith(".parquet") else "other"
 
 
 def folder_bytes(path: Path) -> int:

@@ -118,6 +118,23 @@ def logged_requests(access_log: Path) -> list[tuple[str, str]]:
     return found
 
 
+def object_kind(key: str) -> str:
+    """What a request's object is: pgsub's ``state``, a table's ``commit``, ``checkpoint``,
+    other ``log`` file or ``log listing``, a ``deletion vector``, ``data``, or ``other``."""
+    if "/_pgsub/" in key or key.startswith("_pgsub"):
+        return "state"
+    if "_delta_log/" in key:
+        name = key.rpartition("/")[2]
+        if name.endswith(".json"):
+            return "commit"
+        if "checkpoint" in name:
+            return "checkpoint"
+        return "log" if name else "log listing"
+    if key.endswith(".bin"):
+        return "deletion vector"
+    return "data" if key.endswith(".parquet") else "other"
+
+
 def stop_s3_server(server: S3Server) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.process.pid, signal.SIGTERM)

@@ -33,6 +33,7 @@ from tests.plugins.s3 import (
     S3Server,
     bucket_warehouse,
     logged_requests,
+    object_kind,
     start_s3_server,
     stop_s3_server,
 )
@@ -86,21 +87,16 @@ def bucket(
 
 def of_table(made: list[tuple[str, str]], table: str) -> Counter[str]:
     """The requests on ``table``'s objects, by operation and kind of object."""
-    counted: Counter[str] = Counter()
-    for operation, key in made:
-        if f"/{table}/" not in key:
-            continue
-        kind = (
-            "commit"
-            if key.endswith(".json")
-            else "checkpoint"
-            if "checkpoint" in key
-            else "vector"
-            if key.endswith(".bin")
-            else "data"
-        )
-        counted[f"{operation} {kind}"] += 1
-    return counted
+    return Counter(f"{op} {object_kind(key)}" for op, key in made if f"/{table}/" in key)
+
+
+def assert_written_whole(made: Counter[str], batches: int, *kinds: str) -> None:
+    """``batches`` batches each PUT one object of each of ``kinds`` whole (no multipart
+    upload) and read no data file back."""
+    for kind in kinds:
+        assert made[f"PutObject {kind}"] == batches, made
+    assert not {k for k in made if "Multipart" in k or "UploadPart" in k}, made
+    assert made["GetObject data"] == 0, made
 
 
 def test_a_small_table_rewritten_each_batch_is_a_put_of_its_rows_and_of_its_commit(
@@ -120,10 +116,7 @@ def test_a_small_table_rewritten_each_batch_is_a_put_of_its_rows_and_of_its_comm
     finally:
         applier.close()
     made = of_table(bucket.since(), "t")
-    assert made["PutObject data"] == 12, made
-    assert made["PutObject commit"] == 12, made
-    assert made["GetObject data"] == 0, made
-    assert not {k for k in made if "Multipart" in k or "UploadPart" in k}, made
+    assert_written_whole(made, 12, "data", "commit")
     assert made["HeadObject commit"] <= 24, made
     rows = opened(path).to_pyarrow_table().to_pylist()
     assert sorted((r["id"], r["v"]) for r in rows) == [
@@ -154,12 +147,7 @@ def test_a_batch_by_deletion_vectors_reads_no_file_it_wrote_even_when_it_folds(
             model[key] = f"n{n}"
     finally:
         applier.close()
-    total = of_table(bucket.since(), "t")
-    assert total["PutObject vector"] == 40, total
-    assert total["PutObject commit"] == 40, total
-    assert total["PutObject data"] == 40, total
-    assert not {k for k in total if "Multipart" in k or "UploadPart" in k}, total
-    assert total["GetObject data"] == 0, total  # the folds read no file
+    assert_written_whole(of_table(bucket.since(), "t"), 40, "deletion vector", "data", "commit")
     files = opened(path).get_add_actions(flatten=True)
     assert files.num_rows < 20  # folded: the 40 batch files are not all live
     found = deltalake.QueryBuilder().register("t", opened(path)).execute("SELECT id, v FROM t")
