@@ -15,7 +15,7 @@ import structlog
 
 from apply.core.records import lsn_from_metadata
 from apply.delta.spark import sql as delta_sql
-from apply.delta.writer.local_tables import user_metadata
+from apply.delta.writer.local_tables import newest_user_metadata, user_metadata
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,10 +30,27 @@ def latest_mark(
     an LSN (None: none).
 
     A subscription's LSNs only grow, so its newest marked commit holds the
-    highest. The last ``peek`` commits are read first; the whole history only
-    when other writers (or maintenance) made all of those.
+    highest. The last ``peek`` commits are read first (where pgsub reaches the
+    table, one at a time from the newest: most often the newest is the one); the
+    whole history only when other writers (or maintenance) made all of those.
     """
-    for limit in (peek, None):
+    limits: tuple[int | None, ...] = (peek, None)
+    if local:
+        read = 0
+        try:
+            for metadata in newest_user_metadata(path, peek):
+                read += 1
+                if lsn_from_metadata(metadata, subscription) is not None:
+                    return str(metadata)
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "cannot read the newest commits; reading the history", path=path, error=str(exc)
+            )
+        else:
+            if read < peek:
+                return None  # every commit the log holds read
+            limits = (None,)
+    for limit in limits:
         marks = _user_metadata(session, path, limit, local=local)
         for metadata in marks:
             if lsn_from_metadata(metadata, subscription) is not None:

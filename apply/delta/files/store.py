@@ -97,6 +97,11 @@ class TableStore(Protocol):
         """The names of the files under the folder ``prefix`` (not its subfolders)."""
         ...
 
+    def listed_after(self, prefix: str, after: str) -> list[str]:
+        """The names under the folder ``prefix`` that sort after ``after``, in order (an
+        object store lists from there: a request a thousand names, not the whole folder)."""
+        ...
+
     def write(self, name: str, data: bytes) -> int:
         """``data`` as the file ``name``, durable when this returns; its size."""
         ...
@@ -188,6 +193,9 @@ class LocalStore:
         except FileNotFoundError:
             return []
         return [f"{prefix.rstrip('/')}/{n}" for n in names if (folder / n).is_file()]
+
+    def listed_after(self, prefix: str, after: str) -> list[str]:
+        return sorted(name for name in self.listed(prefix) if name > after)
 
     def write(self, name: str, data: bytes) -> int:
         with self.writing(name) as file:
@@ -324,6 +332,14 @@ class ObjectStore:
 
         listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
         return [str(item["path"]) for item in listed["objects"]]
+
+    def listed_after(self, prefix: str, after: str) -> list[str]:
+        import obstore
+
+        folder = prefix.rstrip("/") + "/"
+        found = obstore.list(self._store, folder, offset=after, chunk_size=1000)
+        names = (str(item["path"]) for chunk in found for item in chunk)
+        return sorted(name for name in names if "/" not in name.removeprefix(folder))
 
     def write(self, name: str, data: bytes) -> int:
         import obstore

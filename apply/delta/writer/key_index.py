@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from apply.delta.files.store import TableStore
 from apply.delta.writer import deletion_vectors
+from apply.delta.writer.kept_rows import KEPT
 from apply.delta.writer.live_files import VectorFile
 
 Alive = npt.NDArray[np.bool_]
@@ -153,8 +154,13 @@ class KeyIndex:
                 known.vector = unique
 
     def _read(self, file: VectorFile) -> _Keys:
-        """The file's keys, every row alive (its vector is read by ``refresh``)."""
-        keys = pq.ParquetFile(self.store.open(file.name, file.size)).read(columns=self.keys.names)
+        """The file's keys, every row alive (its vector is read by ``refresh``); from the rows
+        kept of a file this process wrote (``kept_rows``), else read from the file."""
+        keys = KEPT.get(self.store.location, file.name)
+        if keys is None:
+            keys = pq.ParquetFile(self.store.open(file.name, file.size)).read(
+                columns=self.keys.names
+            )
         return _Keys.of(self.key_of(keys))
 
     def find(self, files: list[VectorFile], wanted: pa.Array) -> tuple[list[Match], pa.Array]:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Final
 import pyarrow.parquet as pq
 
 from apply.core.errors import TargetTableError
-from apply.delta.files.store import LOG, canonical, commit_name
+from apply.delta.files.store import LOG, LocalStore, canonical, commit_name
 from apply.delta.writer.deletion_vectors import Descriptor
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from apply.delta.files.store import TableStore
 
 _CHECKPOINT_COLUMNS: Final = ["add"]
+_COMMIT: Final = re.compile(r"(\d{20})\.json")
 _CLASSIC: Final = re.compile(r"(\d{20})\.checkpoint\.parquet")
 _PART: Final = re.compile(r"(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet")
 _V2: Final = re.compile(r"(\d{20})\.checkpoint\.[0-9a-fA-F-]{36}\.(json|parquet)")
@@ -93,14 +94,31 @@ class LiveFiles:
         return list(self._files.values())
 
     def read(self, version: int) -> None:
-        """Brought to ``version``: the commits after the one read, or the log anew."""
+        """Brought to ``version``: the commits after the one read, or the log anew (one
+        commit gone: cleaned up since, a checkpoint holds it)."""
         if version == self.version:
             return
-        if self.version < 0 or version < self.version or not self._commits(self.version, version):
-            self._replay(version)
-        for at in range(self.version + 1, version + 1):
-            self._apply(self.store.read(commit_name(at)).decode().splitlines())
-        self.version = version
+        if 0 <= self.version < version:
+            try:
+                self._follow(self._commits(self.version, version))
+            except FileNotFoundError:
+                pass
+            else:
+                return
+        self._replay(version)
+
+    def _commits(self, after: int, through: int) -> list[list[str]]:
+        """The lines of every commit after ``after`` through ``through``, each asked for
+        without a HEAD before it; FileNotFoundError: one is gone."""
+        return [
+            self.store.read(commit_name(at)).decode().splitlines()
+            for at in range(after + 1, through + 1)
+        ]
+
+    def _follow(self, commits: list[list[str]]) -> None:
+        for lines in commits:
+            self._apply(lines)
+            self.version += 1
 
     def applied(self, version: int, actions: list[dict[str, object]]) -> None:
         """pgsub's own commit ``version`` (its ``actions``), which follows the one read."""
@@ -109,35 +127,36 @@ class LiveFiles:
         self._apply([json.dumps(a) for a in actions])
         self.version = version
 
-    def _commits(self, after: int, through: int) -> bool:
-        """Whether the log holds every commit after ``after`` through ``through``."""
-        return all(self.store.exists(commit_name(v)) for v in range(after + 1, through + 1))
-
     def _replay(self, version: int) -> None:
         """The files as of the latest checkpoint at or below ``version`` that this can read
-        and that the commits after it follow on from (none: from commit 0)."""
+        and that the commits after it follow on from (none: from commit 0). One listing of
+        the log says which commits are there: no HEAD a commit."""
         self._files = {}
         self.version = -1
-        found = self._checkpoints(version)
-        for checkpoint in found:
-            if self._commits(checkpoint.version, version):
-                for part in checkpoint.parts:
-                    self._read_checkpoint(part)
-                self.version = checkpoint.version
-                return
-        if not self._commits(-1, version):
+        listed = self.store.listed(LOG)
+        there = {int(m[1]) for n in listed if (m := _COMMIT.fullmatch(n.rsplit("/", 1)[-1]))}
+        found = self._checkpoints(listed, version)
+        start = next(
+            (c for c in found if there.issuperset(range(c.version + 1, version + 1))), None
+        )
+        if start is None and not there.issuperset(range(version + 1)):
             newest = found[0].version if found else None
             raise UnreadableLogError(
                 f"{self.store.location}: no checkpoint pgsub reads (newest readable: "
                 f"{newest}) is followed by every commit through version {version}"
             )
+        if start is not None:
+            for part in start.parts:
+                self._read_checkpoint(part)
+            self.version = start.version
+        self._follow(self._commits(self.version, version))
 
-    def _checkpoints(self, version: int) -> list[_Checkpoint]:
-        """The complete classic checkpoints at or below ``version``, newest first; a V2 one
-        among them is an ``UnreadableLogError``."""
+    def _checkpoints(self, listed: list[str], version: int) -> list[_Checkpoint]:
+        """The complete classic checkpoints among the log's files ``listed``, at or below
+        ``version``, newest first; a V2 one among them is an ``UnreadableLogError``."""
         classic: dict[int, str] = {}
         parts: dict[tuple[int, int], dict[int, str]] = {}
-        for name in self.store.listed(LOG):
+        for name in listed:
             base = name.rsplit("/", 1)[-1]
             if match := _V2.fullmatch(base):
                 if int(match[1]) <= version:
@@ -230,6 +249,25 @@ def latest_version(store: TableStore) -> int:
         if store.exists(commit_name(low + step)):
             low += step
     return low
+
+
+def newest_commit(store: TableStore) -> int:
+    """The table's latest version (-1: no commit), from its last checkpoint: in an object
+    store one listing of the log from there (a request); on a local disk the commits after
+    it probed (``latest_version``: no listing of a folder that holds a week of commits)."""
+    if isinstance(store, LocalStore):
+        return latest_version(store)
+    try:
+        checkpoint = int(json.loads(store.read(f"{LOG}/_last_checkpoint"))["version"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        checkpoint = -1
+    after = commit_name(checkpoint) if checkpoint >= 0 else f"{LOG}/"
+    newest = checkpoint
+    for name in store.listed_after(LOG, after):
+        match = _COMMIT.fullmatch(name.rsplit("/", 1)[-1])
+        if match is not None and int(match[1]) == newest + 1:
+            newest += 1
+    return newest
 
 
 def carries(store: TableStore, version: int, mark: CommitMark) -> bool:

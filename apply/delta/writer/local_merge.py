@@ -325,8 +325,9 @@ class LocalMerges:
         gain = write_gain(properties, rewrite, written, per_row, self.features)
         if gain is None:
             return False
-        table = open_table.synced()
-        vectors_on(open_table.store, table, table.version())
+        # The snapshot's protocol, schema and properties are current even when it has not
+        # read pgsub's own last commit (``OpenTable``): the version is the open table's.
+        vectors_on(open_table.store, open_table.table, open_table.version)
         open_table.synced()
         warn_gained(schema.table, gain)
         return True

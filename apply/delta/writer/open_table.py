@@ -77,6 +77,13 @@ class OpenTable:
         self._own = None
         return self.table
 
+    def current(self) -> deltalake.DeltaTable:
+        """delta-rs's snapshot as of the latest commit ``latest`` saw: as it is, unless
+        pgsub's own commit came since (then ``synced``). Each batch's write asks ``latest``
+        first (``apply.delta.writer.local_merge.LocalMerges``), so this saves a listing of
+        the log."""
+        return self.synced() if self._own is not None else self.table
+
     def files(self) -> list[LiveFile]:
         """The table's live files."""
         if self._own is not None and self._own.file is not None:
@@ -103,7 +110,7 @@ class OpenTable:
         """The last batch version of ``app_id`` the table has (Delta's txn), or None."""
         if self._marks_at == self.version and app_id in self._marks:
             return self._marks[app_id]
-        return self.synced().transaction_version(app_id)
+        return self.current().transaction_version(app_id)
 
     def wrote(
         self, app_id: str, batch_version: int, own: LiveFile | None = None, *, by_own: bool = False
