@@ -18,7 +18,7 @@ synchronised): docs/architecture.md, "The path of a change".
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -141,6 +141,17 @@ class Batch:
                     for relation in change.relations:
                         add(relation, index, ordinal, change)
         return work
+
+    def relations(self) -> Iterator[tuple[Relation, RemoteTransaction]]:
+        """Each table a row change or truncate of the batch names, with its transaction, in
+        order (a table as often as it is named)."""
+        for tx in self.transactions:
+            for change in tx.changes:
+                if isinstance(change, RowChange):
+                    yield change.relation, tx
+                elif isinstance(change, TruncateChange):
+                    for relation in change.relations:
+                        yield relation, tx
 
     def messages(
         self, applied_lsn: Lsn = ZERO, applied_through: int = 0

@@ -39,7 +39,7 @@ from apply.batching.forming import Formed, Forming
 from apply.columns.schema import TargetSchema, target_schema
 from apply.columns.typemap import TypeLookup, resolve
 from apply.core.batch import Batch, TableFilter, TableWork
-from apply.core.errors import ConflictError, TargetTableError, as_apply_error
+from apply.core.errors import ApplyError, ConflictError, TargetTableError, as_apply_error
 from apply.core.failpoints import failpoint
 from apply.core.records import (
     MESSAGES_TABLE,
@@ -124,6 +124,25 @@ class BatchApplier:
             if self._applied[table]:
                 log.info("table progress read", table=table, applied_lsn=str(self._applied[table]))
         return self._applied[table]
+
+    def _read_progress(self, batch: Batch) -> None:
+        """The applied LSN of each table of ``batch`` this applier applies and has not read
+        yet, read at once on the pool: each is a read of the table's log (in an object store a
+        few requests), and at the first batch after a start or an initial load, 200 tables
+        read one after another held the batch for seconds. ``Batch.tables`` then asks again,
+        in order, and finds them known (or reads again one it forgot: ``_applies``)."""
+        names: set[str] = set()
+        for relation, tx in batch.relations():
+            name = relation.qualified_name
+            if name in self._applied or name in names:
+                continue
+            try:
+                if self._should_apply is None or self._should_apply(relation, tx):
+                    names.add(name)
+            except ApplyError:
+                continue  # asked again, in order, by ``Batch.tables``: raised there
+        if len(names) > 1:
+            list(self._pool.map(self.applied_lsn, sorted(names)))
 
     def applied_through(self, table: str, end_lsn: Lsn) -> int:
         """How many first changes of the spooled transaction ending at ``end_lsn`` the table
@@ -222,6 +241,7 @@ class BatchApplier:
         followed = self._follow_schema_changes(batch)
         if formed is None or followed:
             formed = None
+            self._read_progress(batch)
             work = batch.tables(self.applied_lsn, self._applies, self.applied_through)
         else:
             work = formed.works
