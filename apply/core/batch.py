@@ -133,25 +133,28 @@ class Batch:
             entry.relation = relation
             entry.changes.append(TableChange(index, change, tx.first + ordinal))
 
-        for index, tx in enumerate(self.transactions):
-            for ordinal, change in enumerate(tx.changes):
-                if isinstance(change, RowChange):
-                    add(change.relation, index, ordinal, change)
-                elif isinstance(change, TruncateChange):
-                    for relation in change.relations:
-                        add(relation, index, ordinal, change)
+        for relation, index, ordinal, change in self._table_changes():
+            add(relation, index, ordinal, change)
         return work
 
     def relations(self) -> Iterator[tuple[Relation, RemoteTransaction]]:
         """Each table a row change or truncate of the batch names, with its transaction, in
         order (a table as often as it is named)."""
-        for tx in self.transactions:
-            for change in tx.changes:
+        for relation, index, _, _ in self._table_changes():
+            yield relation, self.transactions[index]
+
+    def _table_changes(
+        self,
+    ) -> Iterator[tuple[Relation, int, int, RowChange | TruncateChange]]:
+        """Each table a change names, with its transaction's index, the change's ordinal in
+        it and the change (a truncate once per table it names), in order."""
+        for index, tx in enumerate(self.transactions):
+            for ordinal, change in enumerate(tx.changes):
                 if isinstance(change, RowChange):
-                    yield change.relation, tx
+                    yield change.relation, index, ordinal, change
                 elif isinstance(change, TruncateChange):
                     for relation in change.relations:
-                        yield relation, tx
+                        yield relation, index, ordinal, change
 
     def messages(
         self, applied_lsn: Lsn = ZERO, applied_through: int = 0
