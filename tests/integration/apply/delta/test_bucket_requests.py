@@ -26,6 +26,7 @@ import pytest
 from apply.core.records import StoredTableState
 from apply.delta.state_store import TableStateStore
 from apply.delta.tables import DeltaTables
+from apply.delta.writer import vector_write
 from apply.delta.writer.local_tables import opened, read_subscription
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
@@ -126,12 +127,15 @@ def test_a_small_table_rewritten_each_batch_is_a_put_of_its_rows_and_of_its_comm
 
 
 def test_a_batch_by_deletion_vectors_reads_no_file_it_wrote_even_when_it_folds(
-    spark: Any, bucket: Logged
+    spark: Any, bucket: Logged, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A table written by deletion vectors: a batch is its rows' PUT, its vector's PUT and
     its commit, whole files, never a multipart upload; the batches that fold the small
     files of earlier ones (every 16 to 31) take their rows from memory, not the bucket.
     The batch that turns them on reads the log once, without a HEAD a commit."""
+    # The fold point comes from the table's path (16 to 31, ``fold_at``), here a bucket of a
+    # random name: fixed, so that the 40 batches fold the same way each run.
+    monkeypatch.setattr(vector_write, "fold_at", lambda location: 16)
     tables = DeltaTables(spark, bucket.warehouse, "sub1")
     applier = BatchApplier("sub1", tables, lambda oid: None)
     path = tables.path("public.t")
