@@ -257,17 +257,36 @@ def _decode32(data: bytes, at: int) -> tuple[npt.NDArray[np.uint32], int]:
     return values, at
 
 
-def write_file(store: TableStore, bitmaps: list[bytes]) -> tuple[str, list[int], int]:
-    """``bitmaps`` in one new deletion vector file of the table in ``store``: the
-    descriptor's ``pathOrInlineDv``, each bitmap's offset and the file's size."""
+@dataclass(frozen=True, slots=True)
+class VectorFileBody:
+    """One new deletion vector file, before it is written: ``name`` in the table's
+    folder, ``data`` its bytes, ``encoded`` the descriptor's ``pathOrInlineDv`` and each
+    bitmap's ``offsets``."""
+
+    name: str
+    data: bytes
+    encoded: str
+    offsets: list[int]
+
+
+def file_body(bitmaps: list[bytes]) -> VectorFileBody:
+    """``bitmaps`` laid out as one new deletion vector file."""
     name = uuid.uuid4()
     body = bytearray([_FORMAT])
     offsets = []
     for bitmap in bitmaps:
         offsets.append(len(body))
         body += struct.pack(">I", len(bitmap)) + bitmap + struct.pack(">I", zlib.crc32(bitmap))
-    size = store.write(f"deletion_vector_{name}.bin", bytes(body))
-    return z85_encode(name.bytes), offsets, size
+    return VectorFileBody(
+        f"deletion_vector_{name}.bin", bytes(body), z85_encode(name.bytes), offsets
+    )
+
+
+def write_file(store: TableStore, bitmaps: list[bytes]) -> tuple[str, list[int], int]:
+    """``bitmaps`` in one new deletion vector file of the table in ``store``: the
+    descriptor's ``pathOrInlineDv``, each bitmap's offset and the file's size."""
+    body = file_body(bitmaps)
+    return body.encoded, body.offsets, store.write(body.name, body.data)
 
 
 def read(store: TableStore, descriptor: Descriptor) -> Positions:

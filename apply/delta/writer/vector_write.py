@@ -16,9 +16,9 @@ local warehouse, a table with deletion vectors on takes this path instead:
    not find what it expects is a conflict, and the batch then takes
    Spark's path, which judges and reports it;
 3. the rows the batch replaces or deletes are added to their files'
-   deletion vectors (one new vector file for the batch), the rows it leaves
-   are written as one new Parquet file, each unsent TOAST value taken from
-   the row it replaces; one commit, which pgsub writes
+   deletion vectors (one new vector file for the batch, written at the same
+   time as the rest), the rows it leaves are written as one new Parquet
+   file, each unsent TOAST value taken from the row it replaces; one commit, which pgsub writes
    (``apply.delta.writer.overwrite.commit``), carries the batch's marks;
 4. once ``FOLD_AT`` small files are live (the earlier batches' files), the
    batch folds their alive rows into its own file and removes them, so the
@@ -45,6 +45,7 @@ import math
 import time
 import uuid
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -101,6 +102,9 @@ _KEY: Final = "__pgsub_key"  # the batch's keys, as the index holds them
 # the batch's file, the file removed. One a batch, so that a batch costs one file's rewrite
 # at most (about a second per 100 MB here).
 PURGE_MAX_BYTES: Final = 256 * 2**20
+# The threads that PUT a batch's deletion vector file while its writer writes the rows' file:
+# in an object store a table's batch is then three round trips in sequence, not four.
+_PUTTING: Final = ThreadPoolExecutor(max_workers=16, thread_name_prefix="vector-put")
 
 
 def vector_writable(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
@@ -251,22 +255,24 @@ def _write(
         if len(deleted) < index.rows(match.file.name):
             kept.append((match, deleted))  # else every row is gone: the file goes
     vectors: list[tuple[Match, str]] = []
-    vector_bytes = 0
+    vector_put: Future[int] | None = None
     if kept:
         bitmaps = [deletion_vectors.encode(deleted) for _, deleted in kept]
-        encoded, offsets, vector_bytes = deletion_vectors.write_file(store, bitmaps)
-        for (match, deleted), bitmap, offset in zip(kept, bitmaps, offsets, strict=True):
-            vector = Descriptor("u", encoded, offset, len(bitmap), len(deleted))
+        body = deletion_vectors.file_body(bitmaps)
+        vector_put = _PUTTING.submit(store.write, body.name, body.data)  # beside the rows'
+        for (match, deleted), bitmap, offset in zip(kept, bitmaps, body.offsets, strict=True):
+            vector = Descriptor("u", body.encoded, offset, len(bitmap), len(deleted))
             changes.append(_add_again(match.file, vector, index.rows(match.file.name)))
             vectors.append((match, vector.unique_id))
-        files.append(Descriptor("u", encoded, 1, 0, 0).name)
+        files.append(body.name)
     new_file, size = None, 0
-    if rows.num_rows:
-        new_file = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        with store.writing(new_file) as file:
-            pq.write_table(rows, file, compression="snappy")
-            size = file.tell()
-        files.append(new_file)
+    try:
+        if rows.num_rows:
+            new_file, size = _write_rows(store, rows)
+            files.append(new_file)
+    finally:
+        vector_bytes = vector_put.result() if vector_put is not None else 0
+    if new_file is not None:
         KEPT.keep(store.location, new_file, rows)  # a later batch folds it (``kept_rows``)
         stats = FileStats(rows.schema)
         for batch in rows.to_batches():
@@ -296,6 +302,14 @@ def _write(
     predicate = {"predicate": "pgsub: the batch's keys, looked up in memory"}
     actions = opening_actions("MERGE", predicate, metrics, mark, now) + changes
     return _Written(actions, files, vectors, new_file, size + vector_bytes)
+
+
+def _write_rows(store: TableStore, rows: pa.Table) -> tuple[str, int]:
+    """``rows`` as one new Parquet file of the table: its name and size."""
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    with store.writing(name) as file:
+        pq.write_table(rows, file, compression="snappy")
+        return name, file.tell()
 
 
 def _names(matches: list[Match]) -> set[str]:
