@@ -21,7 +21,7 @@ DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres tools k8s demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-bigtable bench-backlog bench-writes
+.PHONY: setup venv jars postgres tools k8s demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-cold bench-bigtable bench-backlog bench-writes
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool,"
@@ -46,6 +46,7 @@ help:
 	@echo "make bench-ceiling the highest steady rate each subscriber keeps up with (RATES=...)"
 	@echo "make bench-backlog BACKLOG single-row updates written while each subscriber is down,"
 	@echo "                   then drained: seconds, transactions/s, beside PostgreSQL's subscriber"
+	@echo "make bench-cold    TABLES tables x TABLE_ROWS rows: from \`pgsub run\` (a cold process) to all READY"
 	@echo "make bench-tables  TABLES tables x TABLE_ROWS rows: initial sync, then TABLE_RATE updates/s"
 	@echo "                   spread over all of them for TABLE_SECONDS, beside PostgreSQL's subscriber"
 	@echo "make bench-writes  bytes each batch writes: WRITE_SIZES rows (comma-separated), WRITE_RATE random"
@@ -167,6 +168,10 @@ TABLE_SECONDS ?= 120
 bench-tables: setup
 	$(BIN)/python -m benchmarks.tables_bench --tables $(TABLES) --rows $(TABLE_ROWS) \
 		--rate $(TABLE_RATE) --seconds $(TABLE_SECONDS)
+
+# From `pgsub run` - a cold process, as a user starts it - to every table READY.
+bench-cold: setup
+	$(BIN)/python -m benchmarks.cold_start --tables $(TABLES) --rows $(TABLE_ROWS)
 
 BIG_ROWS ?= 10000000
 BIG_MINUTES ?= 10

@@ -143,6 +143,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def vm_hwm_mb(pid: int) -> float | None:
+    """A live process's peak resident memory (VmHWM), MB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def jvm_peak_rss_mb() -> float | None:
     """VmHWM of this process's Spark driver JVM."""
     for pid in os.listdir("/proc"):

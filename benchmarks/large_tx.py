@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from apply.delta.spark.session import SparkSettings, build_session
-from benchmarks.harness import TABLE, PgsubRun, jvm_peak_rss_mb, lsn_of, stop_on_sigterm, wait_for
+from benchmarks.harness import (
+    TABLE,
+    PgsubRun,
+    jvm_peak_rss_mb,
+    lsn_of,
+    stop_on_sigterm,
+    vm_hwm_mb,
+    wait_for,
+)
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
@@ -52,16 +60,6 @@ class Figures:
     peak_rss_mb: float | None = None  # PostgreSQL's apply worker, or pgsub's Python process
     peak_rss_jvm_mb: float | None = None
     peak_spill_mb: float | None = None
-
-
-def vm_hwm_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def insert(publisher: PgCluster, name: str, rows: int) -> tuple[float, Any]:

@@ -13,6 +13,7 @@ own), one after the other, on throwaway PostgreSQL 15 clusters:
 | soak, a steady rate for M minutes | lag p99 first vs last window, table files | same | - |
 | ceiling, stepped rates | the highest rate kept up with | same | pgbench's own rate |
 | many tables, T x R rows | seconds to all READY; lag and drain under a spread load | same | - |
+| cold start, T x R rows | `pgsub run` to all READY | CREATE SUBSCRIPTION to all READY | - |
 
 then prints one table with the ratios pgsub / PostgreSQL and pgsub / raw
 and writes every figure to one JSON file.
@@ -105,6 +106,18 @@ def tables_rows(tables: dict[str, Any]) -> str:
     )
 
 
+def cold_row(cold: dict[str, Any]) -> str:
+    args, ours, theirs = cold["args"], cold["pgsub"], cold["native"]
+    shape = f"{int(args['tables']):,} tables x {int(args['rows']):,} rows"
+    jvm = "no JVM" if ours["peak_rss_jvm_mb"] is None else f"JVM {mb(ours['peak_rss_jvm_mb'])} MB"
+    return (
+        f"| cold start, {shape}: seconds from `pgsub run` (PostgreSQL: from CREATE"
+        f" SUBSCRIPTION) to all READY | {ours['ready_seconds'] or 0:.1f} ({jvm})"
+        f" | {theirs['sync_seconds']:.1f} | - |"
+        f" {ratio(theirs['sync_seconds'], ours['ready_seconds'])} | - |"
+    )
+
+
 def table(
     sync: dict[str, Any], stream: dict[str, Any], apply: dict[str, Any], large: dict[str, Any]
 ) -> str:
@@ -191,6 +204,11 @@ def main() -> None:
         *("--rate", str(args.table_rate), "--seconds", str(max(args.seconds, 120))),
         *("--out", str(tables_json)),
     )
+    cold_json = folder / "bench-cold.json"
+    run(
+        "cold_start",
+        *("--tables", str(args.tables), "--rows", str(args.table_rows), "--out", str(cold_json)),
+    )
     run(
         "ceiling",
         *("--rates", args.ceiling_rates, "--seconds", str(args.seconds)),
@@ -203,7 +221,7 @@ def main() -> None:
         *("--rate", str(args.rate), "--window", str(max(1.0, args.soak_minutes / 6))),
         *("--out", str(soak_json)),
     )
-    sync, stream, apply, large, soak, ceiling, tables = (
+    sync, stream, apply, large, soak, ceiling, tables, cold = (
         json.loads(p.read_text())
         for p in (
             sync_json,
@@ -213,12 +231,14 @@ def main() -> None:
             soak_json,
             ceiling_json,
             tables_json,
+            cold_json,
         )
     )
     summary = "\n".join(
         [
             table(sync, stream, apply, large),
             tables_rows(tables),
+            cold_row(cold),
             soak_row(soak),
             ceiling_row(ceiling),
         ]
@@ -244,6 +264,7 @@ def main() -> None:
                 "soak": soak,
                 "ceiling": ceiling,
                 "tables": tables,
+                "cold": cold,
             },
             indent=2,
         )

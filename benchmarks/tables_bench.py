@@ -183,6 +183,7 @@ def run_pgsub(
     figures = Figures(f"pgsub ({warehouse.kind})")
     figures.notes.append(f"max_sync_workers {args.sync_workers}, as the native subscriber's")
     figures.notes.append(f"history: {args.history}; warehouse: {warehouse.location}")
+    figures.notes.append(f"batch.max_delay: {args.max_delay} s")
     with PgsubRun(
         spark,
         warehouse=warehouse,
@@ -192,6 +193,7 @@ def run_pgsub(
         copy_data=True,
         max_sync_workers=args.sync_workers,
         history={"mode": args.history},
+        batch={"max_delay": args.max_delay},
     ) as run:
         started = time.monotonic()
         run.start()
@@ -228,6 +230,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=120, help="load duration (0: skip)")
     parser.add_argument("--sync-workers", type=int, default=4)
     parser.add_argument("--drain-timeout", type=float, default=900)
+    parser.add_argument("--max-delay", type=float, default=1.0, help="pgsub's batch.max_delay (s)")
     parser.add_argument(
         "--history",
         choices=["mirror", "soft_delete", "changelog", "scd2"],

@@ -335,6 +335,9 @@ class SparkConfig(_Strict):
     master: str = "local[*]"
     remote: str | None = None
     conf: dict[str, str] = Field(default_factory=dict)
+    # on_demand: the session (a local JVM, or a cluster's driver) starts when a table first
+    # needs Spark - never, for small tables; at_start: before replication, as a warm-up.
+    start: Literal["on_demand", "at_start"] = "on_demand"
 
     @field_validator("remote")
     @classmethod

@@ -22,7 +22,13 @@ from typing import Any, Final
 import structlog
 
 from apply.delta.files.store_check import StoreError, check_store
-from apply.delta.spark.session import SparkSettings, build_session, masked_spark_url
+from apply.delta.spark.session import (
+    SparkSettings,
+    build_session,
+    lazy_session,
+    masked_spark_url,
+    started,
+)
 from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
 from subscriber.runtime.config import Config, ConfigError
@@ -145,6 +151,8 @@ class Daemon:
         """A local or cluster Spark driver answers (Spark Connect: the server's own business)."""
         if self.spark is None or self.config.spark.remote is not None:
             return True
+        if not started(self.spark):
+            return True  # no table has needed Spark yet: no JVM to lose
         try:
             return not self.spark.sparkContext._jsc.sc().isStopped()
         except Exception:  # noqa: BLE001 - any failure to reach the JVM means it is gone
@@ -173,14 +181,14 @@ class Daemon:
             check_store(config.warehouse, f"subscriptions {', '.join(s.name for s in enabled)}")
         except StoreError as exc:
             raise ConfigError(str(exc)) from None
-        spark = self.spark = build_session(
-            SparkSettings(
-                master=config.spark.master,
-                remote=config.spark.remote,
-                conf=config.spark_conf(),
-                jvm_traces=config.log.level == "debug",
-            )
+        settings = SparkSettings(
+            master=config.spark.master,
+            remote=config.spark.remote,
+            conf=config.spark_conf(),
+            jvm_traces=config.log.level == "debug",
         )
+        at_start = config.spark.start == "at_start"
+        spark = self.spark = build_session(settings) if at_start else lazy_session(settings)
         tune_garbage_collector()
         checkpoints = CheckpointStore(spark, config.warehouse)
         for sub in config.subscriptions:

@@ -161,7 +161,7 @@ def run_demo(warehouse: Path, *, seconds: float | None = None, port: int = 9187)
         daemon = Daemon(
             Config(
                 warehouse=str(warehouse),
-                spark=SparkConfig(master="local[2]"),
+                spark=SparkConfig(master="local[2]", start="at_start"),  # its JVM shown at work
                 metrics=MetricsConfig(host="127.0.0.1", port=port),
                 log=LogConfig(format="auto"),
                 subscriptions=[

@@ -19,7 +19,7 @@ from typing import Any
 import deltalake
 import pytest
 
-from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
+from tests.support.daemon import DaemonProcess, group_commands, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgdatabase import PgDatabase
 from tests.support.scale_out import (
@@ -36,20 +36,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(1500)]
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
     with connect_server(tmp_path_factory.mktemp("spark-connect")) as started:
         yield started
-
-
-def group_commands(group: int) -> list[str]:
-    """The command names of the processes in process group ``group``."""
-    names = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :]
-        if int(rest.split()[2]) == group:
-            names.append(name)
-    return names
 
 
 def test_copy_stream_conflicts_and_status_through_spark_connect(

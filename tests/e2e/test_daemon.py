@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from tests.support.browser import rendered
-from tests.support.daemon import DaemonProcess, pgsub, wait_confirmed, write_config
+from tests.support.daemon import (
+    DaemonProcess,
+    group_commands,
+    pgsub,
+    wait_confirmed,
+    write_config,
+)
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import free_port, wait_until
 from tests.support.pgdatabase import PgDatabase
@@ -82,6 +88,9 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g")
     publisher.execute("UPDATE t SET v = 'w' WHERE id < 10; DELETE FROM t WHERE id > 90")
     wait_confirmed(publisher)
+    # A small table's batches need no Spark (spark.start: on_demand): no JVM was started.
+    assert "java" not in group_commands(daemon.process.pid)
+    assert not any(e["event"] == "spark session started" for e in daemon.events())
 
     assert daemon.get("/healthz")[0] == 200
     status, body = daemon.get("/status")

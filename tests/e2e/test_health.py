@@ -23,7 +23,10 @@ def test_idle_and_disabled_subscriptions_stay_live_and_a_lost_jvm_restarts_the_p
     publisher.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t")
     config = tmp_path / "pgsub.yaml"
     # Keepalives every ~1.5 s; the old probe failed an idle stream after 3 + 1 + 30 s.
-    port = write_config(config, publisher, tmp_path / "warehouse", wal_receiver_timeout="3s")
+    # A JVM from the start (its loss is the test's end): by default no table here needs one.
+    port = write_config(
+        config, publisher, tmp_path / "warehouse", spark_start="at_start", wal_receiver_timeout="3s"
+    )
     daemon = daemons(config, port)
     daemon.wait_ready()
     publisher.execute("INSERT INTO t VALUES (1)")

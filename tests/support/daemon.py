@@ -52,12 +52,14 @@ def write_config(
     remote: str | None = None,
     storage: S3Server | None = None,
     maintenance: dict[str, Any] | None = None,
+    spark_start: str | None = None,
     **subscription: Any,
 ) -> int:
     """A config for one subscription ``sub1`` of publication ``pub``; returns the metrics port.
 
     ``remote``: a Spark Connect server's URL, in place of ``master``; ``storage``: the object
-    store the warehouse (an ``s3a://`` URL) is in; ``maintenance``: its section."""
+    store the warehouse (an ``s3a://`` URL) is in; ``maintenance``: its section;
+    ``spark_start``: ``spark.start`` (on_demand when not given)."""
     return write_subscriptions(
         path,
         warehouse,
@@ -66,6 +68,7 @@ def write_config(
         remote=remote,
         storage=storage,
         maintenance=maintenance,
+        spark_start=spark_start,
         **subscription,
     )
 
@@ -79,6 +82,7 @@ def write_subscriptions(
     remote: str | None = None,
     storage: S3Server | None = None,
     maintenance: dict[str, Any] | None = None,
+    spark_start: str | None = None,
     **settings: Any,
 ) -> int:
     """A config with one subscription of publication ``pub`` per (name, publisher); the port."""
@@ -104,6 +108,8 @@ def write_subscriptions(
     }
     if maintenance is not None:
         config["maintenance"] = maintenance
+    if spark_start is not None:
+        config["spark"]["start"] = spark_start
     if storage is not None:  # the keys in files, as a Kubernetes Secret mounts them
         secrets = path.parent / "s3-secrets"
         secrets.mkdir(exist_ok=True)
@@ -194,6 +200,20 @@ class DaemonProcess:
                 except ValueError:
                     continue
         return found
+
+
+def group_commands(group: int) -> list[str]:
+    """The command names of the processes in process group ``group``."""
+    names = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :]
+        if int(rest.split()[2]) == group:
+            names.append(name)
+    return names
 
 
 def wait_confirmed(publisher: PgDatabase, slot: str = "sub1", timeout: float = 180) -> None:

@@ -16,11 +16,13 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
+import structlog
 from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql import SparkSession as SparkSession  # noqa: PLC0414 - a re-export
     from pyspark.sql.types import StructType
+
+log = structlog.get_logger(__name__)
 
 JARS_DIR_ENV = "PGSUB_JARS_DIR"
 _LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
@@ -141,6 +145,71 @@ def build_session(settings: SparkSettings, jars_dir: Path | None = None) -> Spar
     return session
 
 
+class LazySession:
+    """A Spark session started the first time something uses it, not before.
+
+    The daemon holds one (``lazy_session``) where it held a started session:
+    its small tables' copies and batches, the state store and the table
+    checks run without Spark (docs/apply.md, "Where a batch is written"), so
+    a JVM (about 7 s and 300 MB on two cores) is started only once a table
+    needs one - a large table's copy or MERGE, a schema change Spark makes,
+    maintenance. Any attribute of the session starts it (once, whatever the
+    thread) and is the session's; ``is_remote``, ``spark_master`` and
+    ``thread_session`` answer without starting it.
+    """
+
+    def __init__(self, build: Callable[[], SparkSession], *, master: str, remote: bool) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._session: SparkSession | None = None
+        self.master = master  # "" for Spark Connect
+        self.remote = remote
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def session(self) -> SparkSession:
+        """The session, started now if it is not yet."""
+        if self._session is None:
+            with self._lock:
+                if self._session is None:
+                    self._session = self._build()
+        return self._session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session(), name)
+
+
+def lazy_session(settings: SparkSettings) -> SparkSession:
+    """The process's session as ``build_session`` makes it, started when first used
+    (``LazySession``); a bad setting still fails at once (``session_conf``)."""
+    session_conf(settings)  # the jars are there, the settings are whole: checked now
+
+    def build() -> SparkSession:
+        started = time.monotonic()
+        first = threading.current_thread().name
+        session = build_session(settings)
+        log.info(
+            "spark session started",
+            first_needed_by=first,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return session
+
+    lazy = LazySession(
+        build,
+        master="" if settings.remote is not None else settings.master,
+        remote=settings.remote is not None,
+    )
+    return cast("SparkSession", lazy)
+
+
+def started(session: SparkSession) -> bool:
+    """Whether ``session``'s Spark runs (a ``LazySession`` not yet used does not)."""
+    return not isinstance(session, LazySession) or session.started
+
+
 def arrow_frame(session: SparkSession, table: pa.Table, ddl: str) -> DataFrame:
     """``table`` as a Spark DataFrame of schema ``ddl``: the one way Arrow data enters Spark.
 
@@ -160,6 +229,8 @@ def arrow_frame(session: SparkSession, table: pa.Table, ddl: str) -> DataFrame:
 
 def is_remote(session: SparkSession) -> bool:
     """Whether ``session`` is a Spark Connect client (``spark.remote``)."""
+    if isinstance(session, LazySession):
+        return session.remote
     return type(session).__module__.startswith("pyspark.sql.connect")
 
 
@@ -167,6 +238,8 @@ def spark_master(session: SparkSession) -> str:
     """The session's master (``local[*]``, ``spark://...``); "" for Spark Connect."""
     if is_remote(session):
         return ""
+    if isinstance(session, LazySession):
+        return session.master
     try:
         return str(session.conf.get("spark.master", ""))
     except SparkErrors:
@@ -187,8 +260,19 @@ def thread_session(spark: SparkSession) -> SparkSession:
     """A session for one thread: the same Spark, its own SQL conf and temporary views.
 
     Classic: ``newSession`` (the same SparkContext). Spark Connect: a new
-    server-side session on its own channel, stopped by ``stop_sessions``.
+    server-side session on its own channel, stopped by ``stop_sessions``. Of a
+    ``LazySession`` not yet started: one started with it, when first used.
     """
+    if isinstance(spark, LazySession):
+        parent = spark
+        return cast(
+            "SparkSession",
+            LazySession(
+                lambda: thread_session(parent.session()),
+                master=parent.master,
+                remote=parent.remote,
+            ),
+        )
     if not is_remote(spark):
         return spark.newSession()
     from pyspark.sql.connect.session import SparkSession as ConnectSession

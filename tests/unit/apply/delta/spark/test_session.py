@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from apply.delta.spark.session import (
+    LazySession,
     SparkSettings,
     SparkSetupError,
     delta_jars,
@@ -13,6 +14,7 @@ from apply.delta.spark.session import (
     runs_here,
     session_conf,
     spark_master,
+    started,
     stop_sessions,
     thread_session,
 )
@@ -104,3 +106,52 @@ def test_a_spark_connect_session_is_told_apart_and_its_thread_sessions_are_relea
         client.release_session_on_close = False
         client.stop()
     assert own.is_stopped
+
+
+class _Session:
+    """What a started session answers here: its master, and a session for a thread."""
+
+    def __init__(self, name: str = "root") -> None:
+        self.name = name
+
+    def newSession(self) -> "_Session":
+        return _Session(f"{self.name}/thread")
+
+
+def test_a_lazy_session_starts_at_its_first_use_not_when_described() -> None:
+    builds: list[int] = []
+
+    def build() -> Any:
+        builds.append(1)
+        return _Session()
+
+    lazy: Any = LazySession(build, master="local[2]", remote=False)
+    # what the daemon's wiring asks of it at start: answered from the settings
+    assert not is_remote(lazy) and spark_master(lazy) == "local[2]" and runs_here(lazy)
+    child: Any = thread_session(lazy)
+    assert not started(lazy) and not started(child) and builds == []
+    assert child.name == "root/thread"  # a thread's session, of the one started now
+    assert started(lazy) and started(child) and builds == [1]
+    assert lazy.name == "root" and builds == [1]
+
+
+def test_a_lazy_session_is_started_once_whatever_the_threads() -> None:
+    import threading
+    import time
+
+    builds: list[int] = []
+
+    def build() -> Any:
+        builds.append(1)
+        time.sleep(0.2)  # a JVM starting: the other threads ask meanwhile
+        return _Session()
+
+    lazy: Any = LazySession(build, master="", remote=True)
+    assert is_remote(lazy) and spark_master(lazy) == ""
+    names: list[str] = []
+    threads = [threading.Thread(target=lambda: names.append(lazy.name)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert names == ["root"] * 8 and builds == [1]

@@ -1,0 +1,193 @@
+"""A cold start: ``pgsub run`` as a user starts it, beside PostgreSQL's own subscriber.
+
+The other benchmarks start their clock once pgsub's Spark session is up in
+their own process; a user's clock starts when they type ``pgsub run``. Here
+the clock starts before the process: N small tables (default 200 x 2,000
+rows, as ``make bench-tables``) in a publication, ``pgsub run -c`` a fresh
+config (a new warehouse, its own slot), and the seconds until its
+``/status`` shows every table READY - copied, caught up and handed to the
+leader. PostgreSQL's subscriber: the seconds from ``CREATE SUBSCRIPTION``
+until every ``pg_subscription_rel`` row is ``r`` (its server already runs,
+as a subscriber's does). Also: when pgsub's endpoint first answered, when
+its first table was READY, its peak memory (Python and the JVM, if one was
+started). Nothing here is a test: it prints a table and writes JSON.
+
+    python -m benchmarks.cold_start --tables 200 --rows 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.harness import stop_on_sigterm, vm_hwm_mb, write_results
+from benchmarks.tables_bench import publisher_with_tables, run_native
+from subscriber.runtime.embedded import PgCluster
+
+
+@dataclass
+class ColdStart:
+    subscriber: str
+    ready_seconds: float | None = None  # to every table READY
+    endpoint_seconds: float | None = None  # to the HTTP endpoint's first answer
+    first_table_seconds: float | None = None  # to the first table READY
+    peak_rss_python_mb: float | None = None
+    peak_rss_jvm_mb: float | None = None  # None: no JVM was started
+    notes: list[str] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _status(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as reply:
+            return json.loads(reply.read())  # type: ignore[no-any-return]
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> ColdStart:
+    """One cold ``pgsub run`` with ``spark.start: start``, its own subscription and slot."""
+    figures = ColdStart(f"pgsub run, spark.start {start}")
+    folder = Path(tempfile.mkdtemp(prefix="pgsub-bench-cold-"))
+    port = _free_port()
+    config = {
+        "warehouse": str(folder / "warehouse"),
+        "spark": {"master": "local[*]", "start": start},
+        "metrics": {"host": "127.0.0.1", "port": port},
+        "log": {"format": "json", "level": "info"},
+        "subscriptions": [
+            {
+                "name": f"cold_{start}",
+                "connection": publisher.dsn("bench"),
+                "publications": ["pub_ours"],
+                "copy_data": True,
+                "max_sync_workers": args.sync_workers,
+                "spool_dir": str(folder / "spool"),
+            }
+        ],
+    }
+    path = folder / "pgsub.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = (folder / "pgsub.log").open("w")
+    started = time.monotonic()
+    process = subprocess.Popen(  # noqa: S603 - this interpreter, this repository's CLI
+        [sys.executable, "-m", "subscriber.runtime.cli", "run", "-c", str(path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the JVM goes with it
+    )
+    jvm_peak: float | None = None
+    try:
+        while time.monotonic() - started < args.timeout:
+            if process.poll() is not None:
+                raise SystemExit(f"pgsub exited with {process.returncode}: see {log.name}")
+            for child in _children(process.pid):
+                jvm_peak = max(jvm_peak or 0.0, vm_hwm_mb(child) or 0.0) or None
+            status = _status(port)
+            now = time.monotonic() - started
+            if status is None:
+                time.sleep(0.05)
+                continue
+            figures.endpoint_seconds = figures.endpoint_seconds or now
+            tables = [t for s in status["subscriptions"] for t in s["tables"]]
+            ready = [t for t in tables if t["state"] == "ready"]
+            if ready and figures.first_table_seconds is None:
+                figures.first_table_seconds = now
+            if len(tables) >= args.tables and len(ready) == len(tables):
+                figures.ready_seconds = now
+                break
+            time.sleep(0.05)
+        figures.peak_rss_python_mb = vm_hwm_mb(process.pid)
+        figures.peak_rss_jvm_mb = jvm_peak
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()
+    figures.notes.append(f"max_sync_workers {args.sync_workers}; log: {log.name}")
+    if figures.peak_rss_jvm_mb is None:
+        figures.notes.append("no JVM was started")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", type=int, default=200)
+    parser.add_argument("--rows", type=int, default=2000, help="rows per table")
+    parser.add_argument("--sync-workers", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for READY")
+    parser.add_argument(
+        "--spark-start",
+        default="on_demand,at_start",
+        help="spark.start of each pgsub run, in turn (comma-separated)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-results/cold_start.json"))
+    args = parser.parse_args()
+    args.seconds = 0  # run_native: the sync alone
+    stop_on_sigterm()
+    publisher = publisher_with_tables(args)
+    try:
+        native = run_native(publisher, args)
+        runs = [run_pgsub(publisher, args, start) for start in args.spark_start.split(",")]
+    finally:
+        publisher.destroy()
+    for ours in runs:
+        print(json.dumps(asdict(ours), indent=2), flush=True)
+    print(f"\n{args.tables} tables x {args.rows} rows, from the start to every table READY")
+    print(f"{'':30}" + "".join(f"{r.subscriber[-9:]:>12}" for r in runs) + f"{'PostgreSQL':>12}")
+    rows = [
+        ("to every table READY (s)", [r.ready_seconds for r in runs], native.sync_seconds),
+        ("HTTP endpoint answers (s)", [r.endpoint_seconds for r in runs], None),
+        ("first table READY (s)", [r.first_table_seconds for r in runs], None),
+        ("peak RSS Python (MB)", [r.peak_rss_python_mb for r in runs], None),
+        ("peak RSS JVM (MB)", [r.peak_rss_jvm_mb for r in runs], None),
+    ]
+    for label, values, theirs in rows:
+        cells = "".join(f"{v:>12.1f}" if v is not None else f"{'-':>12}" for v in values)
+        print(f"{label:30}{cells}" + (f"{theirs:>12.1f}" if theirs is not None else ""))
+    ratios = ", ".join(
+        f"{r.subscriber}: {native.sync_seconds / r.ready_seconds:.2f}x"
+        for r in runs
+        if r.ready_seconds
+    )
+    print(f"PostgreSQL's time / pgsub's: {ratios}")
+    write_results(args, runs[0], native)
+
+
+if __name__ == "__main__":
+    main()
