@@ -150,10 +150,10 @@ class LazySession:
 
     The daemon holds one (``lazy_session``) where it held a started session:
     its small tables' copies and batches, the state store and the table
-    checks run without Spark (docs/apply.md, "Where a batch is written"), so
-    a JVM (about 7 s and 300 MB on two cores) is started only once a table
-    needs one - a large table's copy or MERGE, a schema change Spark makes,
-    maintenance. Any attribute of the session starts it (once, whatever the
+    checks run without Spark, so a JVM (about 7 s and 300 MB on two cores)
+    is started only once something needs one - a large table's copy or
+    MERGE, a schema change Spark makes, maintenance's first round - and
+    the tables are copied and caught up meanwhile. Any attribute of the session starts it (once, whatever the
     thread) and is the session's; ``is_remote``, ``spark_master`` and
     ``thread_session`` answer without starting it.
     """
