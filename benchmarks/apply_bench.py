@@ -123,7 +123,11 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
 
 def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Figures:
     figures = Figures("pgsub")
-    batch = {"max_changes": args.max_changes, "max_delay": args.max_delay}
+    batch = {
+        "max_changes": args.max_changes,
+        "max_delay": args.max_delay,
+        "min_changes": args.min_changes,
+    }
     with PgsubRun(
         spark, connection=publisher.dsn("bench"), publications=["pub_pgsub"], batch=batch
     ) as run:
@@ -167,6 +171,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=60, help="steady load duration (0: skip)")
     parser.add_argument("--max-changes", type=int, default=100_000)
     parser.add_argument("--max-delay", type=float, default=1.0)
+    parser.add_argument(
+        "--min-changes", type=int, default=1000, help="batch.min_changes (0: max_delay only)"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/apply.json"))
     args = parser.parse_args()
     stop_on_sigterm()
@@ -212,7 +219,7 @@ def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
         ("(b) pgbench tps achieved", ours.tps_achieved, native.tps_achieved),
     ]
     print(f"\nrows={args.rows} rate={args.rate}/s for {args.seconds}s,", end=" ")
-    print(f"batch {args.max_changes} changes / {args.max_delay}s")
+    print(f"batch {args.max_changes} changes / {args.max_delay}s / due at {args.min_changes}")
     print("| figure | pgsub | PostgreSQL 15 subscriber | pgsub / PostgreSQL |\n|---|---|---|---|")
     for name, a, b in rows:
         print(f"| {name} | {a:,.2f} | {b:,.2f} | {ratio(a, b)} |")

@@ -1,8 +1,16 @@
 """Batches of complete transactions, in commit order, split by target table.
 
 Pure. ``Batcher`` collects transactions until its bounds - ``max_changes``
-row changes or ``max_bytes`` of row data - or ``max_delay`` seconds since
-the first one; a transaction is never split, so one larger than the bounds
+row changes or ``max_bytes`` of row data - or until it is due by time:
+``max_delay`` after the batch before was taken, or after its own first
+transaction arrived if that is earlier (a transaction after a quiet spell
+is written at once; a steady stream is written at most once per
+``max_delay``); or, sooner, once it holds ``min_changes`` (group commit: a
+batch that already carries that many changes is written as soon as the
+writer is free). So a commit's fixed cost - its files, its requests in a
+bucket - is paid for at least ``min_changes`` changes or at most once per
+``max_delay``, and a high rate is not held back. A transaction is never
+split, so one larger than the bounds
 makes a batch of its own. While the target lags - a full batch took longer
 than ``max_delay`` to apply - the change bound doubles, up to ``GROWTH``
 times ``max_changes``, and it returns to ``max_changes`` with the first
@@ -190,9 +198,12 @@ class Batcher:
         bounds: Bounds = DEFAULT_BOUNDS,
         max_delay: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        min_changes: int = 0,
     ) -> None:
         if max_delay < 0:
             raise ValueError("max_delay must not be negative")
+        self.min_changes = min_changes  # 0: every batch waits its max_delay
         self.base = bounds  # as configured; ``bounds`` grows from it while the target lags
         self.bounds = bounds
         self.max_delay = max_delay
@@ -201,7 +212,8 @@ class Batcher:
         self._transactions: list[RemoteTransaction] = []
         self._changes = 0
         self._size = 0
-        self._started: float | None = None
+        self._started: float | None = None  # when the open batch's oldest arrived
+        self._last_taken = clock()  # when the batch before it was taken (or the batcher made)
 
     def __len__(self) -> int:
         return len(self._transactions)
@@ -226,13 +238,17 @@ class Batcher:
     def due(self) -> bool:
         if not self._transactions:
             return False
-        return self.full() or self.time_left() <= 0
+        grouped = 0 < self.min_changes <= self._changes
+        return grouped or self.full() or self.time_left() <= 0
 
     def time_left(self) -> float:
-        """Seconds until the open batch is due by time (``max_delay`` when empty)."""
+        """Seconds until the open batch is due by time (``max_delay`` when empty): at
+        ``max_delay`` after the batch before was taken or after its oldest transaction
+        arrived, whichever was first."""
         if self._started is None:
             return self.max_delay
-        return self._started + self.max_delay - self._clock()
+        since = min(self._started, self._last_taken)
+        return since + self.max_delay - self._clock()
 
     def applied(self, seconds: float) -> None:
         """The batch last taken was applied in ``seconds``. One that held at least the
@@ -247,6 +263,7 @@ class Batcher:
 
     def take(self) -> Batch:
         self._taken_full = self.base.reached(self._changes, self._size)
+        self._last_taken = self._clock()
         batch = Batch(self._transactions)
         self._transactions = []
         self._changes = 0

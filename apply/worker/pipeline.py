@@ -72,6 +72,7 @@ class ApplyContext:
     staging: Path | None = None
     # What each table's batches wrote, across attempts (``/status``).
     writes: TableWrites = field(default_factory=TableWrites)
+    min_changes: int = 0  # a batch that holds this many is due at once (``batch.min_changes``)
 
 
 class _StopRequestedError(Exception):
@@ -145,7 +146,7 @@ class ApplyPipeline:
             self._queue,
             applier=self._applier,
             progress=self.progress,
-            batcher=Batcher(context.bounds, context.max_delay),
+            batcher=Batcher(context.bounds, context.max_delay, min_changes=context.min_changes),
             hooks=(
                 LeaderHooks(context.subscription, role, context.metrics, writes=context.writes)
                 if isinstance(role, Leader)

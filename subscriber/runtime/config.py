@@ -91,6 +91,9 @@ class BatchConfig(_Strict):
     # applied in pieces. The receive queue holds up to twice these bounds.
     max_bytes: ByteSize = 64 * 1024**2
     max_delay: Duration = 1.0
+    # A batch holding this many changes is written as soon as the writer is free, not at
+    # max_delay (group commit); fewer wait max_delay. 0: every batch waits max_delay.
+    min_changes: int = Field(1000, ge=0)
 
     def bounds(self) -> Bounds:
         return Bounds(self.max_changes, self.max_bytes)

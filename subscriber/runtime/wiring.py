@@ -93,6 +93,7 @@ def wire(
         bounds=config.batch.bounds(),
         queue=config.batch.queue_bounds(),
         max_delay=config.batch.max_delay,
+        min_changes=config.batch.min_changes,
         spool_root=spool,
         status_interval=config.status_interval,
         wal_receiver_timeout=config.wal_receiver_timeout,

@@ -153,9 +153,10 @@ class LazySession:
     checks run without Spark, so a JVM (about 7 s and 300 MB on two cores)
     is started only once something needs one - a large table's copy or
     MERGE, a schema change Spark makes, maintenance's first round - and
-    the tables are copied and caught up meanwhile. Any attribute of the session starts it (once, whatever the
-    thread) and is the session's; ``is_remote``, ``spark_master`` and
-    ``thread_session`` answer without starting it.
+    the tables are copied and caught up meanwhile. Any attribute of the
+    session starts it (once, whatever the thread) and is the session's;
+    ``is_remote``, ``spark_master`` and ``thread_session`` answer without
+    starting it.
     """
 
     def __init__(self, build: Callable[[], SparkSession], *, master: str, remote: bool) -> None:

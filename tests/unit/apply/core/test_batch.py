@@ -1,5 +1,7 @@
 """Batch bounds: complete transactions only, bounded by changes and delay."""
 
+import pytest
+
 from apply.core.batch import Batcher
 from apply.core.transactions import Bounds
 from tests.unit.apply.builders import ins, relation, tx
@@ -25,6 +27,41 @@ def test_batch_is_due_by_delay() -> None:
     now[0] = 0.5
     assert not batcher.due() and batcher.time_left() == 0.5
     now[0] = 1.0
+    assert batcher.due()
+
+
+def test_a_batch_holding_min_changes_is_due_at_once_a_trickle_waits_its_delay() -> None:
+    """Group commit (``batch.min_changes``): at a high rate a batch is written as soon as
+    the writer takes it; at a low one it still carries ``max_delay`` worth of changes."""
+    now = [0.0]
+    batcher = Batcher(Bounds(1000), max_delay=1.0, clock=lambda: now[0], min_changes=3)
+    batcher.add(tx(ins(T, 1, "a"), ins(T, 2, "b")))
+    assert not batcher.due()  # two changes: a trickle, 1 s to wait
+    batcher.add(tx(ins(T, 3, "c"), end=200))
+    assert batcher.due() and batcher.time_left() == 1.0  # three, long before max_delay
+    assert batcher.take().change_count == 3
+    batcher.add(tx(ins(T, 4, "d")))
+    now[0] = 1.0
+    assert batcher.due()  # the trickle's one change, at its max_delay
+    unbounded = Batcher(Bounds(1000), max_delay=1.0, clock=lambda: 0.0)  # min_changes 0
+    unbounded.add(tx(*(ins(T, i, "x") for i in range(999))))
+    assert not unbounded.due()
+
+
+def test_after_a_quiet_spell_a_transaction_is_due_at_once_a_stream_once_per_delay() -> None:
+    """Due by time ``max_delay`` after the batch before was taken: a transaction that comes
+    after a quiet spell is written at once (not a second later, as when a batch waited its
+    own transaction's ``max_delay``); a steady stream still makes one batch per ``max_delay``."""
+    now = [0.0]
+    batcher = Batcher(Bounds(1000), max_delay=1.0, clock=lambda: now[0])
+    now[0] = 5.0
+    batcher.add(tx(ins(T, 1, "a")))
+    assert batcher.due()  # the last batch (none: the batcher's start) 5 s ago
+    batcher.take()
+    now[0] = 5.1
+    batcher.add(tx(ins(T, 2, "b")))
+    assert not batcher.due() and batcher.time_left() == pytest.approx(0.9)  # one per max_delay
+    now[0] = 6.0
     assert batcher.due()
 
 
