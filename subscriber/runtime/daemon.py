@@ -27,6 +27,7 @@ from apply.delta.spark.session import (
     build_session,
     lazy_session,
     masked_spark_url,
+    start_failure,
     started,
 )
 from apply.delta.state_store import CheckpointStore
@@ -124,6 +125,18 @@ class Daemon:
     def check_spark(self) -> bool:
         """Whether the Spark JVM still answers; when it does not, say so once and stop."""
         if self.jvm_lost:
+            return False
+        failure = start_failure(self.spark) if self.spark is not None else None
+        if failure is not None:
+            self.jvm_lost = True
+            log.error(
+                "the Spark session could not start; exiting so that pgsub is restarted",
+                error=str(failure),
+                hint="something needed Spark (a large table, a schema change, maintenance: docs/"
+                'operations.md, "The JVM on demand"); see the '
+                "JVM's log lines above (often: no Java, or too little memory for the JVM)",
+            )
+            self.stop_requested.set()
             return False
         if self._spark_alive():
             return True

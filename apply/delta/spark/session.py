@@ -165,6 +165,7 @@ class LazySession:
         self._session: SparkSession | None = None
         self.master = master  # "" for Spark Connect
         self.remote = remote
+        self.failure: Exception | None = None  # why the session could not start, if it did not
 
     @property
     def started(self) -> bool:
@@ -175,7 +176,11 @@ class LazySession:
         if self._session is None:
             with self._lock:
                 if self._session is None:
-                    self._session = self._build()
+                    try:
+                        self._session = self._build()
+                    except Exception as exc:
+                        self.failure = exc  # the daemon sees it and exits (``start_failure``)
+                        raise SparkSetupError(f"the Spark session could not start: {exc}") from exc
         return self._session
 
     def __getattr__(self, name: str) -> Any:
@@ -204,6 +209,11 @@ def lazy_session(settings: SparkSettings) -> SparkSession:
         remote=settings.remote is not None,
     )
     return cast("SparkSession", lazy)
+
+
+def start_failure(session: SparkSession) -> Exception | None:
+    """Why ``session`` (a ``LazySession``) could not start, if it was asked to and did not."""
+    return session.failure if isinstance(session, LazySession) else None
 
 
 def started(session: SparkSession) -> bool:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from apply.delta.spark.session import LazySession, SparkSetupError
 from subscriber.runtime import cli, daemon, logs
-from subscriber.runtime.config import Config, MetricsConfig
+from subscriber.runtime.config import Config, MetricsConfig, SparkConfig
 from subscriber.runtime.embedded import REPO, free_port
 from subscriber.runtime.shutdown import ForcedExit, ShutdownTimedOut, captured_signals, join_within
 
@@ -49,12 +50,32 @@ def test_a_failed_spark_start_still_stops_the_http_endpoint(monkeypatch: Any) ->
 
     monkeypatch.setattr(daemon, "build_session", no_spark)
     port = free_port()
-    process = daemon.Daemon(Config(metrics=MetricsConfig(host="127.0.0.1", port=port)))
+    process = daemon.Daemon(
+        Config(
+            metrics=MetricsConfig(host="127.0.0.1", port=port),
+            spark=SparkConfig(start="at_start"),  # on_demand starts none before replication
+        )
+    )
     with pytest.raises(RuntimeError, match="did not start"):
         process.run()
     assert process.server is not None
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass  # nothing listens any more
+
+
+def test_a_spark_session_that_cannot_start_when_first_needed_stops_the_daemon() -> None:
+    """``spark.start: on_demand``: a JVM that cannot start at its first use fails that work
+    with what happened, and the daemon exits 1 to be restarted, as one lost later does."""
+
+    def no_jvm() -> Any:
+        raise RuntimeError("Java gateway process exited before sending its port number")
+
+    process = daemon.Daemon(Config(metrics=MetricsConfig(host="127.0.0.1", port=free_port())))
+    process.spark = LazySession(no_jvm, master="local[*]", remote=False)
+    assert process.check_spark()  # not started yet: nothing to lose
+    with pytest.raises(SparkSetupError, match="could not start: Java gateway"):
+        process.spark.sql("SELECT 1")
+    assert not process.check_spark() and process.jvm_lost and process.stop_requested.is_set()
 
 
 @pytest.mark.parametrize(
