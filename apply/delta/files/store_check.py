@@ -10,10 +10,15 @@ same two requests tell apart what a user gets wrong first - an endpoint
 that does not answer, credentials the store refuses, a bucket that is not
 there - each a ``StoreError`` naming the warehouse and what to fix, not a
 Java stack trace retried for ever.
+
+``round_trip`` times the store's answer (the fastest of a few HEADs), from
+which a batch's writers are counted (``apply.delta.tables.writers_for``).
 """
 
 from __future__ import annotations
 
+import math
+import time
 import uuid
 
 import structlog
@@ -94,3 +99,27 @@ def _explained(exc: Exception, warehouse: str, storage: Storage, what: str) -> s
         )
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"{what}: cannot use the object store of warehouse {warehouse} at {where}: {first}"
+
+
+def round_trip(warehouse: str, tries: int = 3) -> float | None:
+    """Seconds the object store under ``warehouse`` takes to answer a small request: the
+    fastest of ``tries`` HEADs of a name that is not there (the first pays the connection).
+    None: it did not answer them (the batches' own requests say why)."""
+    import obstore
+    from obstore.store import from_url
+
+    storage = storage_for(warehouse)
+    config, client = storage.obstore_config()
+    root = f"{warehouse.rstrip('/')}/_pgsub"
+    store = from_url(root, config=config, client_options=client)  # type: ignore[call-overload]
+    fastest = math.inf
+    for _ in range(tries):
+        started = time.monotonic()
+        try:
+            obstore.head(store, "round-trip")
+        except FileNotFoundError:
+            pass  # the answer expected
+        except Exception:  # noqa: BLE001 - no figure; the writer count falls back
+            return None
+        fastest = min(fastest, time.monotonic() - started)
+    return fastest

@@ -184,6 +184,24 @@ def test_a_put_retried_after_its_answer_was_lost_is_taken_for_its_own(
         commit(store, 0, [{"commitInfo": {"txnId": "c"}}])
 
 
+def test_a_bucket_near_by_is_written_by_few_writers_one_far_away_by_many(
+    spark: Any, s3_warehouse: str
+) -> None:
+    """The merge pool's size follows the store's measured round trip (``writers_for``): a
+    gateway on this machine answers in milliseconds, and 16 threads there only contended for
+    Python's lock (lag p99 6.76 s against 4.45 s with 4, docs/performance.md)."""
+    from apply.delta.files.store_check import round_trip
+    from apply.delta.tables import LOCAL_WRITERS, MAX_WRITERS, writers_for
+
+    measured = round_trip(s3_warehouse)
+    assert measured is not None and 0 < measured < 1.0
+    writers = DeltaTables(spark, s3_warehouse, "sub1").writers
+    assert writers == writers_for(measured) and LOCAL_WRITERS <= writers < 16
+    assert writers_for(0.001) == LOCAL_WRITERS and writers_for(0.02) == 13
+    assert writers_for(0.05) == 31 and writers_for(0.2) == MAX_WRITERS
+    assert writers_for(None) == 16  # not measured: as many as before
+
+
 def test_the_state_store_lives_in_the_bucket_without_spark(
     s3_warehouse: str,
 ) -> None:
