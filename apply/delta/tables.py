@@ -29,7 +29,6 @@ locks - is the class's state; split by method, every part would need all of it b
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -58,7 +57,7 @@ from apply.core.records import (
 from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import copy_into, kept_copy, write_once, writes_once
 from apply.delta.files.store import LocalStore, commit_name, table_store
-from apply.delta.files.store_check import round_trip
+from apply.delta.files.store_check import LOCAL_WRITERS, round_trip, writers_for
 from apply.delta.marks import latest_mark
 from apply.delta.placement import Placement
 from apply.delta.spark import sql as delta_sql
@@ -104,30 +103,6 @@ HISTORY_PEEK: Final = 100
 # Tries of a batch whose commit another writer's beat (nothing committed): each on the table
 # as that writer left it.
 RACE_ATTEMPTS: Final = 3
-
-# Tables of a batch written at once (``writers``): on a local disk; in an object store whose
-# round trip was not measured; at most.
-LOCAL_WRITERS: Final = 4
-BUCKET_WRITERS: Final = 16
-MAX_WRITERS: Final = 32
-# A table's batch in an object store: its Python work (keys looked up, a Parquet file, a
-# vector, a commit: about 5 ms here, under Python's lock) and three round trips in sequence
-# (the log's HEADs, the two files' PUTs, the commit's).
-TABLE_CPU: Final = 0.005
-TABLE_ROUND_TRIPS: Final = 3
-
-
-def writers_for(round_trip: float | None) -> int:
-    """Tables of a batch written at once in an object store answering in ``round_trip``
-    seconds: enough that while each waits for its requests the others keep the CPU busy,
-    and no more (more threads than that only contend for Python's lock: 200 tables at
-    1,000/s in a bucket on this machine, lag p99 4.45 s with 4 writers, 6.02 with 8, 6.76
-    with 16). A store 1 ms away gets ``LOCAL_WRITERS``, S3's 20-50 ms 13-31."""
-    if round_trip is None:
-        return BUCKET_WRITERS
-    wanted = math.ceil(round(1 + TABLE_ROUND_TRIPS * round_trip / TABLE_CPU, 6))
-    return max(LOCAL_WRITERS, min(MAX_WRITERS, wanted))
-
 
 log = structlog.get_logger(__name__)
 

@@ -104,7 +104,7 @@ _KEY: Final = "__pgsub_key"  # the batch's keys, as the index holds them
 PURGE_MAX_BYTES: Final = 256 * 2**20
 # The threads that PUT a batch's deletion vector file while its writer writes the rows' file:
 # in an object store a table's batch is then three round trips in sequence, not four. As many
-# as a batch's writers at most (``apply.delta.tables.MAX_WRITERS``).
+# as a batch's writers at most (``apply.delta.files.store_check.MAX_WRITERS``).
 _PUTTING: Final = ThreadPoolExecutor(max_workers=32, thread_name_prefix="vector-put")
 
 

@@ -190,8 +190,7 @@ def test_a_bucket_near_by_is_written_by_few_writers_one_far_away_by_many(
     """The merge pool's size follows the store's measured round trip (``writers_for``): a
     gateway on this machine answers in milliseconds, and 16 threads there only contended for
     Python's lock (lag p99 6.76 s against 4.45 s with 4, docs/performance.md)."""
-    from apply.delta.files.store_check import round_trip
-    from apply.delta.tables import LOCAL_WRITERS, MAX_WRITERS, writers_for
+    from apply.delta.files.store_check import LOCAL_WRITERS, MAX_WRITERS, round_trip, writers_for
 
     measured = round_trip(s3_warehouse)
     assert measured is not None and 0 < measured < 1.0
