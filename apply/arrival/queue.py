@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from apply.arrival.assembly import AssembledTransaction
@@ -64,15 +64,28 @@ class TransactionQueue:
 
     def put(self, tx: AssembledTransaction, timeout: float) -> bool:
         """False when there was no room within ``timeout`` seconds."""
-        changes, size = _in_memory(tx)
+        return self.put_all([tx], timeout) == 1
+
+    def put_all(self, txs: Sequence[AssembledTransaction], timeout: float) -> int:
+        """How many of ``txs``, from the first, were queued: as many as there is room for,
+        after waiting up to ``timeout`` seconds for room for the first. One lock and one
+        wake-up for a run of transactions: a backlog of small ones is handed on by runs."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._room_for(changes, size), timeout):
-                return False
-            self._items.append(Queued(tx, self._clock()))
-            self._changes += changes
-            self._size += size
+            first = _in_memory(txs[0])
+            if not self._cond.wait_for(lambda: self._room_for(*first), timeout):
+                return 0
+            arrived = self._clock()
+            put = 0
+            for tx in txs:
+                changes, size = _in_memory(tx)
+                if not self._room_for(changes, size):
+                    break
+                self._items.append(Queued(tx, arrived))
+                self._changes += changes
+                self._size += size
+                put += 1
             self._cond.notify_all()
-            return True
+            return put
 
     def get(
         self,
@@ -94,6 +107,32 @@ class TransactionQueue:
             self._size -= size
             self._cond.notify_all()
             return queued
+
+    def take(self, most: int, accept: Callable[[AssembledTransaction], bool]) -> list[Queued]:
+        """Up to ``most`` transactions from the oldest, as long as ``accept`` takes them,
+        without waiting: a run taken under one lock (``give_back`` returns what is not
+        used)."""
+        with self._cond:
+            taken: list[Queued] = []
+            items = self._items
+            while items and len(taken) < most and accept(items[0].tx):
+                queued = items.popleft()
+                changes, size = _in_memory(queued.tx)
+                self._changes -= changes
+                self._size -= size
+                taken.append(queued)
+            if taken:
+                self._cond.notify_all()
+            return taken
+
+    def give_back(self, unused: Sequence[Queued]) -> None:
+        """Puts ``unused`` - the end of a run ``take`` gave - back in front, in its order."""
+        with self._cond:
+            for queued in reversed(unused):
+                self._items.appendleft(queued)
+                changes, size = _in_memory(queued.tx)
+                self._changes += changes
+                self._size += size
 
     def __len__(self) -> int:
         return len(self._items)

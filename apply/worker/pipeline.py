@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apply.arrival.assembly import TransactionAssembler
+from apply.arrival.assembly import AssembledTransaction, TransactionAssembler
 from apply.arrival.prestage import Prestager
 from apply.arrival.queue import TransactionQueue
 from apply.arrival.spool import SpoolDirectory, SpooledTransaction
@@ -42,7 +42,7 @@ from subscriber.replication.commands import StreamOptions
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Message, Relation
 from subscriber.replication.progress import Progress
-from subscriber.replication.receiver import Receiver
+from subscriber.replication.receiver import Receiver, StreamHooks
 from subscriber.replication.stream_policy import StreamTiming
 from subscriber.replication.tuples import RowChanges
 from subscriber.replication.wire import XLogData
@@ -73,6 +73,9 @@ class ApplyContext:
     # What each table's batches wrote, across attempts (``/status``).
     writes: TableWrites = field(default_factory=TableWrites)
     min_changes: int = 0  # a batch that holds this many is due at once (``batch.min_changes``)
+
+
+GATHER = 64  # complete transactions the receiver queues at once, at most
 
 
 class _StopRequestedError(Exception):
@@ -156,6 +159,7 @@ class ApplyPipeline:
         )
         self._assembler = TransactionAssembler(spools, context.bounds, messages=options.messages)
         self._last_queued = start
+        self._gathered: list[AssembledTransaction] = []  # complete, not queued yet
         self._stop = threading.Event()
         self.done = threading.Event()  # set when either thread ends
         self._errors: list[BaseException] = []
@@ -166,7 +170,7 @@ class ApplyPipeline:
             self.progress,
             self._deliver,
             timing=StreamTiming(status_interval, context.wal_receiver_timeout),
-            on_reconnect=self._assembler.reset,
+            hooks=StreamHooks(reconnecting=self._assembler.reset, drained=self._hand_on),
         )
         self._threads: list[threading.Thread] = []
 
@@ -178,11 +182,23 @@ class ApplyPipeline:
             if isinstance(tx, SpooledTransaction):
                 tx.discard()
             return  # sent again after a reconnect
-        while not self._queue.put(tx, timeout=1.0):
-            if self._stop.is_set() or self.receiver.stopping:
-                raise _StopRequestedError
-            self.receiver.hold()
+        self._gathered.append(tx)
         self._last_queued = tx.end_lsn
+        if len(self._gathered) >= GATHER or not isinstance(tx, RemoteTransaction):
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Queues the transactions gathered since the last time: when the publisher has
+        sent nothing more yet (``Receiver``'s ``on_drained``), or a run of ``GATHER`` is
+        complete. A full queue holds the receiver here, the connection kept alive."""
+        gathered = self._gathered
+        while gathered:
+            put = self._queue.put_all(gathered, timeout=1.0)
+            del gathered[:put]
+            if put == 0:
+                if self._stop.is_set() or self.receiver.stopping:
+                    raise _StopRequestedError
+                self.receiver.hold()
 
     def _spawn(self, role: str, target: Callable[[], None]) -> threading.Thread:
         def run() -> None:

@@ -104,6 +104,21 @@ class TransactionTracker:
 Deliver = Callable[[Decoded, XLogData], None]
 
 
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHooks:
+    """What the consumer of ``deliver`` is told besides each message."""
+
+    # The connection was lost: what was partly received will be sent again.
+    reconnecting: Callable[[], None] = _nothing
+    # Nothing the publisher sent is left to read (the loop is about to wait for more), or
+    # the connection was lost: the moment to hand on what ``deliver`` gathered.
+    drained: Callable[[], None] = _nothing
+
+
 class Receiver:
     """Runs the receive loop of one subscription until ``stop()``."""
 
@@ -117,7 +132,7 @@ class Receiver:
         *,
         timing: StreamTiming = DEFAULT_TIMING,
         backoff: Backoff | None = None,
-        on_reconnect: Callable[[], None] | None = None,
+        hooks: StreamHooks = StreamHooks(),
     ) -> None:
         self._conninfo = conninfo
         self._slot = slot
@@ -126,7 +141,7 @@ class Receiver:
         self._deliver = deliver
         self._timing = timing
         self._backoff = backoff or Backoff()
-        self._on_reconnect = on_reconnect
+        self._hooks = hooks
         self._tracker = TransactionTracker(progress)
         self._stopping = threading.Event()
         self._wake_reader, self._wake_writer = socket.socketpair()
@@ -168,10 +183,10 @@ class Receiver:
                 try:
                     self._stream_once()
                 except ConnectionLostError as exc:
+                    self._hooks.drained()
                     self.streaming.clear()
                     self._tracker.reset()
-                    if self._on_reconnect is not None:
-                        self._on_reconnect()
+                    self._hooks.reconnecting()
                     if self._stopping.is_set():
                         break
                     delay = self._backoff.next_delay()
@@ -213,9 +228,12 @@ class Receiver:
         runs = RunDecoder(decoder)
         try:
             while not self._stopping.is_set():
-                data = stream.read()
+                data = stream.read(timeout=0)
                 if data is None:
-                    continue
+                    self._hooks.drained()
+                    data = stream.read()
+                    if data is None:
+                        continue
                 for decoded in runs.push(data.payload, data.data_start):
                     self._backoff.reset()
                     self._tracker.observe(decoded)

@@ -318,13 +318,14 @@ class ReplicationStream:
                 self.send_status(force=True, reply_requested=True)
             wake = self._policy.wake_at()
             if deadline is not None:
-                if now >= deadline:
-                    return None
                 wake = min(wake, deadline)
-            for key, _ in self._selector.select(max(0.0, wake - now)):
+            ready = self._selector.select(max(0.0, wake - now))
+            for key, _ in ready:
                 if key.data == "interrupt":
                     return None
                 self._consume()
+            if not ready and deadline is not None and self._clock() >= deadline:
+                return None  # the socket too has nothing (``timeout=0``: nothing waits)
 
     def hold(self) -> None:
         """Keep the connection alive while the consumer cannot take more (backpressure).

@@ -440,3 +440,35 @@ def test_the_next_batch_forms_while_one_is_written_and_lands_as_it_would_have() 
     assert tables.rows["public.t"] == {b"1": (b"1", b"b"), b"2": (b"2", b"c")}
     batches = [e for e in logs if e["event"] == "batch applied"]
     assert [(e["transactions"], e["formed_ahead"]) for e in batches] == [(1, False), (2, True)]
+
+
+def test_a_run_is_queued_as_far_as_there_is_room_and_taken_back_in_order() -> None:
+    """``put_all`` queues a run up to the bounds (the first always, into an empty queue);
+    ``take`` hands a run on under one lock, and what ``give_back`` returns comes first
+    again, in its order, with the bounds' counts restored."""
+    queue = TransactionQueue(Bounds(3))
+    run = [tx(ins(T, n, "v"), end=100 * n) for n in range(1, 6)]
+    assert queue.put_all(run, timeout=0) == 3
+    assert queue.put_all(run[3:], timeout=0.01) == 0  # full: 3 changes of 3
+    taken = queue.take(10, accept=lambda tx: True)
+    assert [q.tx.end_lsn for q in taken] == [Lsn(100), Lsn(200), Lsn(300)]
+    queue.give_back(taken[1:])
+    assert queue.put_all(run[3:], timeout=0) == 1  # room for one: two given back
+    assert [q.tx.end_lsn for q in queue.take(10, accept=lambda tx: True)] == [
+        Lsn(200),
+        Lsn(300),
+        Lsn(400),
+    ]
+    assert queue.take(10, accept=lambda tx: tx.end_lsn < Lsn(500)) == []
+
+
+def test_a_backlog_longer_than_a_run_is_batched_to_its_bounds_in_commit_order() -> None:
+    """600 queued transactions, taken from the queue by runs of ``RUN``: the first batch
+    closes at its bounds (250 changes) in the middle of a run, the rest of the run waits in
+    the queue in its order for the next (formed while the first is written, it may grow to
+    four times the bounds: ``Batcher``), and every row lands."""
+    harness = Harness(bounds=Bounds(250), max_delay=0.0)
+    harness.run(*(tx(ins(T, n, "v"), end=100 * n) for n in range(1, 601)), until=Lsn(60_000))
+    assert harness.tables.keys() == list(range(1, 601))
+    marks = [mark.lsn for _, mark in harness.tables.commits]
+    assert marks[0] == Lsn(25_000) and marks[-1] == Lsn(60_000) and marks == sorted(marks)
