@@ -19,6 +19,7 @@ as a path can leave the warehouse (``..``). Here:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -34,7 +35,10 @@ def quote_ident(part: str) -> str:
     return '"' + part.replace('"', '""') + '"'
 
 
+@functools.lru_cache(maxsize=65536)
 def qualified_name(schema: str, name: str) -> str:
+    """``schema.name``, each part quoted as ``quote_ident`` does; kept, as it is asked for
+    each change (the leader's table filter, a batch's forming)."""
     return f"{quote_ident(schema)}.{quote_ident(name)}"
 
 

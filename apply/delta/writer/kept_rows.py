@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Final
 
 import pyarrow as pa
@@ -50,6 +51,15 @@ class KeptRows:
             while self._bytes > self.budget:
                 _, dropped = self._rows.popitem(last=False)
                 self._bytes -= dropped.nbytes
+
+    def forget(self, location: str, names: Iterable[str]) -> None:
+        """The files ``names`` left the table at ``location`` (a rewrite, a fold replaced
+        them): no batch reads them again, so their rows make room at once rather than wait
+        to be the least recently used (a table rewritten every batch would otherwise hold
+        a copy per batch until the budget is full)."""
+        with self._lock:
+            for name in names:
+                self._drop((location, name))
 
     def get(self, location: str, name: str) -> pa.Table | None:
         """Every row of the file ``name``, if kept."""

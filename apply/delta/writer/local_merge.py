@@ -526,6 +526,7 @@ def _rewrite(
     counts = expected_counts(source.table)
     if hand_writable(open_table.table, rows):
         own, written = overwrite(open_table.store, open_table.version, live, rows, mark)
+        KEPT.forget(open_table.store.location, [file.name for file in live])
         KEPT.keep(open_table.store.location, own.name, rows)  # the next batch's ``current``
         open_table.wrote(app_id, version, own)
         configuration = open_table.table.metadata().configuration

@@ -196,7 +196,7 @@ def write_by_vectors(
         touched = {match.file.name: match.positions for match in matches}
         alive = [state.index.alive_after(f.name, touched.get(f.name)) for f in folded]
         copies = [_rows(open_table.store, f, a, have) for f, a in zip(folded, alive, strict=True)]
-        new_rows = pa.concat_tables([new_rows, *copies])
+        new_rows = pa.concat_tables([new_rows, *copies]).combine_chunks()  # kept: one chunk
     app_id, batch_version = mark.txn
     version = open_table.version + 1
     counts = expected_counts(rows)
@@ -210,6 +210,8 @@ def write_by_vectors(
             open_table.store.delete(name)
         raise
     state.files.applied(version, written.actions)
+    left = {match.file.name for match, _ in written.vectors}
+    KEPT.forget(open_table.store.location, (_names(matches) | _names_of(folded)) - left)
     for match, unique in written.vectors:
         state.index.committed(match.file.name, match.positions, unique)
     if written.new_file is not None:
@@ -315,6 +317,10 @@ def _write_rows(store: TableStore, rows: pa.Table) -> tuple[str, int]:
 
 def _names(matches: list[Match]) -> set[str]:
     return {match.file.name for match in matches}
+
+
+def _names_of(files: list[VectorFile]) -> set[str]:
+    return {file.name for file in files}
 
 
 def _tier(size: int) -> int:

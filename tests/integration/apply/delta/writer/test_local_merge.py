@@ -177,3 +177,31 @@ def test_a_commit_another_writer_made_first_is_not_overwritten(warehouse: Path) 
     assert sorted(p.name for p in folder.glob("*.parquet")) == before
     assert deltalake.DeltaTable(str(folder)).to_pyarrow_table().num_rows == 2
     assert not list((folder / "_delta_log").glob(".*"))  # no temporary file left
+
+
+def test_a_small_table_rewritten_batch_after_batch_keeps_one_chunk_of_one_file(
+    spark: Any, warehouse: Path
+) -> None:
+    """Each rewrite's rows are kept for the next (``kept_rows``): as one chunk - a chunk
+    added a batch made each rewrite's statistics a batch slower, a small table's 60th
+    batch three times its first - and only for the live file, not every file it replaced
+    (memory grew by a copy a table a batch until the budget was full)."""
+    from apply.delta.writer.kept_rows import KEPT
+
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    location = str(warehouse / "public" / "t")
+    try:
+        applier.apply(batch(tx(*(ins(T, i, "a", "b") for i in range(100)), end=100)))
+        for n in range(1, 21):
+            applier.apply(batch(tx(upd(T, n, f"n{n}", "b"), end=100 + n * 10)))
+    finally:
+        applier.close()
+    kept = [(key, rows) for key, rows in KEPT._rows.items() if key[0].rstrip("/") == location]
+    assert len(kept) == 1, [key for key, _ in kept]
+    (_, live_name), rows = kept[0]
+    assert rows.column("id").num_chunks == 1
+    assert live_name in {Path(uri).name for uri in deltalake.DeltaTable(location).file_uris()}
+    assert sorted(rows.column("v").to_pylist()) == sorted(
+        [f"n{i}" if 1 <= i <= 20 else "a" for i in range(100)]
+    )

@@ -43,3 +43,14 @@ def test_a_file_kept_again_counts_once() -> None:
     kept.keep("t", "a", rows(10))
     kept.keep("t", "a", rows(10))
     assert kept.bytes == rows(10).nbytes
+
+
+def test_files_that_left_their_table_are_forgotten_at_once() -> None:
+    kept = KeptRows()
+    kept.keep("t", "a", rows(10))
+    kept.keep("t", "b", rows(10))
+    kept.keep("u", "a", rows(10))
+    kept.forget("t", ["a", "never-kept"])
+    assert kept.get("t", "a") is None
+    assert kept.get("t", "b") is not None and kept.get("u", "a") is not None
+    assert kept.bytes == 2 * rows(10).nbytes
