@@ -13,8 +13,9 @@ Kept within ``BUDGET`` bytes of Arrow for the whole process, the least
 recently used dropped first, and a file dropped at once when a commit
 removes it from its table (``forget``); a file not kept is read from the
 store as before. Its writers keep one chunk per file: rows concatenated
-batch after batch would be a chunk a batch. A file's name is never used again (a UUID in it), so nothing kept
-is ever stale: a table made anew has other files.
+batch after batch would be a chunk a batch. A file's name is never used
+again (a UUID in it), so nothing kept is ever stale: a table made anew has
+other files.
 """
 
 from __future__ import annotations
