@@ -189,7 +189,7 @@ class ApplyPipeline:
 
     def _hand_on(self) -> None:
         """Queues the transactions gathered since the last time: when the publisher has
-        sent nothing more yet (``Receiver``'s ``on_drained``), or a run of ``GATHER`` is
+        sent nothing more yet (``StreamHooks.drained``), or a run of ``GATHER`` is
         complete. A full queue holds the receiver here, the connection kept alive."""
         gathered = self._gathered
         while gathered:
