@@ -183,7 +183,11 @@ class LocalMerges:
             return None
         table = stage.read()
         return self.merge_source(
-            path, schema, KeyedSource(table, tuple(sorted(stage.keep)), False), mark
+            path,
+            schema,
+            KeyedSource(table, tuple(sorted(stage.keep)), False),
+            mark,
+            by_positions=True,
         )
 
     def append_staged(
@@ -247,10 +251,14 @@ class LocalMerges:
         mark: CommitMark,
         *,
         stamping: Stamping = Stamping.NONE,
+        by_positions: bool = False,
     ) -> WriteResult | None:
         """A MERGE source (``apply.batching.source``, stamped as ``stamping`` says) merged by
-        delta-rs
-        into the table at ``path``; None: Spark's path, nothing written."""
+        delta-rs into the table at ``path``; None: Spark's path, nothing written. With
+        ``by_positions`` (a large source), a table without deletion vectors is first tried
+        copy-on-write by its keys' positions (``vector_write``, ``copy_on_write``): delta-rs's
+        MERGE of a million rows held 660 MB above its source, the positions' way holds the
+        table's keys and the rows it writes."""
 
         if source.moved:
             return None
@@ -261,6 +269,12 @@ class LocalMerges:
                 return self._write_by_vectors(open_table, schema, source, mark, done)
             if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
                 return self._write_by_vectors(open_table, schema, source, mark, done)
+            if by_positions and not stamping.stamps and self._positions_fit(open_table, schema):
+                written = self._write_by_vectors(
+                    open_table, schema, source, mark, done, copy_on_write=True
+                )
+                if written is not None:
+                    return written
             written = merge_into(
                 open_table,
                 schema,
@@ -339,15 +353,21 @@ class LocalMerges:
         source: KeyedSource,
         mark: CommitMark,
         done: int | None,
+        *,
+        copy_on_write: bool = False,
     ) -> WriteResult | None:
-        """A batch into a table with deletion vectors on (``apply.delta.writer.vector_write``)."""
+        """A batch into a table with deletion vectors on (``apply.delta.writer.vector_write``);
+        with ``copy_on_write``, into one without them, its key index made for this batch
+        alone (kept, it would hold 9 bytes a row of a table no later batch may need)."""
         if done is not None and done >= mark.txn[1]:
             return WriteResult(schema.table, None)  # committed before: Delta's txn says so
         try:
-            state = self._vector_state(open_table, schema)
+            state = self._vector_state(open_table, schema, kept=not copy_on_write)
             if state is None:
                 return None
-            return write_by_vectors(open_table, state, schema, source, mark)
+            return write_by_vectors(
+                open_table, state, schema, source, mark, copy_on_write=copy_on_write
+            )
         except pa.ArrowException:  # a key type pyarrow cannot look up
             return None
         except (DeletionVectorError, UnreadableLogError) as exc:
@@ -363,14 +383,32 @@ class LocalMerges:
             )
             return None
 
-    def _vector_state(self, open_table: OpenTable, schema: TargetSchema) -> VectorTable | None:
+    def _positions_fit(self, open_table: OpenTable, schema: TargetSchema) -> bool:
+        """Whether a batch may be written into the table copy-on-write by its keys' positions:
+        what the vector path allows, pgsub's own commit may write, and no more Parquet than
+        this path merges."""
+        table = open_table.table
+        return (
+            vectors_allowed(table, schema)
+            and hand_appendable(table)
+            and _fitting_size(open_table, schema, self.max_bytes) is not None
+        )
+
+    def _vector_state(
+        self, open_table: OpenTable, schema: TargetSchema, *, kept: bool = True
+    ) -> VectorTable | None:
         """What the vector path keeps of the table (made at its first batch, or anew for a new
-        replica identity); None: its columns or key do not allow the path."""
+        replica identity); None: its columns or key do not allow the path. Not ``kept``: made
+        for one batch, and what was kept is dropped."""
         types = _types(open_table, schema)
         keys = None if types is None else lookup_keys(types, schema.key)
         if keys is None:
             return None
         location = open_table.store.location
+        if not kept:
+            with self._lock:
+                self._vectors.pop(location, None)
+            return VectorTable(LiveFiles(open_table.store), KeyIndex(open_table.store, keys))
         with self._lock:
             state = self._vectors.get(location)
         if state is None or state.index.keys != keys:

@@ -61,7 +61,7 @@ from apply.delta.files.store import TableStore
 from apply.delta.writer import deletion_vectors
 from apply.delta.writer.deletion_vectors import Descriptor
 from apply.delta.writer.file_stats import FileStats
-from apply.delta.writer.kept_rows import KEPT
+from apply.delta.writer.kept_rows import KEPT, LARGEST
 from apply.delta.writer.key_index import Alive, KeyIndex, Match
 from apply.delta.writer.live_files import LiveFiles, VectorFile
 from apply.delta.writer.overwrite import (
@@ -161,9 +161,16 @@ def write_by_vectors(
     schema: TargetSchema,
     source: KeyedSource,
     mark: CommitMark,
+    *,
+    copy_on_write: bool = False,
 ) -> WriteResult | None:
     """The batch ``source`` written into the open table with deletion vectors, in one
-    commit carrying ``mark``; None: a conflict or a duplicate key (Spark's path)."""
+    commit carrying ``mark``; None: a conflict or a duplicate key (Spark's path). With
+    ``copy_on_write``, no vector: each file the batch touches is rewritten without the
+    rows it replaces or deletes (folded into the batch's file, as small files are), so
+    the table needs no deletion vectors - a large transaction's way into a table without
+    them (``LocalMerges.merge_staged``), whose memory is its rows and the table's keys,
+    not a MERGE's."""
     from apply.core.records import WriteResult
 
     keys = list(schema.key)
@@ -179,7 +186,7 @@ def write_by_vectors(
     if not found_as_expected(pa.table({_KEY: found}), probe, [_KEY]):
         return None
     have = pa.schema(open_table.table.schema().to_arrow())
-    staying = rows.filter(rows[PRESENT])
+    staying = rows if pc.all(rows[PRESENT]).as_py() else rows.filter(rows[PRESENT])
     carried = tuple(name for name in have.names if name not in rows.schema.names)
     if (source.keep_columns or carried) and staying.num_rows:
         kept = [rows.schema.names[i] for i in source.keep_columns]
@@ -189,14 +196,12 @@ def write_by_vectors(
     for field in have:
         if not field.nullable and new_rows.column(field.name).null_count:
             return None  # Spark reports the NOT NULL violation
-    folded = _small_files(live, fold_at(open_table.store.location))
-    worn = _worn_file(live, state.index, {f.name for f in folded})
-    folded += [worn] if worn is not None else []
+    folded = _to_fold(live, state.index, open_table.store.location, matches, copy_on_write)
     if folded:
         touched = {match.file.name: match.positions for match in matches}
         alive = [state.index.alive_after(f.name, touched.get(f.name)) for f in folded]
         copies = [_rows(open_table.store, f, a, have) for f, a in zip(folded, alive, strict=True)]
-        new_rows = pa.concat_tables([new_rows, *copies]).combine_chunks()  # kept: one chunk
+        new_rows = _joined(new_rows, [copy for copy in copies if copy.num_rows])
     app_id, batch_version = mark.txn
     version = open_table.version + 1
     counts = expected_counts(rows)
@@ -307,6 +312,35 @@ def _write(
     return _Written(actions, files, vectors, new_file, size + vector_bytes)
 
 
+def _to_fold(
+    live: list[VectorFile],
+    index: KeyIndex,
+    location: str,
+    matches: list[Match],
+    copy_on_write: bool,
+) -> list[VectorFile]:
+    """The files a batch folds into its own: its tier of small files, if due; a worn file;
+    with ``copy_on_write``, every file it touches too."""
+    folded = _small_files(live, fold_at(location))
+    worn = _worn_file(live, index, {f.name for f in folded})
+    folded += [worn] if worn is not None else []
+    if copy_on_write:
+        folding = _names_of(folded)
+        folded += [match.file for match in matches if match.file.name not in folding]
+    return folded
+
+
+def _joined(rows: pa.Table, copies: list[pa.Table]) -> pa.Table:
+    """The batch's ``rows`` and the ``copies`` of what it folds, as one table: one chunk if
+    small enough to be kept for a later fold (``kept_rows``: a table of many chunks made
+    each later file's statistics and write slower); else as they are, not copied again
+    (a large transaction's million rows would be held twice)."""
+    if not copies:
+        return rows
+    joined = pa.concat_tables([rows, *copies])
+    return joined.combine_chunks() if joined.nbytes <= LARGEST else joined
+
+
 def _write_rows(store: TableStore, rows: pa.Table) -> tuple[str, int]:
     """``rows`` as one new Parquet file of the table: its name and size."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
@@ -376,6 +410,9 @@ def _worn_file(live: list[VectorFile], index: KeyIndex, folded: set[str]) -> Vec
 def _rows(store: TableStore, file: VectorFile, alive: Alive, schema: pa.Schema) -> pa.Table:
     """The ``alive`` rows of ``file``, in the table's ``schema``."""
     import pyarrow.dataset as ds
+
+    if not alive.any():
+        return schema.empty_table()  # every row replaced: nothing to read
 
     rows = KEPT.get(store.location, file.name)  # this process wrote it a few batches ago
     if rows is None:
