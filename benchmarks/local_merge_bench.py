@@ -29,7 +29,7 @@ from apply.columns.schema import TargetSchema, target_schema
 from apply.core.batch import Batch
 from apply.core.records import CommitMark
 from apply.core.transactions import Op, RemoteTransaction, RowChange, change_size
-from apply.delta.writer import local_merge
+from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.local_merge import LocalMerges
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
@@ -75,11 +75,11 @@ def main() -> None:
     parser.add_argument(
         "--rewrite-max-bytes",
         type=int,
-        default=local_merge.REWRITE_MAX_BYTES,
+        default=delta_rs_merge.REWRITE_MAX_BYTES,
         help="tables up to this size are rewritten whole (-1: every table merged)",
     )
     args = parser.parse_args()
-    setattr(local_merge, "REWRITE_MAX_BYTES", args.rewrite_max_bytes)  # noqa: B010 - a Final, for this run
+    setattr(delta_rs_merge, "REWRITE_MAX_BYTES", args.rewrite_max_bytes)  # noqa: B010 - a Final, for this run
     relations = [_relation(n) for n in range(args.tables)]
     schemas: dict[str, TargetSchema] = {
         r.qualified_name: target_schema(r, lambda oid: None, True) for r in relations

@@ -21,7 +21,8 @@ from apply.delta.spark.definition import gain_by_size
 from apply.delta.spark.detail import detail
 from apply.delta.spark.session import runs_here
 from apply.delta.spark.target import TargetTable
-from apply.delta.writer.local_merge import LOCAL_MERGE_MAX_BYTES, LocalMerges
+from apply.delta.writer.delta_rs_merge import LOCAL_MERGE_MAX_BYTES
+from apply.delta.writer.local_merge import LocalMerges
 from apply.delta.writer.local_tables import is_local_folder, reachable
 
 

@@ -22,7 +22,7 @@ from apply.columns.columnar import arrow_schema
 from apply.columns.schema import TargetSchema, quote
 from apply.core.errors import ConflictError, TargetTableError
 from apply.core.records import CommitMark, WriteResult
-from apply.delta.writer.local_merge import run_merge
+from apply.delta.writer.delta_rs_merge import run_merge
 from apply.delta.writer.local_tables import folder
 from apply.delta.writer.overwrite import keep_log
 from apply.history.versions import (

@@ -4,7 +4,8 @@ A Spark MERGE costs about a second whatever its size (its jobs, its commit's
 snapshot and statistics: docs/performance.md, "Many tables"), so a batch
 over many small tables paid a second per table. On a local warehouse, a
 table that delta-rs may write (``delta_rs_can_write``) and whose files hold
-at most ``LOCAL_MERGE_MAX_BYTES`` takes this path instead:
+at most ``LOCAL_MERGE_MAX_BYTES`` takes this path instead (steps 1-3 for one table:
+``apply.delta.writer.delta_rs_merge``):
 
 1. the commit already made? Delta's idempotent-write id
    (``txn``: ``mark.txn``) is read from the log, and a batch the table has
@@ -58,26 +59,28 @@ import structlog
 
 from apply.batching.collapse import KeyedNet
 from apply.batching.source import PRESENT, KeyedSource, keyed_source
-from apply.columns.columnar import arrow_schema
 from apply.core.errors import TargetTableError
 from apply.core.features import PORTABLE, FeatureMode, TableFeatures, write_gain
 from apply.core.records import CommitMark, WriteResult
 from apply.delta.files.store import TableStore, table_store
+from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.deletion_vectors import DeletionVectorError
-from apply.delta.writer.kept_rows import KEPT
+from apply.delta.writer.delta_rs_merge import (
+    LOCAL_MERGE_MAX_BYTES,
+    fitting_size,
+    merge_into,
+    table_types,
+)
 from apply.delta.writer.key_index import KeyIndex, lookup_keys
-from apply.delta.writer.key_lookup import keys_apart, keys_conflict
+from apply.delta.writer.key_lookup import keys_apart
 from apply.delta.writer.live_files import LiveFiles, UnreadableLogError
 from apply.delta.writer.local_tables import delta_rs_writes, marked, no_checkpoint
-from apply.delta.writer.open_table import LiveFile, OpenTable
+from apply.delta.writer.open_table import OpenTable
 from apply.delta.writer.overwrite import (
     CommitRacedError,
     append,
-    checkpoint_due,
     hand_appendable,
-    hand_writable,
     keep_log,
-    overwrite,
 )
 from apply.delta.writer.protocol import vectors_on, warn_gained
 from apply.delta.writer.vector_write import (
@@ -87,33 +90,14 @@ from apply.delta.writer.vector_write import (
     write_by_vectors,
 )
 from apply.delta.writer.write_cost import DEFAULT_ROW_BYTES, rewrite_bytes
-from apply.history.stamps import Stamping, stamped, stamped_schema
-from apply.plans.merge_plan import (
-    ClauseKind,
-    MergePlan,
-    OnExists,
-    expected_counts,
-    expected_touched,
-    key_bounds,
-    keyed_merge,
-    shape_of,
-)
-from apply.plans.rewrite import rewritten
+from apply.history.stamps import Stamping, stamped
 from apply.plans.staging import StagedSource
 
 if TYPE_CHECKING:
-    import deltalake
-
     from apply.columns.schema import TargetSchema
 
 log = structlog.get_logger(__name__)
 
-# Above this much Parquet a table's MERGE goes to Spark: delta-rs rewrites the touched files
-# in this process's memory, and the key lookup reads every key.
-LOCAL_MERGE_MAX_BYTES: Final = 256 * 2**20
-# Up to this much Parquet a table is rewritten whole, its new rows computed in Arrow
-# (``apply.plans.rewrite``): cheaper than delta-rs's MERGE, which rewrites its one file anyway.
-REWRITE_MAX_BYTES: Final = 4 * 2**20
 # Up to this much staged Parquet a large transaction is merged by delta-rs too (its staged
 # pieces read into memory, a few times their size: about 90 MB a million rows of five
 # columns); past it, by Spark, which streams them.
@@ -206,7 +190,7 @@ class LocalMerges:
         with self._failing(path, f"appending {schema.table} to {path} at LSN {mark.lsn}"):
             open_table = self._table(path)
             table = open_table.table
-            have = _types(open_table, schema)
+            have = table_types(open_table, schema)
             if (
                 have is None
                 or have.names != [c.name for c in schema.columns]
@@ -322,13 +306,13 @@ class LocalMerges:
             return False  # committed before: nothing to write
         if not vectors_allowed(table, schema) or not delta_rs_writes(table.protocol()):
             return False
-        types = _types(open_table, schema)
+        types = table_types(open_table, schema)
         if types is None or lookup_keys(types, schema.key) is None:
             return False  # the vector path could not look its keys up
         files = open_table.files()
         size = sum(f.size for f in files)
         rows = sum(f.rows or 0 for f in files)
-        if size <= REWRITE_MAX_BYTES:
+        if size <= delta_rs_merge.REWRITE_MAX_BYTES:  # read at the call: tests lower it
             rewrite = size  # rewritten whole
         else:
             first = schema.key[0]
@@ -391,7 +375,7 @@ class LocalMerges:
         return (
             vectors_allowed(table, schema)
             and hand_appendable(table)
-            and _fitting_size(open_table, schema, self.max_bytes) is not None
+            and fitting_size(open_table, schema, self.max_bytes) is not None
         )
 
     def _vector_state(
@@ -400,7 +384,7 @@ class LocalMerges:
         """What the vector path keeps of the table (made at its first batch, or anew for a new
         replica identity); None: its columns or key do not allow the path. Not ``kept``: made
         for one batch, and what was kept is dropped."""
-        types = _types(open_table, schema)
+        types = table_types(open_table, schema)
         keys = None if types is None else lookup_keys(types, schema.key)
         if keys is None:
             return None
@@ -469,168 +453,3 @@ def merge_locally(
 ) -> WriteResult | None:
     """One batch through a fresh ``LocalMerges`` (a table opened for it alone)."""
     return LocalMerges().merge(path, schema, net, mark)
-
-
-def merge_into(
-    open_table: OpenTable,
-    schema: TargetSchema,
-    source: KeyedSource,
-    mark: CommitMark,
-    *,
-    done: int | None,
-    max_bytes: int = LOCAL_MERGE_MAX_BYTES,
-    stamping: Stamping = Stamping.NONE,
-) -> WriteResult | None:
-    """``source`` merged into ``table`` (at its latest commit, of at most ``max_bytes`` of
-    Parquet; rewritten whole up to ``REWRITE_MAX_BYTES``, read at the call);
-    None: Spark's path. ``done``: the last batch version of ``mark``'s app the table has."""
-    if not delta_rs_writes(open_table.table.protocol()):
-        return None
-    app_id, version = mark.txn
-    if done is not None and done >= version:
-        return WriteResult(schema.table, None)  # committed before: Delta's txn says so
-    size = _fitting_size(open_table, stamped_schema(schema, stamping), max_bytes)
-    if size is None:
-        return None
-    try:
-        if size <= REWRITE_MAX_BYTES and not stamping.stamps:
-            return _rewrite(open_table, schema, source, mark)
-        table = open_table.synced()
-        if keys_conflict(open_table, schema, source.table, stamping.soft):
-            return None
-    except pa.ArrowException:  # a key type pyarrow cannot join on
-        return None
-    bounds = key_bounds(source.table, schema.key[0])
-    shape = shape_of(source.table)
-    plan = keyed_merge(
-        schema, source.keep_columns, OnExists.APPLY_REMOTE, shape, bounds, stamping=stamping
-    )
-    metrics = run_merge(table, source.table, plan, mark)
-    keep_log(table, open_table.store.location)
-    counts = (
-        metrics.get("num_target_rows_inserted", 0),
-        metrics.get("num_target_rows_updated", 0),
-        metrics.get("num_target_rows_deleted", 0),
-    )
-    expected = expected_counts(source.table)
-    if stamping.soft:  # a revived or marked row is an update
-        expected = (counts[0], expected_touched(source.table) - counts[0], 0)
-    if counts != expected:
-        # Only another writer between the lookup and the commit can make this happen.
-        log.warning(
-            "a MERGE by delta-rs changed other rows than its lookup predicted",
-            table=schema.table,
-            lsn=str(mark.lsn),
-            counts=counts,
-            expected=expected,
-        )
-    open_table.wrote(app_id, version)
-    return WriteResult(schema.table, table.version(), *counts)
-
-
-def _fitting_size(open_table: OpenTable, schema: TargetSchema, max_bytes: int) -> int | None:
-    """The table's bytes of Parquet, if at most ``max_bytes`` and its columns have the types
-    pgsub's Arrow values have (``_types``); else None."""
-    size = sum(file.size for file in open_table.files())
-    if size > max_bytes or _types(open_table, schema) is None:
-        return None
-    return size
-
-
-def _types(open_table: OpenTable, schema: TargetSchema) -> pa.Schema | None:
-    """The table's Arrow schema, if its columns have the types pgsub's Arrow values have (a
-    table made by Spark, or evolved, may differ); else None."""
-    have = pa.schema(open_table.table.schema().to_arrow())
-    for wanted in arrow_schema(schema.columns):
-        if wanted.name not in have.names or have.field(wanted.name).type != wanted.type:
-            return None
-    return have
-
-
-def _rewrite(
-    open_table: OpenTable, schema: TargetSchema, source: KeyedSource, mark: CommitMark
-) -> WriteResult | None:
-    """A small table rewritten whole with the batch applied in Arrow (``apply.plans.rewrite``), in
-    one commit carrying ``mark``; None: a conflict (Spark's path), nothing written."""
-    import deltalake
-
-    have = pa.schema(open_table.table.schema().to_arrow())
-    live = open_table.files()
-    current = _read(have, open_table.store, live)
-    rows = rewritten(current, source, list(schema.key))
-    if rows is None:
-        return None
-    app_id, version = mark.txn
-    counts = expected_counts(source.table)
-    if hand_writable(open_table.table, rows):
-        own, written = overwrite(open_table.store, open_table.version, live, rows, mark)
-        KEPT.forget(open_table.store.location, [file.name for file in live])
-        KEPT.keep(open_table.store.location, own.name, rows)  # the next batch's ``current``
-        open_table.wrote(app_id, version, own)
-        configuration = open_table.table.metadata().configuration
-        if checkpoint_due(open_table.version, configuration, open_table.store.location):
-            keep_log(open_table.synced(), open_table.store.location)
-        return WriteResult(
-            schema.table, open_table.version, *counts, written_bytes=written, durable=True
-        )
-    table = open_table.synced()
-    deltalake.write_deltalake(
-        table,
-        rows,
-        mode="overwrite",
-        commit_properties=marked(mark),
-        post_commithook_properties=no_checkpoint(),
-    )
-    keep_log(table, open_table.store.location)
-    open_table.wrote(app_id, version)
-    return WriteResult(schema.table, table.version(), *counts)
-
-
-def _read(schema: pa.Schema, store: TableStore, live: list[LiveFile]) -> pa.Table:
-    """The rows of a small table's files ``live``, in its ``schema``: kept from this
-    process's own overwrite (``apply.delta.writer.kept_rows``), or read."""
-    import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
-
-    def scanned() -> pa.Table:
-        files = [store.source(file.name) for file in live]
-        dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=store.filesystem)
-        return dataset.to_table()
-
-    parts = []
-    for file in live:
-        part = KEPT.get(store.location, file.name)
-        if part is None:  # a quarter of a dataset scan's time:
-            part = pq.ParquetFile(store.open(file.name, file.size)).read()
-        if sorted(part.schema.names) != sorted(schema.names):
-            return scanned()
-        part = part.select(schema.names)
-        if part.schema.types != schema.types:  # another writer's types (Spark's INT96)
-            return scanned()
-        parts.append(part)
-    return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
-
-
-def run_merge(
-    table: deltalake.DeltaTable, source: pa.Table, plan: MergePlan, mark: CommitMark
-) -> dict[str, int]:
-    """``plan`` (the SQL conditions and values Spark's MERGE takes) run by delta-rs."""
-    merger = table.merge(
-        source,
-        plan.condition,
-        source_alias="s",
-        target_alias="t",
-        streamed_exec=False,  # a small source, read twice: its key range prunes files
-        commit_properties=marked(mark),
-        post_commithook_properties=no_checkpoint(),
-    )
-    for clause in plan.clauses:
-        if clause.kind is ClauseKind.MATCHED_UPDATE:
-            merger = merger.when_matched_update(clause.assignments, clause.condition)
-        elif clause.kind is ClauseKind.MATCHED_DELETE:
-            merger = merger.when_matched_delete(clause.condition)
-        elif clause.kind is ClauseKind.NOT_MATCHED_BY_SOURCE_UPDATE:
-            merger = merger.when_not_matched_by_source_update(clause.assignments, clause.condition)
-        else:
-            merger = merger.when_not_matched_insert(clause.assignments, clause.condition)
-    return {k: int(v) for k, v in merger.execute().items() if isinstance(v, int)}

@@ -15,7 +15,7 @@ import pytest
 from apply.delta.spark import maintenance as delta_maintenance
 from apply.delta.spark.maintenance import tend
 from apply.delta.state_store import CheckpointStore
-from apply.delta.writer import local_merge
+from apply.delta.writer import delta_rs_merge
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.maintenance import Maintenance
@@ -34,7 +34,7 @@ def test_compaction_and_vacuum_keep_rows_progress_and_time_travel(
 ) -> None:
     # Each insert merged, adding a file of its own, as in a table past REWRITE_MAX_BYTES
     # (a table that small is otherwise rewritten whole by each batch: one file).
-    monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+    monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )

@@ -19,7 +19,7 @@ from apply.delta.files.storage import storage_for
 from apply.delta.files.store import ObjectStore, commit_name, table_store
 from apply.delta.state_store import CheckpointStore, TableStateStore
 from apply.delta.tables import DeltaTables
-from apply.delta.writer import deletion_vectors, local_merge
+from apply.delta.writer import deletion_vectors, delta_rs_merge
 from apply.delta.writer.live_files import LiveFiles, latest_version
 from apply.delta.writer.local_tables import opened
 from apply.delta.writer.overwrite import CommitRacedError
@@ -119,7 +119,7 @@ def test_every_kind_of_commit_lands_in_the_bucket_and_reads_back(
         assert "deletionVectors" in (opened(path).protocol().reader_features or ())
         every_reader(spark, path, sorted(model.items()))
 
-        monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+        monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)
         plain = DeltaTables(spark, s3_warehouse, "sub1")  # another table, merged by delta-rs
         other = relation("id", "v", name="u", oid=16385)
         merging = BatchApplier("sub1", plain, lambda oid: None)

@@ -21,7 +21,7 @@ from apply.core.features import FeatureMode, TableFeatures
 from apply.core.records import BatchResult
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.delta.writer import local_merge
+from apply.delta.writer import delta_rs_merge
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
 from tests.support.delta_log import writers
@@ -68,7 +68,7 @@ def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which of pgsub's ways writes the table: its own whole-table rewrite, delta-rs's MERGE,
     or its own deletion vectors."""
     if request.param == "merge":
-        monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+        monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)
     return str(request.param)
 
 
@@ -187,7 +187,7 @@ def test_a_commit_renamed_over_is_caught_before_it_is_confirmed_then_applied_aga
     spark: Any, warehouse: Path, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if way == "merge":
-        monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+        monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)
     tables = DeltaTables(spark, str(warehouse), "sub1", _options(way))
     folder = warehouse / "public" / "t"
     applier = BatchApplier("sub1", tables, lambda oid: None)

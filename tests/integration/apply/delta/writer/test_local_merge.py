@@ -17,7 +17,7 @@ from apply.columns.schema import target_schema
 from apply.core.records import CommitMark
 from apply.delta.files.store import LocalStore
 from apply.delta.tables import DeltaTables
-from apply.delta.writer import local_merge
+from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.local_merge import merge_locally
 from apply.delta.writer.open_table import OpenTable
 from apply.delta.writer.overwrite import CommitRacedError, checkpoint_due, overwrite
@@ -44,7 +44,7 @@ def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """How delta-rs writes a small table's batch: "rewrite" (the default for a small table)
     or "merge" (every table, as above ``REWRITE_MAX_BYTES``)."""
     if request.param == "merge":
-        monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+        monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)
     return str(request.param)
 
 

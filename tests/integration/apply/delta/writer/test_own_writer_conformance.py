@@ -35,7 +35,7 @@ from apply.core.records import CommitMark
 from apply.delta.files.store import LocalStore
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.delta.writer import deletion_vectors, local_merge, vector_write
+from apply.delta.writer import deletion_vectors, delta_rs_merge, vector_write
 from apply.delta.writer.live_files import LiveFiles, latest_version
 from apply.delta.writer.local_merge import LocalMerges
 from apply.plans.staging import StagedSource
@@ -289,7 +289,7 @@ def test_a_table_without_vectors_through_every_commit_pgsub_makes(
     assert model.append(range(1000, 3000), tmp_path) == own  # a large transaction's inserts
     check_every_reader(spark, model, kind)
     model.checkpoint_by_spark()
-    monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)  # delta-rs's MERGE now
+    monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)  # delta-rs's MERGE now
     assert model.merge({5: "merged", 2500: "merged", 4000: "new"}, [7, 1500]) == "delta-rs"
     check_every_reader(spark, model, kind)
     monkeypatch.undo()

@@ -18,7 +18,7 @@ from apply.core.features import FeatureMode, TableFeatures
 from apply.core.records import CommitMark
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.delta.writer import local_merge, vector_write
+from apply.delta.writer import delta_rs_merge, vector_write
 from apply.delta.writer.local_merge import merge_locally
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import ZERO, Lsn
@@ -169,7 +169,7 @@ def test_a_column_no_longer_published_keeps_its_values(
     leaves the row's value in it and an insert NULL, as Spark's MERGE does, whichever way
     the local path writes the batch; an unsent TOAST value still lands in its column."""
     if way == "merge":
-        monkeypatch.setattr(local_merge, "REWRITE_MAX_BYTES", -1)
+        monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)
     features = VECTORS if way == "vectors" else TableFeatures()
     tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=features))
     applier = BatchApplier("sub1", tables, lambda oid: None)
