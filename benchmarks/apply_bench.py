@@ -44,7 +44,7 @@ from benchmarks.harness import (
 )
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 
 LOAD = (
@@ -194,7 +194,7 @@ def main() -> None:
         native = run_native(publisher, args)
         print(json.dumps(asdict(native), indent=2), flush=True)
         spark = build_session(SparkSettings(master="local[*]"))
-        tune_process()  # as `pgsub run` does
+        tune_garbage_collector()  # as `pgsub run` does
         ours = run_pgsub(publisher, args, spark)
         print(json.dumps(asdict(ours), indent=2), flush=True)
     finally:

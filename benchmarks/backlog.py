@@ -52,7 +52,7 @@ from benchmarks.harness import (
 )
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster, bin_dir
 
 CLIENTS = 4
@@ -155,7 +155,7 @@ def main() -> None:
             conn.execute("VACUUM ANALYZE")
         # pgsub first: PostgreSQL's subscriber's slot, made after, decodes none of its WAL.
         spark = build_session(SparkSettings(master="local[*]"))
-        tune_process()  # as `pgsub run` does
+        tune_garbage_collector()  # as `pgsub run` does
         ours = run_pgsub(publisher, args, spark)
         print(json.dumps(asdict(ours), indent=2), flush=True)
         native = run_native(publisher, args)

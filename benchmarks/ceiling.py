@@ -27,7 +27,7 @@ from benchmarks.harness import (
     stop_on_sigterm,
 )
 from subscriber.replication.lsn import Lsn
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 
 
@@ -81,7 +81,7 @@ def main() -> None:
         with NativeRun(publisher, "ceiling_native") as native:
             theirs = step(publisher, "ceiling_native", rates, args, native.position)
         spark = build_session(SparkSettings(master="local[*]"))
-        tune_process()  # as `pgsub run` does
+        tune_garbage_collector()
         with PgsubRun(
             spark,
             connection=publisher.dsn("bench"),

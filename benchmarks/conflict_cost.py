@@ -49,7 +49,7 @@ from benchmarks.harness import stop_on_sigterm
 from conflicts.kinds import DEFAULTS, ConflictKind, First, Resolution
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 
 NUMERIC_12_2 = ((12 << 16) | 2) + 4
 RELATION = Relation(
@@ -114,7 +114,7 @@ def main() -> None:
 
     spark = build_session(SparkSettings())
 
-    tune_process()  # as `pgsub run` does
+    tune_garbage_collector()  # as `pgsub run` does
     warehouse = Path(tempfile.mkdtemp(prefix="pgsub-conflict-cost-"))
     try:
         schema = target_schema(RELATION, lambda oid: None, keyed=True)

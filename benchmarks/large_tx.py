@@ -41,7 +41,7 @@ from benchmarks.harness import (
     wait_for,
 )
 from subscriber.replication.stream import ReplicationConnection
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 
 INSERT = (
@@ -126,7 +126,7 @@ def run_pgsub(publisher: PgCluster, rows: int, max_changes: int) -> Figures:
     with ReplicationConnection(publisher.dsn("bench")) as replication:
         replication.create_slot("bench")
     spark = build_session(SparkSettings(master="local[*]"))
-    tune_process()  # as `pgsub run` does
+    tune_garbage_collector()  # as `pgsub run` does
     spilled = [0.0]
     done = threading.Event()
     with PgsubRun(

@@ -40,7 +40,7 @@ from benchmarks.harness import (
     stop_on_sigterm,
 )
 from subscriber.runtime.config import MaintenanceConfig
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 
 SAMPLES_PER_SECOND = 10  # steady_load samples every 100 ms
 
@@ -200,7 +200,7 @@ def main() -> None:
         warehouse = BenchWarehouse(args.warehouse_in)
         closing.callback(warehouse.close)
         spark = build_session(SparkSettings(master="local[*]", conf=warehouse.spark_conf))
-        tune_process()  # as `pgsub run` does
+        tune_garbage_collector()
         maintenance = MaintenanceConfig(
             interval=args.maintenance_interval, retention=args.retention_hours * 3600
         )

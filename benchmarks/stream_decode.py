@@ -42,7 +42,7 @@ from subscriber.replication.progress import HeldProgress
 from subscriber.replication.runs import RunDecoder
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.replication.tuples import RowChanges
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 from tests.support.pgcluster import DEFAULT_MAJOR, running_cluster
 from tests.support.pgdatabase import PgDatabase
 
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     stop_on_sigterm()
-    tune_process()  # as `pgsub run` does
+    tune_garbage_collector()  # as `pgsub run` does
     with running_cluster(args.major) as cluster:
         db = PgDatabase.create(cluster, "bench")
         db.execute(

@@ -36,7 +36,7 @@ from typing import Any
 
 from apply.delta.spark.session import SparkSettings, build_session, stop_sessions
 from benchmarks.harness import BenchWarehouse, PgsubRun, jvm_peak_rss_mb, stop_on_sigterm
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 from tablesync.state import TableState
 
@@ -217,7 +217,7 @@ def main() -> None:
         conf = next((w.spark_conf for w in warehouses if w.spark_conf), {})
         spark = build_session(SparkSettings(master=master, remote=remote, conf=conf))
         stack.callback(stop_sessions if remote else spark.stop)
-        tune_process()  # as `pgsub run` does
+        tune_garbage_collector()  # as `pgsub run` does
         # One reader for one range and for auto (the daemon's default), two for a number.
         ours = [
             pgsub(

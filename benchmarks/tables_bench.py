@@ -43,7 +43,7 @@ from benchmarks.harness import (
     write_results,
 )
 from subscriber.replication.lsn import Lsn
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 
 SCHEMAS = ("native", "ours")
@@ -253,7 +253,7 @@ def main() -> None:
         print(json.dumps(asdict(native), indent=2), flush=True)
         conf = next((w.spark_conf for w in warehouses if w.spark_conf), {})
         spark = build_session(SparkSettings(master="local[*]", conf=conf))
-        tune_process()  # as `pgsub run` does
+        tune_garbage_collector()  # as `pgsub run` does
         ours = []
         for warehouse in warehouses:  # each its own subscription and slot
             ours.append(run_pgsub(publisher, args, spark, warehouse))

@@ -39,7 +39,7 @@ from benchmarks.harness import (
     stop_on_sigterm,
 )
 from subscriber.runtime.config import MaintenanceConfig
-from subscriber.runtime.daemon import tune_process
+from subscriber.runtime.daemon import tune_garbage_collector
 
 TABLE = "writes_pgsub"
 
@@ -148,7 +148,7 @@ def main() -> None:
     stop_on_sigterm()
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [args.rows]
     spark = build_session(SparkSettings(master="local[*]"))
-    tune_process()  # as `pgsub run` does
+    tune_garbage_collector()
     results = [one_size(spark, rows, args) for rows in sizes]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

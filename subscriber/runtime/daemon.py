@@ -62,26 +62,6 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(COLLECTOR_THRESHOLD, older, oldest)
 
 
-def tune_process() -> None:
-    """The daemon's process settings, made once at its start: the collector's pace
-    (``tune_garbage_collector``), and Arrow's buffers taken from jemalloc, which gives a
-    freed page back to the system at once (pyarrow's own builds set its decay to 0).
-    pyarrow's default, mimalloc, kept what a batch had freed: after a 1M-row transaction
-    the process held about 100 MB more between batches, and the next large batch's peak
-    rose by as much (docs/performance.md, "Memory of a large transaction"). A pyarrow
-    built without jemalloc keeps its default."""
-    import pyarrow as pa
-
-    tune_garbage_collector()
-    try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-    except NotImplementedError:
-        log.info(
-            "pyarrow has no jemalloc: its default allocator kept",
-            pool=pa.default_memory_pool().backend_name,
-        )
-
-
 class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -222,7 +202,7 @@ class Daemon:
         )
         at_start = config.spark.start == "at_start"
         spark = self.spark = build_session(settings) if at_start else lazy_session(settings)
-        tune_process()
+        tune_garbage_collector()
         checkpoints = CheckpointStore(spark, config.warehouse)
         for sub in config.subscriptions:
             if not sub.enabled:
