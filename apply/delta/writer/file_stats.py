@@ -89,6 +89,29 @@ class FileStats:
         return _Exact.put(written, exact)
 
 
+def loosened(stats: str, rows: int) -> str:
+    """``stats`` of a file added again with a deletion vector: ``numRecords`` its ``rows``,
+    ``tightBounds`` false (its bounds may now be wider than its alive rows'), every bound
+    kept as written. A decimal bound read as a double would lose digits - rounded up, a
+    lower bound is no longer one, and a reader skipping files by it misses rows - and be
+    written with an exponent, which delta-rs reads as null. Stats already so (a file's
+    second vector on) are returned as they are."""
+    if stats.startswith(f'{{"numRecords":{rows},') and stats.endswith(',"tightBounds":false}'):
+        return stats
+    parsed = json.loads(stats, parse_float=decimal.Decimal)
+    parsed["numRecords"] = rows
+    parsed["tightBounds"] = False
+    exact: list[decimal.Decimal] = []
+    written = json.dumps(
+        parsed,
+        separators=(",", ":"),
+        default=lambda value: _Exact.held(
+            _Exact(value) if isinstance(value, decimal.Decimal) else value, exact
+        ),
+    )
+    return _Exact.put(written, exact)
+
+
 class _Exact:
     """A decimal bound, written as a JSON number in fixed notation, every digit kept (a
     double's rounding is no bound, and delta-rs reads no exponent: ``1E-9`` is null)."""

@@ -60,7 +60,7 @@ from apply.core.maintenance_policy import PURGE_ABOVE
 from apply.delta.files.store import TableStore
 from apply.delta.writer import deletion_vectors
 from apply.delta.writer.deletion_vectors import Descriptor
-from apply.delta.writer.file_stats import FileStats
+from apply.delta.writer.file_stats import FileStats, loosened
 from apply.delta.writer.kept_rows import KEPT, LARGEST
 from apply.delta.writer.key_index import Alive, KeyIndex, Match
 from apply.delta.writer.live_files import LiveFiles, VectorFile
@@ -442,9 +442,7 @@ def _remove(file: VectorFile, now: int) -> dict[str, object]:
 def _add_again(file: VectorFile, vector: Descriptor, rows: int) -> dict[str, object]:
     """The ``add`` of ``file`` again with ``vector``: its statistics kept, as bounds that
     may be wider than its alive rows' (``tightBounds``: false)."""
-    stats = json.loads(file.stats) if file.stats else {}
-    stats["numRecords"] = rows
-    stats["tightBounds"] = False
+    stats = loosened(file.stats or "{}", rows)
     return {
         "add": {
             "path": file.path,
@@ -452,7 +450,7 @@ def _add_again(file: VectorFile, vector: Descriptor, rows: int) -> dict[str, obj
             "size": file.size,
             "modificationTime": file.modification_time,
             "dataChange": True,
-            "stats": json.dumps(stats, separators=(",", ":")),
+            "stats": stats,
             "deletionVector": vector.action(),
         }
     }

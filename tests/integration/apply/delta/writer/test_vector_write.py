@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from apply.batching.collapse import KeyedNet, collapse
+from apply.columns import typemap
 from apply.columns.schema import target_schema
 from apply.core.features import FeatureMode, TableFeatures
 from apply.core.records import CommitMark
@@ -22,6 +23,7 @@ from apply.delta.writer import delta_rs_merge, vector_write
 from apply.delta.writer.local_merge import merge_locally
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.messages import Column, Relation, ReplicaIdentity
 from tests.support.delta_log import operations, writers
 from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
 
@@ -344,5 +346,48 @@ def test_maintenance_reads_a_local_tables_detail_as_spark_does(spark: Any, wareh
         spark_figures = (int(row["numFiles"]), int(row["sizeInBytes"]), dict(row["properties"]))
         assert detail(spark, str(folder)) == spark_figures
         assert spark_figures[2]["delta.enableDeletionVectors"] == "true"
+    finally:
+        applier.close()
+
+
+# A decimal whose nearest double is above it: read as a double, it is no lower bound.
+ROUNDED_UP = "12345678901234568300"
+
+
+def test_a_file_added_again_with_a_vector_keeps_its_decimal_bounds_exact(
+    spark: Any, warehouse: Path
+) -> None:
+    """A file a batch deletes rows of is added again with its vector and its statistics:
+    every digit of a decimal bound kept. Read as a double, the lower bound 12345678901234568300
+    became 1.2345678901234569e+19, above the file's row, and Spark, skipping files by it,
+    found no row equal to it."""
+    numeric = (38 << 16 | 9) + 4  # numeric(38, 9)
+    amounts = Relation(
+        16390,
+        "public",
+        "n",
+        ReplicaIdentity.DEFAULT,
+        (Column("id", typemap.INT4, -1, True), Column("d", typemap.NUMERIC, numeric, False)),
+    )
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(features=VECTORS))
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    folder = warehouse / "public" / "n"
+    try:
+        values = {1: ROUNDED_UP} | {i: f"2000000000000000000{i}.5" for i in range(2, 10)}
+        applier.apply(batch(tx(*(ins(amounts, i, d) for i, d in values.items()), end=100)))
+        applier.apply(batch(tx(upd(amounts, 2, "7.25"), end=200)))
+        assert writers(folder)[-1] == "pgsub"
+
+        last = (folder / "_delta_log" / f"{2:020d}.json").read_text().splitlines()
+        again = [json.loads(line)["add"] for line in last if '"deletionVector"' in line]
+        assert len(again) == 1
+        assert f'"minValues":{{"id":1,"d":{ROUNDED_UP}.000000000}}' in again[0]["stats"]
+
+        query = f"SELECT id FROM delta.`{folder}` WHERE d = {ROUNDED_UP}"
+        assert [row.id for row in spark.sql(query).collect()] == [1]
+        opened = deltalake.DeltaTable(str(folder))
+        found = deltalake.QueryBuilder().register("n", opened)
+        rows = pa.table(found.execute(f"SELECT id FROM n WHERE d = {ROUNDED_UP}").read_all())
+        assert rows.column("id").to_pylist() == [1]
     finally:
         applier.close()

@@ -20,7 +20,7 @@ import pytest
 
 from apply.core.records import CommitMark
 from apply.delta.files.store import LocalStore
-from apply.delta.writer.file_stats import STRING_PREFIX, FileStats
+from apply.delta.writer.file_stats import STRING_PREFIX, FileStats, loosened
 from apply.delta.writer.open_table import OpenTable
 from apply.delta.writer.overwrite import append, overwrite
 from subscriber.replication.lsn import Lsn
@@ -109,3 +109,19 @@ def test_bounds_hold_every_value_and_say_what_delta_rs_writes(tmp_path: Path) ->
     assert "blob" not in low and "blob" not in nulls
     assert low["s"] == {"a": 1, "z": "q"} and high["s"] == {"a": 1, "z": "r"}
     assert nulls["s"] == {"a": 2, "z": 1}
+
+
+def test_a_file_added_again_keeps_every_digit_and_says_its_bounds_are_loose() -> None:
+    stats = FileStats(ROWS.schema)
+    stats.add(ROWS.to_batches()[0])
+    written = stats.json()
+    again = loosened(written, 3)
+    exact = json.loads(written, parse_float=decimal.Decimal)
+    assert json.loads(again, parse_float=decimal.Decimal) == exact | {
+        "numRecords": 3,
+        "tightBounds": False,
+    }
+    assert "e+" not in again.lower() and "E-" not in again
+    assert loosened(again, 3) is again  # a second vector: nothing to change
+    assert json.loads(loosened(again, 5))["numRecords"] == 5
+    assert loosened("{}", 2) == '{"numRecords":2,"tightBounds":false}'
