@@ -14,6 +14,7 @@ memory: the key's width plus five bytes a row (docs/operations.md, "Scale").
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -90,6 +91,8 @@ class _Keys:
         if self.ordered is not None and self.order is not None and numbers is not None:
             low = np.searchsorted(self.ordered, numbers, side="left")
             counts = np.searchsorted(self.ordered, numbers, side="right") - low
+            if not counts.any():  # most of a table's files hold none of a small batch's keys
+                return _Found(_NO_ROWS, _no_keys(self.ordered.dtype))
             starts = np.repeat(low, counts)
             steps = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
             at = starts + steps
@@ -98,6 +101,14 @@ class _Keys:
         hits = pc.is_in(self.keys, value_set=wanted).to_numpy(zero_copy_only=False)
         positions = np.flatnonzero(hits)
         return _Found(positions, self.keys.take(pa.array(positions)))
+
+
+_NO_ROWS: Final = np.empty(0, dtype=np.int64)
+
+
+@functools.cache
+def _no_keys(dtype: np.dtype[np.generic]) -> pa.Array:
+    return pa.array([], type=pa.from_numpy_dtype(dtype))
 
 
 @dataclass(frozen=True, slots=True)

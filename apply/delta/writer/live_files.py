@@ -34,6 +34,8 @@ from apply.delta.files.store import LOG, LocalStore, canonical, commit_name
 from apply.delta.writer.deletion_vectors import Descriptor
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
     from apply.core.records import CommitMark
     from apply.delta.files.store import TableStore
 
@@ -124,7 +126,7 @@ class LiveFiles:
         """pgsub's own commit ``version`` (its ``actions``), which follows the one read."""
         if version != self.version + 1:
             raise ValueError(f"commit {version} does not follow {self.version}")
-        self._apply([json.dumps(a) for a in actions])
+        self._take(actions)  # as they are: no JSON written only to be read again
         self.version = version
 
     def _replay(self, version: int) -> None:
@@ -188,16 +190,17 @@ class LiveFiles:
                 self._add(add)
 
     def _apply(self, lines: list[str]) -> None:
-        for line in lines:
-            action = json.loads(line)
-            if "remove" in action:
-                remove = action["remove"]
+        self._take(json.loads(line) for line in lines)
+
+    def _take(self, actions: Iterable[Mapping[str, object]]) -> None:
+        for action in actions:
+            if isinstance(remove := action.get("remove"), dict):
                 vector = remove.get("deletionVector")
                 unique = Descriptor.of(vector).unique_id if isinstance(vector, dict) else None
                 name = canonical(str(remove["path"]), self.store.location)
                 self._files.pop((name, unique), None)
-            elif "add" in action:
-                self._add(action["add"])
+            elif isinstance(add := action.get("add"), dict):
+                self._add(add)
 
     def _add(self, add: dict[str, object]) -> None:
         if add.get("partitionValues"):
