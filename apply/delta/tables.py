@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -56,7 +56,12 @@ from apply.core.records import (
 )
 from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import copy_into, kept_copy, write_once, writes_once
-from apply.delta.files.store import LocalStore, commit_name, table_store
+from apply.delta.files.store import (
+    LocalStore,
+    commit_name,
+    folders_synced_together,
+    table_store,
+)
 from apply.delta.files.store_check import LOCAL_WRITERS, round_trip, writers_for
 from apply.delta.marks import latest_mark
 from apply.delta.placement import Placement
@@ -609,6 +614,10 @@ class DeltaTables:
         if not self.appends_changes(table):
             return self.features
         return replace(self.features, deletion_vectors=FeatureMode.NEVER)
+
+    def written_together(self) -> AbstractContextManager[None]:
+        """The folders naming a batch's own commits fsynced together at its end."""
+        return folders_synced_together()
 
     @property
     def copy_on_executors(self) -> bool:

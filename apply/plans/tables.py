@@ -10,6 +10,7 @@ of the applier needs nothing of Delta.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -65,6 +66,12 @@ class Tables(Protocol):
         resolutions: Mapping[ConflictKind, Resolution],
         nets: Callable[[], Iterator[KeyedNet]],
     ) -> WriteResult: ...
+
+    def written_together(self) -> AbstractContextManager[None]:
+        """A batch's table writes, run in the block (and in threads started with a copy of its
+        context): what they leave to make durable is made so at once when it ends, before the
+        batch is confirmed."""
+        ...
 
     @property
     def copy_on_executors(self) -> bool:

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextvars import copy_context
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -248,13 +249,14 @@ class BatchApplier:
         for name, change in followed.items():
             if name in work:  # images sent before the change, read under the new names
                 work[name] = renamed_work(work[name], change)
-        writes = self._submit(batch, work, formed)
-        if while_writing is not None:
-            _meanwhile([write.future for write in writes], while_writing)
-        messages = self._messages(batch)
-        results = self._collect(batch, writes)
-        if messages is not None:
-            results.append(self._write_messages(batch, messages))
+        with self._tables.written_together():
+            writes = self._submit(batch, work, formed)
+            if while_writing is not None:
+                _meanwhile([write.future for write in writes], while_writing)
+            messages = self._messages(batch)
+            results = self._collect(batch, writes)
+            if messages is not None:
+                results.append(self._write_messages(batch, messages))
         return BatchResult(batch.end_lsn, tuple(results), formed=formed is not None)
 
     def _submit(
@@ -274,7 +276,7 @@ class BatchApplier:
             except Exception as exc:
                 cause = as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, None, batch) from exc
-            future = self._pool.submit(self._timed, write)
+            future = self._pool.submit(copy_context().run, self._timed, write)
             writes.append(_Write(name, schema, mark, len(table_work.changes), future))
         return writes
 

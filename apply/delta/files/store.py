@@ -14,7 +14,9 @@ this machine's file system (``ObjectStore``, below, in an object store):
   into place (``put_if_absent``): a hard link refuses a name that exists,
   so the file appears whole and only once (as delta-rs does on a local
   folder); the log's folder and the table's are fsynced after, so the
-  names are durable too;
+  names are durable too - at once, or, for a batch's commits, all
+  together when its writes end and before it is confirmed
+  (``folders_synced_together``);
 - a commit another engine made (delta-rs, Spark: neither fsyncs) is made
   durable after it (``sync``, of the files ``apply.delta.writer.live_files.
   make_durable`` reads from the commit): its commit file, the files it
@@ -33,6 +35,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final, Protocol, cast
@@ -221,8 +224,13 @@ class LocalStore:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 temporary.unlink()
-        _sync_folder(final.parent)
-        _sync_folder(Path(self.folder))
+        folders = (final.parent, Path(self.folder))
+        pending = _PENDING.get()
+        if pending is None:
+            for path in folders:
+                _sync_folder(path)
+        else:
+            pending.add(folders)
         return True
 
     def delete(self, name: str) -> None:
@@ -234,6 +242,59 @@ class LocalStore:
             _sync_file(file)
         for folder in {file.parent for file in files} | {Path(self.folder)}:
             _sync_folder(folder)
+
+
+class _Folders:
+    """Folders whose new names a batch's commits made, to be made durable at its end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._folders: set[Path] = set()
+
+    def add(self, folders: tuple[Path, ...]) -> None:
+        with self._lock:
+            self._folders.update(folders)
+
+    def sync(self) -> None:
+        with self._lock:
+            folders, self._folders = sorted(self._folders), set()
+        if len(folders) <= 1:
+            for path in folders:
+                _sync_folder(path)
+            return
+        with ThreadPoolExecutor(min(_FOLDER_SYNCS, len(folders)), "folder-sync") as pool:
+            for _ in pool.map(_sync_folder, folders):
+                pass
+
+
+# The folders a batch's own commits named new files in (``folders_synced_together``).
+_PENDING: ContextVar[_Folders | None] = ContextVar("pgsub_pending_folders", default=None)
+# Folders fsynced at once at a batch's end: the file system's journal takes them together.
+_FOLDER_SYNCS: Final = 16
+
+
+@contextlib.contextmanager
+def folders_synced_together() -> Iterator[None]:
+    """The names pgsub's own commits make inside this block (and in the threads it starts
+    with a copy of its context) made durable together when it ends, not each at its commit.
+
+    A commit's files and its commit file are still fsynced before the commit file is linked
+    into place: a commit file whose name survives a power loss always holds every byte, and
+    so do the files it names. What waits is only the fsync of the folders naming them (a
+    log's and a table's), which a batch needs before its LSN is confirmed, not before its
+    next table: 200 tables at 1,000 updates/s fsynced 400 folders a batch one at a time,
+    waiting in turn behind the publisher's own fsyncs on the same disk. Ends with the
+    folders synced also when the block raises: a batch applied again may build on them."""
+    if _PENDING.get() is not None:  # within one already: its end syncs these too
+        yield
+        return
+    pending = _Folders()
+    token = _PENDING.set(pending)
+    try:
+        yield
+    finally:
+        _PENDING.reset(token)
+        pending.sync()
 
 
 def _sync_file(path: Path) -> None:

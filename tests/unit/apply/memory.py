@@ -8,6 +8,7 @@ already there raises ``ConflictError`` as the MERGE's ``raise_error`` does.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,9 @@ class MemoryTables:
 
     # What only Spark does (tests/integration has them): staged transactions, a copy.
     copy_on_executors = False
+
+    def written_together(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def staged_keys_unique(self, stage: StagedSource) -> bool:
         raise NotImplementedError("staged transactions are read by Spark")

@@ -5,6 +5,8 @@ put-if-absent, durable before they are named, and never a committed file removed
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 
 from apply.columns.schema import TargetSchema
 from apply.core.records import CommitMark
-from apply.delta.files.store import LocalStore, commit_name
+from apply.delta.files.store import LocalStore, commit_name, folders_synced_together
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import make_durable
 from apply.delta.writer.open_table import OpenTable
@@ -100,6 +102,42 @@ def test_a_commit_is_put_once_and_durable_before_and_after_it_is_named(
     with pytest.raises(CommitRacedError):
         commit(store, 1, [{"commitInfo": {}}])
     assert deltalake.DeltaTable(str(folder)).to_pyarrow_table().num_rows == 3
+
+
+def test_a_batchs_commits_name_their_folders_durable_together_at_its_end(
+    tmp_path: Path, synced: list[str]
+) -> None:
+    """Within ``folders_synced_together`` (a batch's writes, on their own threads) each
+    commit's files and commit file are fsynced before it is linked, and the folders naming
+    them once, when the block ends - also when it raises."""
+    folders = [_table(tmp_path / str(n)) for n in range(3)]
+    stores = [LocalStore(str(folder)) for folder in folders]
+    synced.clear()
+    with folders_synced_together(), ThreadPoolExecutor(3) as pool:
+        runs = [
+            pool.submit(copy_context().run, append, store, 0, ROWS.to_batches(), ROWS.schema, MARK)
+            for store in stores
+        ]
+        for run in runs:
+            run.result()
+        assert not any(Path(name).is_dir() for name in synced)  # files only, so far
+        assert sum(".00000000000000000001.json." in name for name in synced) == 3
+        made = list(synced)
+    logs = {str(folder / "_delta_log") for folder in folders}
+    assert sorted(synced[len(made) :]) == sorted(logs | {str(f) for f in folders})
+    for folder in folders:
+        assert deltalake.DeltaTable(str(folder)).to_pyarrow_table().num_rows == 6
+
+    synced.clear()
+    with pytest.raises(RuntimeError, match="a later table failed"), folders_synced_together():
+        append(stores[0], 1, ROWS.to_batches(), ROWS.schema, MARK)
+        assert str(folders[0]) not in synced
+        raise RuntimeError("a later table failed")
+    assert synced[-2:] == sorted([str(folders[0] / "_delta_log"), str(folders[0])])
+
+    synced.clear()
+    append(stores[1], 1, ROWS.to_batches(), ROWS.schema, MARK)  # outside: at its commit
+    assert synced[-2:] == [str(folders[1] / "_delta_log"), str(folders[1])]
 
 
 def test_another_engines_commit_is_made_durable_with_its_files(
