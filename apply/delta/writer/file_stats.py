@@ -81,12 +81,9 @@ class FileStats:
             nulls[name] = column.nulls()
             if (bounds := column.bounds()) is not None:
                 low[name], high[name] = bounds
-        exact: list[decimal.Decimal] = []
-        written = json.dumps(
-            {"numRecords": self.rows, "minValues": low, "maxValues": high, "nullCount": nulls},
-            default=lambda value: _Exact.held(value, exact),
+        return _exact_json(
+            {"numRecords": self.rows, "minValues": low, "maxValues": high, "nullCount": nulls}
         )
-        return _Exact.put(written, exact)
 
 
 def loosened(stats: str, rows: int) -> str:
@@ -101,15 +98,18 @@ def loosened(stats: str, rows: int) -> str:
     parsed = json.loads(stats, parse_float=decimal.Decimal)
     parsed["numRecords"] = rows
     parsed["tightBounds"] = False
+    return _exact_json(parsed, separators=(",", ":"))
+
+
+def _exact_json(value: object, separators: tuple[str, str] | None = None) -> str:
+    """``value`` as JSON, each decimal (``_Exact``, or read as ``decimal.Decimal``) a number
+    in fixed notation with every digit."""
     exact: list[decimal.Decimal] = []
-    written = json.dumps(
-        parsed,
-        separators=(",", ":"),
-        default=lambda value: _Exact.held(
-            _Exact(value) if isinstance(value, decimal.Decimal) else value, exact
-        ),
-    )
-    return _Exact.put(written, exact)
+
+    def held(found: object) -> str:
+        return _Exact.held(_Exact(found) if isinstance(found, decimal.Decimal) else found, exact)
+
+    return _Exact.put(json.dumps(value, separators=separators, default=held), exact)
 
 
 class _Exact:
