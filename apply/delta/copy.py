@@ -159,17 +159,21 @@ def copy_into(
     *,
     mode: WriteMode = "overwrite",
     plan: MergePlan | None = None,
+    read_here: bool | None = None,
 ) -> tuple[int, int | None]:
     """Replace the table's rows with ``source``'s (the initial copy; ``mode`` append: add
     them to a change log table; ``plan``: merge them by it); (rows, version).
 
-    With a local Spark the blocks are read here and staged as Parquet files
-    (written by pyarrow, one block in memory at a time), then land in one
-    Delta commit carrying ``mark``. On a cluster, which cannot read the
-    daemon's disk, the executors read the parts themselves.
+    Read here (``read_here``; by default with a local Spark) the blocks are
+    staged as Parquet files in ``staging`` (written by pyarrow, one block in
+    memory at a time; a folder Spark sees), then land in one Delta commit
+    carrying ``mark``. Otherwise (a cluster, which cannot read the daemon's
+    disk) the executors read the parts themselves.
     """
+    if read_here is None:
+        read_here = runs_here(target.session)
     try:
-        if runs_here(target.session):
+        if read_here:
             blocks = source.blocks()
             return _copy_staged(target, schema, blocks, mark, staging, mode=mode, plan=plan)
         return copy_on_executors(target, schema, source, mark, mode=mode, plan=plan)
@@ -198,7 +202,7 @@ def _copy_staged(
             rows += block.num_rows
         with target.marked(mark) as session:
             if rows:
-                frame = session.read.schema(struct(schema.ddl())).parquet(str(staging))
+                frame = session.read.schema(struct(schema.ddl())).parquet(staging.as_uri())
             else:
                 frame = target.frame(source_empty(schema), schema)
             if plan is not None:  # staged files: read twice, the same rows

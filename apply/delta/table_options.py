@@ -42,6 +42,9 @@ class TableOptions:
     history: History = (
         MIRRORS  # how each table is kept (apply.history.changelog, apply.history.stamps)
     )
+    # Whether a Spark elsewhere sees a warehouse folder as the daemon does (spark.sees_warehouse);
+    # None: asked once (apply.delta.placement.sees_folder).
+    spark_sees_warehouse: bool | None = None
 
 
 DEFAULT_OPTIONS: Final = TableOptions()

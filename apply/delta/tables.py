@@ -76,6 +76,7 @@ from apply.delta.spark.origins import OriginTracker
 from apply.delta.spark.session import SparkErrors, runs_here, thread_session
 from apply.delta.spark.staged_copy import StagedCopy
 from apply.delta.spark.target import TargetTable
+from apply.delta.state_store import STATE_DIR
 from apply.delta.table_options import (
     DEFAULT_OPTIONS,
     CreatedTables,
@@ -134,6 +135,7 @@ class DeltaTables:
             features,
             other_writers=track_origin or shared_tables,
             appended_only=self.appends_changes,
+            sees_warehouse=options.spark_sees_warehouse,
         )
         self._on_local_disk = self._placed.on_local_disk
         # delta-rs and pgsub's own writer reach it: a local folder, an object store.
@@ -621,7 +623,11 @@ class DeltaTables:
 
     @property
     def copy_on_executors(self) -> bool:
-        return not runs_here(self.session())
+        """A cluster's copy, unless pgsub writes the warehouse folder Spark sees itself."""
+        session = self.session()
+        if runs_here(session):
+            return False
+        return not (self._on_local_disk and self._placed.writes_itself(session))
 
     def copy_into(
         self, schema: TargetSchema, source: CopySource, mark: CommitMark, staging: Path
@@ -636,8 +642,7 @@ class DeltaTables:
         source, schema, mode, plan = kept.source, kept.schema, kept.mode, kept.plan
         with self.exclusive(schema.table):
             if (
-                self._reachable
-                and (self._placed.spark_here(target) or not self._on_local_disk)
+                self._placed.writes_itself(target.session)
                 and writes_once(target.path)
                 and plan is None
             ):
@@ -651,7 +656,15 @@ class DeltaTables:
                 if self._placed.merges_locally(target) and keeping.plain:
                     self._local_merges.warm(target.path, schema)
             else:
-                copied_rows = copy_into(target, schema, source, mark, staging, mode=mode, plan=plan)
+                read_here = not self.copy_on_executors
+                if read_here and not self._placed.spark_here(target.session):
+                    # Staged where the Spark that lands it sees them: the shared warehouse.
+                    staging = (
+                        Path(folder(self.warehouse)) / STATE_DIR / "copy-staging" / staging.name
+                    )
+                copied_rows = copy_into(
+                    target, schema, source, mark, staging, mode=mode, plan=plan, read_here=read_here
+                )
             self._durability.settle(target.path, self._latest_version(target.path))
             return copied_rows
 

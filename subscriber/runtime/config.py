@@ -341,6 +341,14 @@ class SparkConfig(_Strict):
     # on_demand: the session (a local JVM, or a cluster's driver) starts when a table first
     # needs Spark - never, for small tables; at_start: before replication, as a warm-up.
     start: Literal["on_demand", "at_start"] = "on_demand"
+    # A warehouse folder with a cluster or a Spark Connect server: whether Spark sees it as
+    # the daemon does (a shared file system), so the daemon copies and merges small tables
+    # itself; auto: asked once, by a token file a Spark job reads back.
+    sees_warehouse: Literal["auto"] | bool = "auto"
+
+    def sees_warehouse_answer(self) -> bool | None:
+        """``sees_warehouse`` as the tables take it: None to ask Spark (``auto``)."""
+        return None if self.sees_warehouse == "auto" else bool(self.sees_warehouse)
 
     @field_validator("remote")
     @classmethod

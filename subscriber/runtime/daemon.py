@@ -216,6 +216,7 @@ class Daemon:
                     checkpoints,
                     self.metrics,
                     maintenance=config.maintenance.policy(),
+                    spark_sees_warehouse=config.spark.sees_warehouse_answer(),
                 )
             )
 

@@ -83,10 +83,11 @@ class SubscriptionRunner:
         metrics: Metrics,
         *,
         maintenance: MaintenancePolicy = DEFAULT_POLICY,
+        spark_sees_warehouse: bool | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
-        parts = wire(config, spark, warehouse, metrics, maintenance)
+        parts = wire(config, spark, warehouse, metrics, maintenance, spark_sees_warehouse)
         self._conninfo = parts.conninfo
         self.spool = parts.spool
         self._checkpoints = checkpoints

@@ -53,6 +53,7 @@ def wire(
     warehouse: str,
     metrics: Metrics,
     maintenance: MaintenancePolicy,
+    spark_sees_warehouse: bool | None = None,
 ) -> SubscriptionParts:
     conninfo = config.conninfo()
     spool = config.spool_path(warehouse)
@@ -65,6 +66,7 @@ def wire(
         maintenance=maintenance,
         messages_path=config.messages_path,
         history=config.history.history(),
+        spark_sees_warehouse=spark_sees_warehouse,
     )
     tables = DeltaTables(spark, warehouse, config.name, options, created=settings)
     catalog = PublisherCatalog(conninfo)

@@ -2,7 +2,9 @@
 
 ``spark.master: spark://...``: the driver is the daemon, the MERGEs and the
 copy's writes run on executors in other JVMs, and the warehouse is a path
-every executor sees (one machine here). Copy in ranges read by Spark tasks,
+every executor sees (one machine here). With ``spark.sees_warehouse: false``
+(the daemon would otherwise write that shared folder itself, as through
+Spark Connect in ``tests/e2e/test_connect.py``): copy in ranges read by Spark tasks,
 streaming apply, conflicts and ``pgsub status`` (``tests.support.scale_out``),
 read back by delta-rs and Spark against the publisher. The kills (a copy's
 ranges staged by executors, a batch between write and checkpoint) run through
@@ -46,7 +48,7 @@ def test_copy_stream_conflicts_and_status_on_a_standalone_cluster(
     daemons: Callable[..., DaemonProcess],
 ) -> None:
     copy_stream_conflicts_and_status(
-        {"master": spark_cluster.url}, publisher, spark, tmp_path, daemons
+        {"master": spark_cluster.url, "sees_warehouse": False}, publisher, spark, tmp_path, daemons
     )
     # The work ran on the cluster's executors, not in a local master.
     logs = spark_cluster.logs(tail=0)

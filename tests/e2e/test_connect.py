@@ -2,10 +2,12 @@
 
 ``spark.remote: sc://...``: the daemon holds no JVM; every Delta operation
 travels as SQL or a DataFrame plan to the server (``apply.delta.spark.sql``), the
-commit marks as the server-side session's conf, and the initial copy's
-CTID ranges are read by Spark tasks in the server. The same scenarios as
-on a standalone cluster (``tests.support.scale_out``), read back by
-delta-rs and Spark against the publisher. Marked ``cluster``: ``pytest -m
+commit marks as the server-side session's conf, and (``spark.sees_warehouse:
+false``) the initial copy's CTID ranges are read by Spark tasks in the
+server. The same scenarios as on a standalone cluster (``tests.support.scale_out``), read back by
+delta-rs and Spark against the publisher; then the default, ``auto``: the
+server lists the daemon's file, and the daemon copies and merges the small
+tables itself. Marked ``cluster``: ``pytest -m
 "not cluster"`` leaves them out of a quick local run; ``make test`` runs
 them.
 """
@@ -49,7 +51,12 @@ def test_copy_stream_conflicts_and_status_through_spark_connect(
         assert "java" not in group_commands(daemon.process.pid)
 
     copy_stream_conflicts_and_status(
-        {"remote": server.url}, publisher, spark, tmp_path, daemons, thin_client
+        {"remote": server.url, "sees_warehouse": False},
+        publisher,
+        spark,
+        tmp_path,
+        daemons,
+        thin_client,
     )
     # The MERGEs were Spark's: the server's engine, not delta-rs, made those commits.
     history = deltalake.DeltaTable(str(tmp_path / "warehouse" / "public" / "keyed")).history()
@@ -67,8 +74,41 @@ def test_kills_during_the_copy_and_a_batch_through_spark_connect_then_restart(
     """The server outlives each killed client (its sessions expire) and keeps the ranges its
     tasks staged; the last restart opens new sessions and loses and repeats nothing."""
     kills_during_the_copy_and_a_batch_then_restart(
+        {"remote": server.url, "sees_warehouse": False}, publisher, spark, tmp_path, daemons
+    )
+
+
+def test_a_server_that_sees_the_warehouse_folder_leaves_small_tables_to_pgsub(
+    server: ConnectServer,
+    publisher: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """``spark.sees_warehouse: auto`` (the default): the server reads back the daemon's token
+    file, so the daemon reads and writes the copies and merges the small keyed tables'
+    batches itself, as with a local Spark."""
+    daemon = copy_stream_conflicts_and_status(
         {"remote": server.url}, publisher, spark, tmp_path, daemons
     )
+    seen = [e for e in daemon.events() if e["event"].startswith("spark sees the warehouse")]
+    assert len(seen) == 1, daemon.logs()
+    assert not list((tmp_path / "warehouse" / "_pgsub").glob("seen-by-spark/*"))
+
+    def engines(table: str) -> list[str]:  # oldest commit first
+        path = str(tmp_path / "warehouse" / "public" / table)
+        history = sorted(deltalake.DeltaTable(path).history(), key=lambda c: c["version"])
+        return [str(c.get("engineInfo")) for c in history]
+
+    # Up to the test's own delete (delta-rs, another writer): the copy and the batches are
+    # pgsub's; the batch of the delete_missing conflict after it is Spark's, as it is with a
+    # local Spark.
+    keyed = engines("keyed")
+    other = max(i for i, engine in enumerate(keyed) if engine.startswith("delta-rs"))
+    assert "pgsub" in keyed[:other], keyed
+    assert not any("Apache-Spark" in engine for engine in keyed[:other]), keyed
+    # A table without a key has its copy by pgsub, its batches by Spark (a multiset's).
+    assert "Apache-Spark" not in engines("bag")[0], engines("bag")
 
 
 def test_origin_differs_through_spark_connect(

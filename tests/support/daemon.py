@@ -53,13 +53,15 @@ def write_config(
     storage: S3Server | None = None,
     maintenance: dict[str, Any] | None = None,
     spark_start: str | None = None,
+    sees_warehouse: bool | None = None,
     **subscription: Any,
 ) -> int:
     """A config for one subscription ``sub1`` of publication ``pub``; returns the metrics port.
 
     ``remote``: a Spark Connect server's URL, in place of ``master``; ``storage``: the object
     store the warehouse (an ``s3a://`` URL) is in; ``maintenance``: its section;
-    ``spark_start``: ``spark.start`` (on_demand when not given)."""
+    ``spark_start``: ``spark.start`` (on_demand when not given); ``sees_warehouse``:
+    ``spark.sees_warehouse`` (auto when not given)."""
     return write_subscriptions(
         path,
         warehouse,
@@ -69,6 +71,7 @@ def write_config(
         storage=storage,
         maintenance=maintenance,
         spark_start=spark_start,
+        sees_warehouse=sees_warehouse,
         **subscription,
     )
 
@@ -83,6 +86,7 @@ def write_subscriptions(
     storage: S3Server | None = None,
     maintenance: dict[str, Any] | None = None,
     spark_start: str | None = None,
+    sees_warehouse: bool | None = None,
     **settings: Any,
 ) -> int:
     """A config with one subscription of publication ``pub`` per (name, publisher); the port."""
@@ -110,6 +114,8 @@ def write_subscriptions(
         config["maintenance"] = maintenance
     if spark_start is not None:
         config["spark"]["start"] = spark_start
+    if sees_warehouse is not None:
+        config["spark"]["sees_warehouse"] = sees_warehouse
     if storage is not None:  # the keys in files, as a Kubernetes Secret mounts them
         secrets = path.parent / "s3-secrets"
         secrets.mkdir(exist_ok=True)
