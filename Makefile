@@ -38,7 +38,8 @@ help:
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
 	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber;"
 	@echo "                   SYNC_RANGES=1,2,4 one run per CTID range count, SYNC_MASTER=standalone on a cluster,"
-	@echo "                   SYNC_REMOTE=local through a Spark Connect server (or SYNC_REMOTE=sc://...)"
+	@echo "                   SYNC_REMOTE=local through a Spark Connect server (or SYNC_REMOTE=sc://...),"
+	@echo "                   SYNC_SEES=false the copy by Spark tasks (spark.sees_warehouse)"
 	@echo "make bench-large   one 5M-row INSERT with streaming on (LARGE_ROWS=...), beside PostgreSQL's"
 	@echo "make bench-conflicts  batch apply time with conflict detection on vs off (1M-row UPDATE)"
 	@echo "make bench-soak    RATE/s for MINUTES (default 60): lag per 10-minute window, table files,"
@@ -135,9 +136,11 @@ SYNC_ROWS ?= 2000000
 SYNC_RANGES ?= auto
 SYNC_MASTER ?= local[*]
 SYNC_REMOTE ?=
+SYNC_SEES ?= auto
 bench-sync: setup
 	$(BIN)/python -m benchmarks.sync_bench --rows $(SYNC_ROWS) --ranges $(SYNC_RANGES) \
-		--master '$(SYNC_MASTER)' $(if $(SYNC_REMOTE),--remote '$(SYNC_REMOTE)')
+		--master '$(SYNC_MASTER)' $(if $(SYNC_REMOTE),--remote '$(SYNC_REMOTE)') \
+		--sees-warehouse $(SYNC_SEES)
 
 
 LARGE_ROWS ?= 5000000

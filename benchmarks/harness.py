@@ -245,7 +245,12 @@ class PgsubRun:
     (``warehouse``: the one an earlier run kept, kept again)."""
 
     def __init__(
-        self, spark: Any, *, warehouse: Path | BenchWarehouse | None = None, **settings: Any
+        self,
+        spark: Any,
+        *,
+        warehouse: Path | BenchWarehouse | None = None,
+        sees_warehouse: bool | None = None,
+        **settings: Any,
     ) -> None:
         self._keeps = warehouse is not None
         if isinstance(warehouse, BenchWarehouse):  # a folder or a bucket, which it owns
@@ -267,6 +272,7 @@ class PgsubRun:
             self.location,
             CheckpointStore(spark, self.location),
             self.metrics,
+            spark_sees_warehouse=sees_warehouse,
         )
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self.runner.run, args=(self._stopping,), daemon=True)

@@ -120,6 +120,7 @@ def pgsub(
     ranges: int | None,
     readers: int,
     warehouse: BenchWarehouse,
+    sees_warehouse: bool | None = None,
 ) -> dict[str, Any]:
     """One sync to READY; on a local disk into a warehouse of its own (a folder a run)."""
     copy = {"ranges": ranges or "auto", "readers": readers}
@@ -127,6 +128,7 @@ def pgsub(
         spark,
         warehouse=warehouse if warehouse.kind != "disk" else None,
         name=f"bench_{warehouse.kind}_{ranges or 'auto'}",
+        sees_warehouse=sees_warehouse,
         connection=publisher.dsn("bench"),
         publications=["pub"],
         copy_data=True,
@@ -184,7 +186,14 @@ def main() -> None:
     parser.add_argument(
         "--remote", help="a Spark Connect server's sc:// URL instead; local: start one here"
     )
+    parser.add_argument(
+        "--sees-warehouse",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="spark.sees_warehouse: false reads and writes the copy by Spark tasks on a cluster",
+    )
     args = parser.parse_args()
+    sees = None if args.sees_warehouse == "auto" else args.sees_warehouse == "true"
     stop_on_sigterm()
     counts = [None if r == "auto" else int(r) for r in args.ranges.split(",")]
     if "s3" in args.warehouse_in and len(counts) > 1:
@@ -227,6 +236,7 @@ def main() -> None:
                 count,
                 args.readers or (2 if (count or 1) > 1 else 1),
                 warehouse,
+                sees,
             )
             for warehouse in warehouses
             for count in counts
