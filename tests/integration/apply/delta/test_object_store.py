@@ -5,6 +5,8 @@ delta-rs, polars and pgsub's own replay."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import deltalake
@@ -14,17 +16,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from apply.core.records import StoredTableState
+from apply.core.records import CommitMark, StoredTableState
 from apply.delta.files.storage import storage_for
 from apply.delta.files.store import ObjectStore, commit_name, table_store
 from apply.delta.state_store import CheckpointStore, TableStateStore
 from apply.delta.tables import DeltaTables
 from apply.delta.writer import deletion_vectors, delta_rs_merge
 from apply.delta.writer.live_files import LiveFiles, latest_version
+from apply.delta.writer.local_merge import LocalMerges
 from apply.delta.writer.local_tables import opened
 from apply.delta.writer.overwrite import CommitRacedError
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
+from tests.integration.apply.delta.test_staged_append import SCHEMA as STAGED
+from tests.integration.apply.delta.test_staged_append import inserts, staged
 from tests.plugins.s3 import S3Server
 from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
 
@@ -216,3 +221,56 @@ def test_the_state_store_lives_in_the_bucket_without_spark(
     checkpoints = CheckpointStore(no_spark, s3_warehouse)
     checkpoints.record("sub1", Lsn(200), 0, {"public.t": 3})
     assert checkpoints.origin_lsn("sub1") == Lsn(200)
+
+
+def test_a_large_transaction_is_written_by_its_keys_positions_in_the_bucket(
+    spark: Any, s3_warehouse: str, tmp_path: Path
+) -> None:
+    """A staged transaction that changes rows of a table without deletion vectors, in a
+    bucket: copy-on-write by its keys' positions (``merge_staged``), as on a local disk -
+    only the files holding its keys rewritten, no vector, its mark once (sent again:
+    nothing written), and every reader reads the rows it leaves."""
+    tables = DeltaTables(spark, s3_warehouse, "sub1")
+    tables.prepare(STAGED)
+    path, local = tables.path("public.t"), LocalMerges()
+    for i, (first, last) in enumerate([(1, 300), (301, 700), (800, 900)]):
+        mark = CommitMark("sub1", Lsn(100 + i), 0)
+        assert local.append_staged(
+            path, STAGED, staged(tmp_path / f"f{i}", inserts(first, last)), mark
+        )
+    before = live_rows(path)
+    assert len(before) == 3
+    untouched = {name for name, ids in before.items() if 850 in ids}
+    changes = [upd(T, 5, "five"), dele(T, 310, None), ins(T, 750, "new"), upd(T, 700, "last")]
+    mark = CommitMark("sub1", Lsn(500), 0)
+    written = local.merge_staged(path, STAGED, staged(tmp_path / "m", changes), mark)
+    assert written is not None and written.version is not None
+    assert (written.inserted, written.updated, written.deleted) == (1, 2, 1)
+    store = table_store(path)
+    actions = [
+        json.loads(line) for line in store.read(commit_name(written.version)).decode().splitlines()
+    ]
+    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+    assert info["operation"] == "MERGE" and "looked up in memory" in json.dumps(info)
+    assert json.loads(info["userMetadata"])["pgsub"]["lsn"] == str(Lsn(500))
+    assert not any("deletionVector" in json.dumps(a) for a in actions)
+    now = live_rows(path)
+    assert untouched <= set(now) and len(now) == 2  # the third file stays; two become one
+    model = {i: f"v{i}" for i in [*range(1, 701), *range(800, 901)]}
+    model |= {5: "five", 700: "last", 750: "new"}
+    del model[310]
+    every_reader(spark, path, sorted(model.items()))
+    again = local.merge_staged(path, STAGED, staged(tmp_path / "m2", changes), mark)
+    assert again is not None and again.version is None  # Delta's txn: committed before
+    assert by_delta_rs(path) == sorted(model.items())
+
+
+def live_rows(path: str) -> dict[str, set[int]]:
+    """Each live file of the table in the bucket, with the keys it holds."""
+    store = table_store(path)
+    files = LiveFiles(store)
+    files.read(latest_version(store))
+    return {
+        file.name: set(pq.ParquetFile(store.open(file.name)).read(["id"]).column(0).to_pylist())
+        for file in files.files
+    }
