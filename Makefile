@@ -36,6 +36,7 @@ help:
 	@echo "             ROWS=100000 SYNC_ROWS=200000 LOAD_SECONDS=15 LARGE_ROWS=500000 SOAK_MINUTES=2)"
 	@echo "make bench-stream  receive-only vs receive+decode of a 1M-row transaction, best of 3 (ROWS=...)"
 	@echo "make bench-apply   1M-row UPDATE and steady pgbench load, pgsub beside PostgreSQL's subscriber"
+	@echo "                   (APPLY_WAREHOUSE=s3: pgsub's warehouse in a bucket of versitygw)"
 	@echo "make bench-sync    initial sync of a 2M-row table (SYNC_ROWS=...), beside PostgreSQL's subscriber;"
 	@echo "                   SYNC_RANGES=1,2,4 one run per CTID range count, SYNC_MASTER=standalone on a cluster,"
 	@echo "                   SYNC_REMOTE=local through a Spark Connect server (or SYNC_REMOTE=sc://...),"
@@ -129,8 +130,10 @@ bench-stream: setup
 
 RATE ?= 3000
 LOAD_SECONDS ?= 60
+APPLY_WAREHOUSE ?= disk
 bench-apply: setup
-	$(BIN)/python -m benchmarks.apply_bench --rows $(ROWS) --rate $(RATE) --seconds $(LOAD_SECONDS)
+	$(BIN)/python -m benchmarks.apply_bench --rows $(ROWS) --rate $(RATE) --seconds $(LOAD_SECONDS) \
+		--warehouse-in $(APPLY_WAREHOUSE)
 
 SYNC_ROWS ?= 2000000
 SYNC_RANGES ?= auto

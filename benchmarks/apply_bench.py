@@ -12,7 +12,8 @@ Scenarios (issue: leader apply worker):
 
 The native subscriber is a second PostgreSQL 15 cluster (``CREATE
 SUBSCRIPTION``); pgsub runs in this process with local Spark and a local
-Delta warehouse. Each has its own table and publication, so neither decodes
+Delta warehouse (``--warehouse-in s3``: a bucket of versitygw, a real S3
+gateway on this machine). Each has its own table and publication, so neither decodes
 the other's changes. Nothing here is a test: it prints a table and writes
 JSON (``--out``).
 
@@ -32,6 +33,7 @@ from typing import Any
 from apply.delta.spark.session import SparkSettings, build_session
 from benchmarks.harness import (
     TABLE,
+    BenchWarehouse,
     PgsubRun,
     jvm_peak_rss_mb,
     long_load_publisher,
@@ -121,15 +123,21 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
     return figures
 
 
-def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Figures:
-    figures = Figures("pgsub")
+def run_pgsub(
+    publisher: PgCluster, args: argparse.Namespace, spark: Any, warehouse: BenchWarehouse
+) -> Figures:
+    figures = Figures(f"pgsub ({warehouse.kind})")
     batch = {
         "max_changes": args.max_changes,
         "max_delay": args.max_delay,
         "min_changes": args.min_changes,
     }
     with PgsubRun(
-        spark, connection=publisher.dsn("bench"), publications=["pub_pgsub"], batch=batch
+        spark,
+        warehouse=warehouse if warehouse.kind != "disk" else None,
+        connection=publisher.dsn("bench"),
+        publications=["pub_pgsub"],
+        batch=batch,
     ) as run:
         with publisher.connect("bench") as pub:
             loaded = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
@@ -141,11 +149,16 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
         figures.notes.append(
             "initial rows arrive as one streamed INSERT transaction (no table sync yet)"
         )
+        requests = warehouse.requests()
         with publisher.connect("bench") as pub:
             pub.execute("UPDATE bench_pgsub SET n = n + 1")
             target = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
         figures.update_seconds = wait_for(run.position, target)
         figures.update_rows_per_s = args.rows / figures.update_seconds
+        if warehouse.server is not None:
+            figures.notes.append(
+                f"the catch-up's requests to the store: {warehouse.request_mix(requests)}"
+            )
         if args.seconds:
             lags, tps, kept, _ = steady_load(
                 publisher,
@@ -174,6 +187,12 @@ def main() -> None:
     parser.add_argument(
         "--min-changes", type=int, default=1000, help="batch.min_changes (0: max_delay only)"
     )
+    parser.add_argument(
+        "--warehouse-in",
+        choices=("disk", "s3"),
+        default="disk",
+        help="disk, or s3: a bucket of versitygw, a real S3 gateway (make tools builds it)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/apply.json"))
     args = parser.parse_args()
     stop_on_sigterm()
@@ -193,9 +212,14 @@ def main() -> None:
             conn.execute("VACUUM ANALYZE")
         native = run_native(publisher, args)
         print(json.dumps(asdict(native), indent=2), flush=True)
-        spark = build_session(SparkSettings(master="local[*]"))
-        tune_garbage_collector()  # as `pgsub run` does
-        ours = run_pgsub(publisher, args, spark)
+        warehouse = BenchWarehouse(args.warehouse_in)
+        try:
+            conf = warehouse.spark_conf
+            spark = build_session(SparkSettings(master="local[*]", conf=conf))
+            tune_garbage_collector()  # as `pgsub run` does
+            ours = run_pgsub(publisher, args, spark, warehouse)
+        finally:
+            warehouse.close()
         print(json.dumps(asdict(ours), indent=2), flush=True)
     finally:
         publisher.destroy()
