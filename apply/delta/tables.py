@@ -659,9 +659,8 @@ class DeltaTables:
                 read_here = not self.copy_on_executors
                 if read_here and not self._placed.spark_here(target.session):
                     # Staged where the Spark that lands it sees them: the shared warehouse.
-                    staging = (
-                        Path(folder(self.warehouse)) / STATE_DIR / "copy-staging" / staging.name
-                    )
+                    shared = Path(folder(self.warehouse)) / STATE_DIR / "copy-staging"
+                    staging = shared / self.subscription / staging.name
                 copied_rows = copy_into(
                     target, schema, source, mark, staging, mode=mode, plan=plan, read_here=read_here
                 )

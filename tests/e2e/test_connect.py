@@ -23,6 +23,7 @@ import pytest
 
 from tests.support.daemon import DaemonProcess, group_commands, wait_confirmed, write_config
 from tests.support.oracle import assert_delta_equals_publisher
+from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.scale_out import (
     copy_stream_conflicts_and_status,
@@ -119,17 +120,21 @@ def test_origin_differs_through_spark_connect(
     daemons: Callable[..., DaemonProcess],
 ) -> None:
     """track_origin: row tracking and the table's history, read through the server, tell
-    the rows another writer changed last (update_origin_differs, delete_origin_differs)."""
+    the rows another writer changed last (update_origin_differs, delete_origin_differs).
+    The copy, read by the daemon (the server sees the warehouse folder), is landed by
+    Spark (delta-rs writes no row tracking) from files staged in that folder."""
     publisher.execute(
-        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t;"
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 4) g"
     )
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
-    port = write_config(config, publisher, warehouse, remote=server.url, track_origin=True)
+    port = write_config(
+        config, publisher, warehouse, remote=server.url, track_origin=True, copy_data=True
+    )
     daemon = daemons(config, port)
     daemon.wait_ready(timeout=300)
-    publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 4) g")
-    wait_confirmed(publisher)
+    wait_until(lambda: table_ready(daemon), timeout=300, what="the table READY")
     path = warehouse / "public" / "t"
     spark.sql(f"UPDATE delta.`{path}` SET v = 'local' WHERE id IN (1, 2)")  # another writer
     publisher.execute("UPDATE t SET v = 'remote' WHERE id = 1; DELETE FROM t WHERE id = 2")
@@ -142,6 +147,9 @@ def test_origin_differs_through_spark_connect(
             in metrics
         ), kind
     assert daemon.terminate() == 0, daemon.logs()
+    (copied,) = [e for e in daemon.events() if e["event"] == "table copy started"]
+    assert copied["read_by"] == "pgsub"
+    assert not list((warehouse / "_pgsub" / "copy-staging").rglob("*.parquet"))
     detected = [e for e in daemon.events() if e.get("conflict")]
     assert sorted(e["conflict"] for e in detected) == [
         "delete_origin_differs",
@@ -149,3 +157,12 @@ def test_origin_differs_through_spark_connect(
     ]
     with publisher.connect() as conn:
         assert_delta_equals_publisher(conn, "public.t", spark, str(path), ("id",))
+
+
+def table_ready(daemon: DaemonProcess) -> bool:
+    try:
+        body = daemon.get("/status")[1]
+    except OSError:
+        return False
+    tables = [t for s in body.get("subscriptions", []) for t in s.get("tables") or []]
+    return [t["state"] for t in tables] == ["ready"]
