@@ -28,6 +28,7 @@ from tests.support.pgdatabase import PgDatabase
 from tests.support.scale_out import (
     copy_stream_conflicts_and_status,
     kills_during_the_copy_and_a_batch_then_restart,
+    tables_ready,
 )
 from tests.support.spark_connect import ConnectServer, connect_server
 
@@ -134,7 +135,7 @@ def test_origin_differs_through_spark_connect(
     )
     daemon = daemons(config, port)
     daemon.wait_ready(timeout=300)
-    wait_until(lambda: table_ready(daemon), timeout=300, what="the table READY")
+    wait_until(lambda: tables_ready(daemon, 1), timeout=300, what="the table READY")
     path = warehouse / "public" / "t"
     spark.sql(f"UPDATE delta.`{path}` SET v = 'local' WHERE id IN (1, 2)")  # another writer
     publisher.execute("UPDATE t SET v = 'remote' WHERE id = 1; DELETE FROM t WHERE id = 2")
@@ -157,12 +158,3 @@ def test_origin_differs_through_spark_connect(
     ]
     with publisher.connect() as conn:
         assert_delta_equals_publisher(conn, "public.t", spark, str(path), ("id",))
-
-
-def table_ready(daemon: DaemonProcess) -> bool:
-    try:
-        body = daemon.get("/status")[1]
-    except OSError:
-        return False
-    tables = [t for s in body.get("subscriptions", []) for t in s.get("tables") or []]
-    return [t["state"] for t in tables] == ["ready"]

@@ -58,13 +58,14 @@ def assert_equal(publisher: PgDatabase, spark: Any, warehouse: Path) -> None:
         assert_delta_equals_publisher(conn, "public.bag", spark, bag)
 
 
-def tables_ready(daemon: DaemonProcess) -> bool:
+def tables_ready(daemon: DaemonProcess, count: int = 2) -> bool:
+    """Whether ``/status`` shows ``count`` tables, each READY."""
     try:
         body = daemon.get("/status")[1]
     except OSError:
         return False
     tables = [t for s in body.get("subscriptions", []) for t in s.get("tables") or []]
-    return len(tables) == 2 and all(t["state"] == "ready" for t in tables)
+    return len(tables) == count and all(t["state"] == "ready" for t in tables)
 
 
 def copy_stream_conflicts_and_status(
