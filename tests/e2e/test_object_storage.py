@@ -7,6 +7,7 @@ stores it cannot use, each refused at once with what to fix."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -239,7 +240,13 @@ def test_a_store_pgsub_cannot_use_stops_it_at_once_saying_what_to_fix(
     write_config(config, publisher, warehouse, storage=s3_server)
     text = config.read_text()
     if wrong == "endpoint":
-        text = text.replace(s3_server.endpoint, f"http://127.0.0.1:{free_port()}")
+        # A port held bound and never listened on: refused for the whole test. A port only
+        # found free could be taken meanwhile by another worker's S3 server, which answers.
+        unanswered = socket.socket()
+        unanswered.bind(("127.0.0.1", 0))
+        request.addfinalizer(unanswered.close)
+        port = unanswered.getsockname()[1]
+        text = text.replace(s3_server.endpoint, f"http://127.0.0.1:{port}")
     if wrong == "credentials":
         (tmp_path / "s3-secrets" / "AWS_SECRET_ACCESS_KEY").write_text("not-the-secret")
     if wrong == "conditional put":
