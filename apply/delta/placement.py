@@ -4,8 +4,9 @@ A keyed batch is merged by delta-rs or pgsub's own writer
 (``apply.delta.writer.local_merge``) when pgsub writes the warehouse itself
 (``writes_itself``) - an object store, whatever runs Spark (a cluster, a
 Spark Connect server); this machine's disk with Spark in this process, or
-with a Spark that sees the same folder (``spark.sees_warehouse``: asked
-once by a token file a Spark job reads back, ``sees_folder``) - and no
+with a Spark that sees the same folder (``spark.sees_warehouse``; a
+cluster's driver is this process, a Spark Connect server is asked once,
+``sees_folder``) - and no
 other writer's rows must be told apart (origin tracking, shared tables);
 anything else goes to Spark. With ``table_features.deletion_vectors: auto``
 a table is sized once per process before its first Spark write, and gains
@@ -28,6 +29,7 @@ from apply.delta.spark.definition import gain_by_size
 from apply.delta.spark.detail import detail
 from apply.delta.spark.session import SparkErrors, is_remote, runs_here
 from apply.delta.spark.target import TargetTable
+from apply.delta.state_store import STATE_DIR
 from apply.delta.writer.delta_rs_merge import LOCAL_MERGE_MAX_BYTES
 from apply.delta.writer.local_merge import LocalMerges
 from apply.delta.writer.local_tables import folder, is_local_folder, reachable
@@ -145,7 +147,7 @@ def sees_folder(session: SparkSession, warehouse: str) -> bool:
     not this machine's."""
     if not is_remote(session):
         return True
-    probe = Path(folder(warehouse)) / "_pgsub" / "seen-by-spark" / f"{uuid.uuid4().hex}.txt"
+    probe = Path(folder(warehouse)) / STATE_DIR / "seen-by-spark" / f"{uuid.uuid4().hex}.txt"
     probe.parent.mkdir(parents=True, exist_ok=True)
     probe.write_text("pgsub: is this folder the Spark Connect server's too?\n")
     try:
