@@ -22,6 +22,7 @@ from benchmarks.harness import (
     NativeRun,
     PgsubRun,
     bench_publisher,
+    peak_rss,
     percentile,
     steady_load,
     stop_on_sigterm,
@@ -91,6 +92,7 @@ def main() -> None:
             run.start()
             run.wait_ready()
             ours = step(publisher, "ceiling_pgsub", rates, args, run.position)
+            memory = peak_rss()
     finally:
         publisher.destroy()
     figures = {
@@ -98,6 +100,7 @@ def main() -> None:
         "native": theirs,
         "pgsub_highest_tps": highest(ours),
         "native_highest_tps": highest(theirs),
+        "pgsub_memory": memory,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2))

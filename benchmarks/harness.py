@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -169,6 +170,15 @@ def jvm_peak_rss_mb() -> float | None:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024
     return None
+
+
+def peak_rss() -> dict[str, float | None]:
+    """This process's peak RSS and its Spark driver JVM's, in MB, as the scenarios report
+    them (call it while the JVM runs)."""
+    return {
+        "peak_rss_python_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_jvm_mb": jvm_peak_rss_mb(),
+    }
 
 
 def long_load_publisher() -> PgCluster:

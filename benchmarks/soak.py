@@ -35,6 +35,7 @@ from benchmarks.harness import (
     PgsubRun,
     bench_publisher,
     folder_bytes,
+    peak_rss,
     percentile,
     steady_load,
     stop_on_sigterm,
@@ -226,6 +227,7 @@ def main() -> None:
                 )
             end = table_health(spark, run, "soak_pgsub")
             writes = merge_writes(spark, run.location, "soak_pgsub")
+            memory = peak_rss()
         our_windows = windows(lags, args.window)
         ours = {
             "windows": our_windows,
@@ -235,6 +237,7 @@ def main() -> None:
             "end": end,
             "writes": writes,
             "disk": watch.samples,
+            **memory,
         }
     except BaseException:
         # A soak fails after many minutes: keep what it measured, and what the publisher

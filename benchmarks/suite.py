@@ -14,9 +14,11 @@ own), one after the other, on throwaway PostgreSQL 15 clusters:
 | ceiling, stepped rates | the highest rate kept up with | same | pgbench's own rate |
 | many tables, T x R rows | seconds to all READY; lag and drain under a spread load | same | - |
 | cold start, T x R rows | `pgsub run` to all READY | CREATE SUBSCRIPTION to all READY | - |
+| backlog, 200,000 single-row UPDATEs | seconds to drain after a restart | same | - |
 
-then prints one table with the ratios pgsub / PostgreSQL and pgsub / raw
-and writes every figure to one JSON file.
+then prints one table with the ratios pgsub / PostgreSQL and pgsub / raw,
+and pgsub's peak RSS (Python / JVM) in each scenario, and writes every figure
+to one JSON file. ``--report`` prints that table again from the JSON file.
 
     python -m benchmarks.suite --rows 1000000 --sync-rows 2000000 --rate 3000 --seconds 60 \
         --large-rows 5000000 --soak-minutes 10 --soak-native-minutes 10 \
@@ -40,6 +42,10 @@ from typing import Any
 
 from benchmarks.harness import stop_on_sigterm
 
+# Each scenario's figures, in bench-<name>.json beside --out (a run before the backlog was
+# added has no bench-backlog.json).
+SCENARIOS = ("sync", "stream", "apply", "large", "soak", "ceiling", "tables", "cold", "backlog")
+
 
 def run(module: str, *arguments: str) -> None:
     command = [sys.executable, "-m", f"benchmarks.{module}", *arguments]
@@ -62,6 +68,14 @@ def mb(value: float | None) -> str:
     return f"{value or 0:,.0f}"
 
 
+def memory(figures: dict[str, Any], python: str = "peak_rss_python_mb") -> str:
+    """pgsub's peak RSS in a scenario, Python / JVM; a run before it was recorded: -."""
+    if figures.get(python) is None:
+        return "-"
+    jvm = figures.get("peak_rss_jvm_mb")
+    return f"{mb(figures[python])} / {'no JVM' if jvm is None else mb(jvm)}"
+
+
 def soak_row(soak: dict[str, Any]) -> str:
     def p99s(figures: dict[str, Any]) -> str:
         windows = figures["windows"]
@@ -73,7 +87,7 @@ def soak_row(soak: dict[str, Any]) -> str:
         f"| soak, {soak['rate']}/s for {soak['minutes']:g} min"
         f" (PostgreSQL's {soak.get('native_minutes', soak['minutes']):g}):"
         " lag p99, first -> last window"
-        f" | {p99s(ours)}, {files} | {p99s(soak['native'])} | - | - | - |"
+        f" | {p99s(ours)}, {files} | {p99s(soak['native'])} | - | - | - | {memory(ours)} |"
     )
 
 
@@ -83,6 +97,7 @@ def ceiling_row(ceiling: dict[str, Any]) -> str:
     return (
         f"| ceiling: highest steady rate kept up with (tx/s) | {ours:,.0f} | {theirs:,.0f}"
         f" | pgbench reached {asked:,.0f} | {ratio(ours, theirs)} | - |"
+        f" {memory(ceiling.get('pgsub_memory', {}))} |"
     )
 
 
@@ -98,23 +113,32 @@ def tables_rows(tables: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"| initial sync, {shape}: seconds to all READY | {ours['sync_seconds']:.1f}"
-            f" | {theirs['sync_seconds']:.1f} | - | {speed} | - |",
+            f" | {theirs['sync_seconds']:.1f} | - | {speed} | - | {memory(ours)} |",
             f"| same, {args['rate']} updates/s spread over them for {args['seconds']} s:"
             f" lag p50 / p99 / max | {lag(ours)}, {drained(ours)} | {lag(theirs)},"
-            f" {drained(theirs)} | - | - | - |",
+            f" {drained(theirs)} | - | - | - | same process |",
         ]
+    )
+
+
+def backlog_row(backlog: dict[str, Any]) -> str:
+    ours, theirs = backlog["pgsub"], backlog["native"]
+    return (
+        f"| backlog, {ours['transactions']:,} single-row UPDATEs written while each subscriber"
+        f" was down: seconds to drain | {ours['drain_seconds']:.2f}"
+        f" | {theirs['drain_seconds']:.2f} | - |"
+        f" {ratio(theirs['drain_seconds'], ours['drain_seconds'])} | - | {memory(ours)} |"
     )
 
 
 def cold_row(cold: dict[str, Any]) -> str:
     args, ours, theirs = cold["args"], cold["pgsub"], cold["native"]
     shape = f"{int(args['tables']):,} tables x {int(args['rows']):,} rows"
-    jvm = "no JVM" if ours["peak_rss_jvm_mb"] is None else f"JVM {mb(ours['peak_rss_jvm_mb'])} MB"
     return (
         f"| cold start, {shape}: seconds from `pgsub run` (PostgreSQL: from CREATE"
-        f" SUBSCRIPTION) to all READY | {ours['ready_seconds'] or 0:.1f} ({jvm})"
+        f" SUBSCRIPTION) to all READY | {ours['ready_seconds'] or 0:.1f}"
         f" | {theirs['sync_seconds']:.1f} | - |"
-        f" {ratio(theirs['sync_seconds'], ours['ready_seconds'])} | - |"
+        f" {ratio(theirs['sync_seconds'], ours['ready_seconds'])} | - | {memory(ours)} |"
     )
 
 
@@ -130,34 +154,44 @@ def table(
     ours_large = large["pgsub"]
     lines = [
         "| scenario | pgsub | PostgreSQL subscriber | raw limit | pgsub / PostgreSQL"
-        " | pgsub / raw |",
-        "|---|---|---|---|---|---|",
+        " | pgsub / raw | pgsub peak RSS, Python / JVM (MB) |",
+        "|---|---|---|---|---|---|---|",
         f"| initial sync, {sync['rows']:,} rows: rows/s to READY | {ours_sync:,.0f}"
         f" | {theirs_sync or 0:,.0f} | COPY read {sync['raw_copy_rows_per_s']:,.0f}"
-        f" | {ratio(ours_sync, theirs_sync)} | {ratio(ours_sync, sync['raw_copy_rows_per_s'])} |",
+        f" | {ratio(ours_sync, theirs_sync)} | {ratio(ours_sync, sync['raw_copy_rows_per_s'])}"
+        f" | {memory(first)} |",
         f"| stream decode, one {stream['rows']:,}-row transaction: rows/s received and"
         f" decoded | {stream['receive_decode_rows_per_s']:,.0f} | - | receive-only"
-        f" {receive:,.0f} | - | {ratio(stream['receive_decode_rows_per_s'], receive)} |",
+        f" {receive:,.0f} | - | {ratio(stream['receive_decode_rows_per_s'], receive)} | - |",
         f"| catch-up, one {int(apply['args']['rows']):,}-row UPDATE: rows/s commit->applied"
         f" | {ours_update:,.0f} | {theirs_update:,.0f} | stream receive-only {receive:,.0f}"
-        f" | {ratio(ours_update, theirs_update)} | {ratio(ours_update, receive)} |",
+        f" | {ratio(ours_update, theirs_update)} | {ratio(ours_update, receive)}"
+        f" | {memory(apply['pgsub'])} (with the steady load) |",
         f"| steady load, {apply['args']['rate']}/s single-row updates for"
         f" {apply['args']['seconds']} s: lag p50 / p99 / max | {lag(apply['pgsub'])}"
-        f" | {lag(apply['native'])} | - | - | - |",
+        f" | {lag(apply['native'])} | - | - | - | same process |",
         f"| large transaction, {large['rows']:,} rows, streaming on: rows/s commit->applied"
-        f" | {large['pgsub']['rows_per_s']:,.0f} | {large['native']['rows_per_s']:,.0f} | -"
-        f" | {ratio(large['pgsub']['rows_per_s'], large['native']['rows_per_s'])} | - |",
-        "| peak RSS, large transaction: pgsub Python / JVM; PostgreSQL's apply worker"
-        f" | {mb(ours_large['peak_rss_mb'])} / {mb(ours_large['peak_rss_jvm_mb'])} MB"
-        f" (spooled {mb(ours_large['peak_spill_mb'])} MB)"
-        f" | {large['native']['peak_rss_mb'] or 0:,.0f} MB | - | - | - |",
-        f"| peak RSS Python / JVM, initial sync | {first['peak_rss_python_mb'] or 0:,.0f}"
-        f" / {first['peak_rss_jvm_mb'] or 0:,.0f} MB | - | - | - | - |",
-        "| peak RSS Python / JVM, catch-up + steady load"
-        f" | {apply['pgsub']['peak_rss_python_mb'] or 0:,.0f}"
-        f" / {apply['pgsub']['peak_rss_jvm_mb'] or 0:,.0f} MB | - | - | - | - |",
+        f" | {ours_large['rows_per_s']:,.0f} | {large['native']['rows_per_s']:,.0f}"
+        f" (apply worker {mb(large['native']['peak_rss_mb'])} MB) | -"
+        f" | {ratio(ours_large['rows_per_s'], large['native']['rows_per_s'])} | -"
+        f" | {memory(ours_large, 'peak_rss_mb')} (spooled {mb(ours_large['peak_spill_mb'])} MB)"
+        " |",
     ]
     return "\n".join(lines)
+
+
+def render(figures: dict[str, Any]) -> str:
+    """The run's table: every scenario, a row each (``figures``: bench.json's)."""
+    return "\n".join(
+        [
+            table(figures["sync"], figures["stream"], figures["apply"], figures["large"]),
+            tables_rows(figures["tables"]),
+            cold_row(figures["cold"]),
+            *([backlog_row(figures["backlog"])] if "backlog" in figures else []),
+            soak_row(figures["soak"]),
+            ceiling_row(figures["ceiling"]),
+        ]
+    )
 
 
 def main() -> None:
@@ -180,7 +214,15 @@ def main() -> None:
     parser.add_argument("--table-rows", type=int, default=2000)
     parser.add_argument("--table-rate", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench.json"))
+    parser.add_argument(
+        "--report", action="store_true", help="print the table of the run in --out, run nothing"
+    )
     args = parser.parse_args()
+    if args.report:
+        stored = json.loads(args.out.read_text())
+        print(render(stored))
+        print(", ".join(f"{k}: {v}" for k, v in stored["machine"].items()))
+        return
     stop_on_sigterm()
     folder = args.out.parent
     folder.mkdir(parents=True, exist_ok=True)
@@ -209,6 +251,7 @@ def main() -> None:
         "cold_start",
         *("--tables", str(args.tables), "--rows", str(args.table_rows), "--out", str(cold_json)),
     )
+    run("backlog", "--rows", str(args.rows), "--out", str(folder / "bench-backlog.json"))
     run(
         "ceiling",
         *("--rates", args.ceiling_rates, "--seconds", str(args.seconds)),
@@ -221,28 +264,7 @@ def main() -> None:
         *("--rate", str(args.rate), "--window", str(max(1.0, args.soak_minutes / 6))),
         *("--out", str(soak_json)),
     )
-    sync, stream, apply, large, soak, ceiling, tables, cold = (
-        json.loads(p.read_text())
-        for p in (
-            sync_json,
-            stream_json,
-            apply_json,
-            large_json,
-            soak_json,
-            ceiling_json,
-            tables_json,
-            cold_json,
-        )
-    )
-    summary = "\n".join(
-        [
-            table(sync, stream, apply, large),
-            tables_rows(tables),
-            cold_row(cold),
-            soak_row(soak),
-            ceiling_row(ceiling),
-        ]
-    )
+    figures = {name: json.loads((folder / f"bench-{name}.json").read_text()) for name in SCENARIOS}
     machine = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {_cores()} cores",
@@ -251,24 +273,9 @@ def main() -> None:
         "delta-spark": version("delta-spark"),
         "command": " ".join(sys.argv),
     }
-    print("\n" + summary)
+    print("\n" + render(figures))
     print(", ".join(f"{k}: {v}" for k, v in machine.items()))
-    args.out.write_text(
-        json.dumps(
-            {
-                "machine": machine,
-                "sync": sync,
-                "stream": stream,
-                "apply": apply,
-                "large": large,
-                "soak": soak,
-                "ceiling": ceiling,
-                "tables": tables,
-                "cold": cold,
-            },
-            indent=2,
-        )
-    )
+    args.out.write_text(json.dumps({"machine": machine, **figures}, indent=2))
     print(f"figures written to {args.out}")
 
 
