@@ -21,7 +21,7 @@ DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres tools k8s demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-cold bench-bigtable bench-backlog bench-writes
+.PHONY: setup venv jars postgres tools bytecode k8s demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-cold bench-bigtable bench-backlog bench-writes
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool,"
@@ -57,7 +57,7 @@ help:
 	@echo "make bench-bigtable a BIG_ROWS-row table (10M), RATE random updates/s for BIG_MINUTES (10):"
 	@echo "                   lag per 2 minutes, bytes each MERGE wrote, warehouse growth an hour"
 
-setup: venv jars postgres tools
+setup: venv jars postgres tools bytecode
 
 venv: $(SYNCED)
 jars: $(JARS)
@@ -68,11 +68,19 @@ $(UV):
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
-# The image (deploy/Dockerfile) runs `make venv jars UV_SYNC_FLAGS=--no-dev`.
+# The image (deploy/Dockerfile) runs `make venv jars bytecode UV_SYNC_FLAGS=--no-dev`.
+# --compile-bytecode, and `bytecode` for pgsub's own packages (installed editable): where
+# bytecode cannot be written at run time (the image's user; PYTHONDONTWRITEBYTECODE, which
+# this project's machines set), every process would compile its ~1,000 modules again at start,
+# about 3 s of CPU against 1.4 s to import them compiled (docs/performance.md, "A cold start").
 UV_SYNC_FLAGS ?=
 $(SYNCED): pyproject.toml uv.lock | $(UV)
-	$(UV) sync --locked --python $(PYTHON) $(UV_SYNC_FLAGS)
+	$(UV) sync --locked --compile-bytecode --python $(PYTHON) $(UV_SYNC_FLAGS)
 	touch $@
+
+# Only what changed is compiled again: a second or so.
+bytecode: venv
+	$(BIN)/python -m compileall -q -j 0 subscriber apply tablesync conflicts $(wildcard benchmarks tests)
 
 $(JARS): jars/pom.xml
 	rm -rf jars/lib

@@ -22,9 +22,10 @@ def instructions(name: str) -> list[str]:
 
 def test_the_build_runs_the_makefile_targets_ci_runs_without_dev_tools() -> None:
     (run,) = [r for r in instructions("RUN") if "make " in r]
-    assert "make venv jars UV_SYNC_FLAGS=--no-dev" in run
+    assert "make venv jars bytecode UV_SYNC_FLAGS=--no-dev" in run
     setup = re.search(r"^setup: (.+)$", MAKEFILE, re.MULTILINE)
-    assert setup is not None and {"venv", "jars"} <= set(setup.group(1).split())
+    assert setup is not None and {"venv", "jars", "bytecode"} <= set(setup.group(1).split())
+    assert "sync --locked --compile-bytecode" in MAKEFILE  # the packages' bytecode, at build
     assert re.search(r"^test: setup ", MAKEFILE, re.MULTILINE), "make test runs setup"
     assert "$(UV_SYNC_FLAGS)" in MAKEFILE  # the flag reaches `uv sync --locked`
     copied = " ".join(instructions("COPY"))

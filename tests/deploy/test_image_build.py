@@ -8,6 +8,7 @@ writable volume, the warehouse on another, and stops cleanly on SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import uuid
@@ -32,6 +33,33 @@ def test_the_image_answers_help_as_its_non_root_user(docker: Docker, image: str)
     assert "usage: pgsub" in out and "run" in out
     user = docker.ok("run", "--rm", "--entrypoint", "id", image, "-u", timeout=120)
     assert user.strip() == str(POD_UID)
+
+
+# Run in the image as its user: the modules a daemon loads, and the source files Python had to
+# compile to load them (none: their bytecode was written at build).
+COMPILED_AT_IMPORT = """
+import importlib.machinery, json
+compiled = []
+compile_source = importlib.machinery.SourceFileLoader.source_to_code
+def counting(self, data, path, *args, **kwargs):
+    compiled.append(path)
+    return compile_source(self, data, path, *args, **kwargs)
+importlib.machinery.SourceFileLoader.source_to_code = counting
+import subscriber.runtime.cli, subscriber.runtime.daemon, apply.delta.tables
+import tablesync, conflicts, deltalake, pyarrow.parquet, pyspark.sql
+print(json.dumps(compiled))
+"""
+
+
+def test_the_image_starts_without_compiling_python(docker: Docker, image: str) -> None:
+    """Its bytecode is built with it: a pod's user cannot write it, so a module without it
+    is compiled again at every start (seconds of a cold start)."""
+    out = docker.ok(
+        "run", "--rm", "--read-only", "--entrypoint", "python", image, "-c", COMPILED_AT_IMPORT,
+        timeout=120,
+    )  # fmt: skip
+    compiled = json.loads(out.strip().splitlines()[-1])
+    assert compiled == [], f"{len(compiled)} modules compiled at start, e.g. {compiled[:5]}"
 
 
 @contextlib.contextmanager
