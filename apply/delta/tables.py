@@ -19,7 +19,7 @@ are session configuration and must not leak between tables. The Delta
 operations this module runs itself go through ``apply.delta.spark.sql``, the form
 both a classic session and a Spark Connect session take.
 
-Why one module of 640 lines: ``DeltaTables`` is the ``apply.plans.tables.Tables`` seam,
+Why one module of about 700 lines: ``DeltaTables`` is the ``apply.plans.tables.Tables`` seam,
 one method per thing the worker asks, and each method is the dispatch of that one ask to
 the room that does it (``placement`` picks delta-rs, pgsub's writer or Spark; the
 writers live in ``writer`` and ``spark``). What it keeps across those methods - the

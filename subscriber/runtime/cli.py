@@ -41,7 +41,7 @@ from subscriber.replication.progress import HeldProgress
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime import logs
 from subscriber.runtime.config import Config, ConfigError, SubscriptionConfig
-from subscriber.runtime.config import load as load_config
+from subscriber.runtime.config_file import load as load_config
 from subscriber.runtime.shutdown import ForcedExit, ShutdownTimedOut
 
 EXIT_USAGE = 2

@@ -106,7 +106,7 @@ def test_one_pod_at_a_time_non_root_read_only_with_probes_the_daemon_serves() ->
 def test_the_config_map_is_a_config_pgsub_accepts(tmp_path: Path) -> None:
     """The rendered pgsub.yaml passes pgsub's own validation, with the chart's port and each
     subscription's password file on the mounted Secret (no password anywhere in it)."""
-    from subscriber.runtime.config import load
+    from subscriber.runtime.config_file import load
 
     data = of_kind(render(SAMPLE), "ConfigMap")["data"]["pgsub.yaml"]
     for name in ("orders", "events", "access_key_id", "secret_access_key"):  # the Secrets'

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from conflicts.kinds import Resolution
-from subscriber.runtime.config import ConfigError, load
+from subscriber.runtime.config import ConfigError
+from subscriber.runtime.config_file import load
 
 GOOD = """
 warehouse: /data/wh
