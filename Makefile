@@ -72,7 +72,7 @@ $(UV):
 # --compile-bytecode, and `bytecode` for pgsub's own packages (installed editable): where
 # bytecode cannot be written at run time (the image's user; PYTHONDONTWRITEBYTECODE, which
 # this project's machines set), every process would compile its ~1,000 modules again at start,
-# about 3 s of CPU against 1.4 s to import them compiled (docs/performance.md, "A cold start").
+# about 3 s of CPU against 1 s to import them compiled (docs/performance.md, "A cold start").
 UV_SYNC_FLAGS ?=
 $(SYNCED): pyproject.toml uv.lock | $(UV)
 	$(UV) sync --locked --compile-bytecode --python $(PYTHON) $(UV_SYNC_FLAGS)

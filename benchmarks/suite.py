@@ -42,8 +42,8 @@ from typing import Any
 
 from benchmarks.harness import stop_on_sigterm
 
-# Each scenario's figures, in bench-<name>.json beside --out (a run before the backlog was
-# added has no bench-backlog.json).
+# Each scenario's figures, in bench-<name>.json beside --out. A stored run from before the
+# backlog was added has none: ``render`` leaves its row out.
 SCENARIOS = ("sync", "stream", "apply", "large", "soak", "ceiling", "tables", "cold", "backlog")
 
 
