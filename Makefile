@@ -21,7 +21,7 @@ DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres tools bytecode k8s demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-cold bench-bigtable bench-backlog bench-writes
+.PHONY: setup venv jars postgres tools bytecode k8s demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-cold bench-bigtable bench-backlog bench-writes bench-receive
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool,"
@@ -49,6 +49,7 @@ help:
 	@echo "make bench-ceiling the highest steady rate each subscriber keeps up with (RATES=...)"
 	@echo "make bench-backlog BACKLOG single-row updates written while each subscriber is down,"
 	@echo "                   then drained: seconds, transactions/s, beside PostgreSQL's subscriber"
+	@echo "make bench-receive the receiver thread's Python per single-row transaction, no server (seconds)"
 	@echo "make bench-cold    TABLES tables x TABLE_ROWS rows: from \`pgsub run\` (a cold process) to all READY"
 	@echo "make bench-tables  TABLES tables x TABLE_ROWS rows: initial sync, then TABLE_RATE updates/s"
 	@echo "                   spread over all of them for TABLE_SECONDS, beside PostgreSQL's subscriber"
@@ -211,6 +212,9 @@ bench-ceiling: setup
 BACKLOG ?= 200000
 bench-backlog: setup
 	$(BIN)/python -m benchmarks.backlog --rows $(ROWS) --transactions $(BACKLOG)
+
+bench-receive: setup
+	$(BIN)/python -m benchmarks.receive_path --transactions $(BACKLOG)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache

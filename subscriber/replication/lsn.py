@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Final
+from collections.abc import Callable
+from functools import partial
+from typing import Final, cast
 
 _TEXT: Final = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
 
@@ -34,3 +36,7 @@ class Lsn(int):
 
 
 ZERO: Final = Lsn(0)
+
+# An LSN read from the wire as an unsigned 64-bit integer: in range by construction, so
+# made without ``Lsn.__new__``'s check (0.2 us less, and a transaction's frames carry five).
+unpacked: Final = cast(Callable[[int], Lsn], partial(int.__new__, Lsn))

@@ -26,7 +26,7 @@ from typing import Final
 import numpy as np
 
 from subscriber.replication.errors import ProtocolError
-from subscriber.replication.lsn import Lsn
+from subscriber.replication.lsn import Lsn, unpacked
 from subscriber.replication.messages import (
     Begin,
     BeginPrepare,
@@ -122,12 +122,11 @@ class PgOutputDecoder:
     def decode(self, payload: bytes, lsn: Lsn | None = None) -> Message:
         if not payload:
             raise ProtocolError("empty pgoutput message", lsn=lsn)
-        msg_type = chr(payload[0])
         handler = self._handlers.get(payload[0])
         if handler is None:
             raise ProtocolError(
                 f"unknown message type {payload[0]:#04x} for protocol version {self.proto_version}",
-                msg_type=msg_type,
+                msg_type=chr(payload[0]),
                 offset=0,
                 lsn=lsn,
             )
@@ -138,11 +137,12 @@ class PgOutputDecoder:
         except ProtocolError as exc:
             raise ProtocolError(
                 exc.reason,
-                msg_type=msg_type,
+                msg_type=chr(payload[0]),
                 offset=exc.offset if exc.offset is not None else reader.pos,
                 lsn=lsn,
             ) from None
         except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            msg_type = chr(payload[0])
             raise ProtocolError(str(exc), msg_type=msg_type, offset=reader.pos, lsn=lsn) from exc
         return message
 
@@ -218,7 +218,7 @@ class PgOutputDecoder:
     def _begin(self, r: MessageReader) -> Begin:
         final_lsn, commit_time, xid = r._unpack(_BEGIN)
         self._no_open_transaction("Begin")
-        begin = Begin(Lsn(final_lsn), commit_time, xid)
+        begin = Begin(unpacked(final_lsn), commit_time, xid)
         self._open = begin
         return begin
 
@@ -233,7 +233,7 @@ class PgOutputDecoder:
                 offset=2,
             )
         self._open = None
-        return Commit(flags, Lsn(commit_lsn), Lsn(end_lsn), commit_time)
+        return Commit(flags, unpacked(commit_lsn), unpacked(end_lsn), commit_time)
 
     def _origin(self, r: MessageReader) -> Origin:
         return Origin(r.lsn(), r.string())

@@ -13,7 +13,7 @@ import struct
 from typing import Final
 
 from subscriber.replication.errors import ProtocolError
-from subscriber.replication.lsn import Lsn
+from subscriber.replication.lsn import Lsn, unpacked
 from subscriber.replication.messages import BINARY, NULL, TEXT, UNCHANGED, TupleData
 
 _I16: Final = struct.Struct("!h")
@@ -21,6 +21,7 @@ _I32: Final = struct.Struct("!i")
 _U32: Final = struct.Struct("!I")
 _I64: Final = struct.Struct("!q")
 _U64: Final = struct.Struct("!Q")
+_LENGTH: Final = _I32.unpack_from  # a TupleData column's length
 
 
 class MessageReader:
@@ -57,7 +58,7 @@ class MessageReader:
         return self._unpack(_I64)[0]
 
     def lsn(self) -> Lsn:
-        return Lsn(self._unpack(_U64)[0])
+        return unpacked(self._unpack(_U64)[0])
 
     def string(self) -> str:
         end = self.buf.find(b"\0", self.pos)
@@ -88,25 +89,25 @@ class MessageReader:
             )
         pos += 2
         values: list[bytes | None] = []
+        append = values.append
         kinds = bytearray(ncols)
         for i in range(ncols):
             if pos >= size:
                 raise ProtocolError("TupleData ends early", offset=pos)
-            kind = buf[pos]
-            kinds[i] = kind
+            kind = kinds[i] = buf[pos]
             if kind in (TEXT, BINARY):
                 if pos + 5 > size:
                     raise ProtocolError("TupleData ends early", offset=pos)
-                length = int.from_bytes(buf[pos + 1 : pos + 5], "big", signed=True)
-                end = pos + 5 + length
-                if length < 0 or end > size:
+                length = _LENGTH(buf, pos + 1)[0]
+                start = pos + 5
+                pos = start + length
+                if length < 0 or pos > size:
                     raise ProtocolError(
-                        f"column length {length} runs past the message end", offset=pos + 1
+                        f"column length {length} runs past the message end", offset=start - 4
                     )
-                values.append(buf[pos + 5 : end])
-                pos = end
+                append(buf[start:pos])
             elif kind in (NULL, UNCHANGED):
-                values.append(None)
+                append(None)
                 pos += 1
             else:
                 raise ProtocolError(f"unknown TupleData column kind {kind:#04x}", offset=pos)

@@ -23,7 +23,6 @@ RUN_MESSAGES: Final = 8192
 RUN_BYTES: Final = 32 << 20
 
 Decoded = Message | RowChanges
-_CHANGES: Final = frozenset(bytes([t]) for t in CHANGE_TYPES)
 
 
 class RunDecoder:
@@ -48,7 +47,7 @@ class RunDecoder:
         return len(self._payloads)
 
     def push(self, payload: bytes, lsn: Lsn) -> Sequence[Decoded]:
-        if payload[:1] in _CHANGES:
+        if payload and payload[0] in CHANGE_TYPES:
             held = self._payloads
             held.append(payload)
             self._lsns.append(lsn)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from subscriber.replication.errors import ProtocolError
-from subscriber.replication.lsn import Lsn
+from subscriber.replication.lsn import Lsn, unpacked
 
 _XLOG_HEADER: Final = struct.Struct("!QQq")
 _KEEPALIVE: Final = struct.Struct("!QqB")
@@ -58,12 +58,12 @@ def parse_frame(frame: bytes) -> XLogData | Keepalive:
     try:
         if kind == 0x77:  # 'w'
             start, end, sent = _XLOG_HEADER.unpack_from(frame, 1)
-            return XLogData(Lsn(start), Lsn(end), sent, frame[1 + _XLOG_HEADER.size :])
+            return XLogData(unpacked(start), unpacked(end), sent, frame[1 + _XLOG_HEADER.size :])
         if kind == 0x6B:  # 'k'
             if len(frame) != 1 + _KEEPALIVE.size:
                 raise ProtocolError(f"keepalive of {len(frame)} bytes", msg_type="k")
             end, sent, reply = _KEEPALIVE.unpack_from(frame, 1)
-            return Keepalive(Lsn(end), sent, reply == 1)
+            return Keepalive(unpacked(end), sent, reply == 1)
     except struct.error as exc:
         raise ProtocolError(f"truncated frame: {exc}", msg_type=chr(kind), offset=1) from exc
     raise ProtocolError(f"unknown CopyData message type {kind:#04x}", offset=0)

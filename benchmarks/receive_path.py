@@ -1,0 +1,93 @@
+"""The receiver's Python per transaction: a backlog of single-row transactions, no server.
+
+A backlog of small transactions (``make bench-backlog``) is bound by the
+receiver thread: each transaction is three CopyData frames (Begin, one row
+change, Commit), and each frame is parsed, decoded, tracked and assembled
+in Python before the transaction reaches the apply side. This times that
+path alone - the frames made in memory as the walsender sends them, fed
+through what the receiver thread runs for each (``parse_frame``,
+``RunDecoder``, ``TransactionTracker``, ``TransactionAssembler``) - so that
+a change to it is measured in seconds, not in a benchmark of minutes.
+PostgreSQL's own apply worker drains the same backlog at about 44,000
+transactions/s on this machine (``make bench-backlog``).
+
+    python -m benchmarks.receive_path --transactions 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import time
+
+from apply.arrival.assembly import TransactionAssembler
+from subscriber.replication.pgoutput import PgOutputDecoder
+from subscriber.replication.progress import Progress
+from subscriber.replication.receiver import TransactionTracker
+from subscriber.replication.runs import RunDecoder
+from subscriber.replication.wire import XLogData, parse_frame
+from tests.support import pgoutput_builder as pg
+
+OID = 16_384
+COLUMNS = [("id", 20, True), ("n", 23, False), ("ts", 1184, False)]
+
+
+def frames(transactions: int) -> list[bytes]:
+    """The walsender's CopyData frames for ``transactions`` single-row UPDATEs."""
+
+    def framed(lsn: int, payload: bytes) -> bytes:
+        return b"w" + struct.pack("!QQq", lsn, lsn, 0) + payload
+
+    lsn = 0x1000_0000
+    out = [framed(lsn, pg.relation(OID, "public", "bench", COLUMNS))]
+    for xid in range(1000, 1000 + transactions):
+        row = [str(xid % 1_000_000).encode(), b"42", b"2026-11-29 11:05:10.123456+00"]
+        commit = lsn + 200
+        out.append(framed(lsn, pg.begin(commit, xid)))
+        out.append(framed(lsn + 40, pg.update(OID, row)))
+        out.append(framed(commit, pg.commit(commit, commit + 48)))
+        lsn = commit + 48
+    return out
+
+
+def receive(data: list[bytes]) -> int:
+    """What the receiver thread does with each frame; the transactions assembled."""
+    progress = Progress()
+    runs = RunDecoder(PgOutputDecoder(3))
+    tracker = TransactionTracker(progress)
+    assembler = TransactionAssembler()
+    assembled = 0
+    for frame in data:
+        message = parse_frame(frame)
+        assert isinstance(message, XLogData)  # no keepalive is made here
+        progress.note_received(max(message.data_start, message.wal_end))
+        for decoded in runs.push(message.payload, message.data_start):
+            tracker.observe(decoded)
+            if assembler.feed(decoded) is not None:
+                assembled += 1
+    return assembled
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--transactions", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=5, help="best of this many")
+    args = parser.parse_args()
+    data = frames(args.transactions)
+    best = float("inf")
+    for _ in range(args.rounds):
+        started = time.perf_counter()
+        assembled = receive(data)
+        best = min(best, time.perf_counter() - started)
+        assert assembled == args.transactions, assembled
+    per = best / args.transactions * 1e6
+    print(
+        f"{args.transactions:,} single-row transactions ({len(data):,} frames): "
+        f"{best:.2f} s, {per:.1f} us a transaction, {args.transactions / best:,.0f}/s"
+    )
+
+
+if __name__ == "__main__":
+    main()
