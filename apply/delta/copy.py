@@ -42,7 +42,7 @@ from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.session import SparkErrors, runs_here, struct
 from apply.delta.writer.local_tables import (
     as_table_holds,
-    delta_rs_can_write,
+    delta_rs_writes,
     held_schema,
     marked,
     opened,
@@ -59,6 +59,8 @@ from apply.plans.merge_plan import MergePlan, soft_resync_merge, versions_resync
 from subscriber.replication.lsn import Lsn
 
 if TYPE_CHECKING:
+    import deltalake
+
     from apply.delta.spark.target import TargetTable
 
 # A copy replaces a mirror table's rows, and is appended to a change log's.
@@ -98,24 +100,36 @@ def kept_copy(
     return KeptCopy(stamped, stamped_schema(schema, stamping), plan=plan)
 
 
-def writes_once(path: str) -> bool:
-    """Whether a copy into the table at ``path`` may be written in this process
-    (``write_once``): by pgsub's own commit, or, on a local folder, by delta-rs."""
+def copy_target(path: str) -> deltalake.DeltaTable | None:
+    """The table at ``path`` as delta-rs opens it, if a copy into it may be written in this
+    process (``write_once``): by pgsub's own commit, or, on a local folder, by delta-rs;
+    None otherwise. The copy's write, its size check and the first batch's key index go on
+    from this one opening of the log (each opened it again, 3 ms a table here, a few
+    requests in a bucket)."""
+    import deltalake
+
     if is_object_store(path):
-        return hand_appendable(opened(path), nullable=True)
-    return delta_rs_can_write(path)
+        table = opened(path)
+        return table if hand_appendable(table, nullable=True) else None
+    try:
+        table = opened(path)
+    except (deltalake.exceptions.DeltaError, OSError):
+        return None
+    return table if delta_rs_writes(table.protocol()) else None
 
 
 def write_once(
     target: TargetTable,
+    table: deltalake.DeltaTable,
     schema: TargetSchema,
     blocks: Iterator[pa.Table],
     mark: CommitMark,
     *,
     mode: WriteMode = "overwrite",
 ) -> int:
-    """Replace the table's rows with ``blocks`` (``mode`` append: add them) in one commit
-    carrying ``mark``; the rows written. pgsub's own commit where the table's protocol
+    """Replace the rows of ``table`` (``copy_target``'s) with ``blocks`` (``mode`` append:
+    add them) in one commit carrying ``mark``; the rows written; ``table`` is brought up to
+    the commit. pgsub's own commit where the table's protocol
     allows (``apply.delta.writer.overwrite.append``: the blocks written as Parquet as they come,
     by this thread), else delta-rs's: it pulls the blocks from its own threads, calling back
     into Python, and in an object store that deadlocked against other delta-rs calls of
@@ -132,19 +146,19 @@ def write_once(
 
     try:
         # A column the publisher no longer sends stays in the table, NULL in these rows.
-        table = opened(target.path)
         held = as_table_holds(arrow.empty_table(), held_schema(table))
         if hand_appendable(table, nullable=True):
             store = table_store(target.path)
             live = OpenTable(store, table).files() if mode == "overwrite" else None
             append(store, table.version(), batches(held.schema), held.schema, mark, replacing=live)
-            return written[0]
-        deltalake.write_deltalake(
-            table,
-            pa.RecordBatchReader.from_batches(held.schema, batches(held.schema)),
-            mode=mode,
-            commit_properties=marked(mark),
-        )
+        else:
+            deltalake.write_deltalake(
+                table,
+                pa.RecordBatchReader.from_batches(held.schema, batches(held.schema)),
+                mode=mode,
+                commit_properties=marked(mark),
+            )
+        table.update_incremental()
     except deltalake.exceptions.DeltaError as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
     return written[0]

@@ -108,9 +108,13 @@ class Placement:
         apart."""
         return not self._other_writers and self.writes_itself(target.session)
 
-    def check_size(self, target: TargetTable) -> bool:
+    def check_size(
+        self, target: TargetTable, known: tuple[int, int, dict[str, str]] | None = None
+    ) -> bool:
         """Before a table's first Spark write in this process: deletion vectors on if it has
-        grown past ``deletion_vectors_above`` (``auto``); whether they were turned on."""
+        grown past ``deletion_vectors_above`` (``auto``); whether they were turned on.
+        ``known``: the table's ``detail`` as its writer just read it (a copy), not asked
+        again."""
         if self.features.deletion_vectors is not FeatureMode.AUTO:
             return False
         if self._appended_only(target.table):
@@ -119,7 +123,7 @@ class Placement:
             if target.table in self._sized:
                 return False
             self._sized.add(target.table)
-        _, size, properties = detail(target.session, target.path)
+        _, size, properties = known if known is not None else detail(target.session, target.path)
         return gain_by_size(
             target.session,
             target.table,

@@ -55,7 +55,7 @@ from apply.core.records import (
     within_from_metadata,
 )
 from apply.delta.appends import LocalAppends, append_messages
-from apply.delta.copy import copy_into, kept_copy, write_once, writes_once
+from apply.delta.copy import copy_into, copy_target, kept_copy, write_once
 from apply.delta.files.store import (
     LocalStore,
     commit_name,
@@ -68,7 +68,7 @@ from apply.delta.placement import Placement
 from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.ddl import follow as follow_ddl
 from apply.delta.spark.definition import TableDefinition
-from apply.delta.spark.detail import detail
+from apply.delta.spark.detail import detail, log_detail
 from apply.delta.spark.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
 from apply.delta.spark.maintenance import Grown, Tended, tend
 from apply.delta.spark.multiset import write_multiset
@@ -641,20 +641,19 @@ class DeltaTables:
         kept = kept_copy(keeping, schema, source, mark.lsn, lambda: self._holds_rows(target))
         source, schema, mode, plan = kept.source, kept.schema, kept.mode, kept.plan
         with self.exclusive(schema.table):
-            if (
-                self._placed.writes_itself(target.session)
-                and writes_once(target.path)
-                and plan is None
-            ):
+            table = None
+            if self._placed.writes_itself(target.session) and plan is None:
+                table = copy_target(target.path)
+            if table is not None:
                 copied_rows: tuple[int, int | None] = (
-                    write_once(target, schema, source.blocks(), mark, mode=mode),
+                    write_once(target, table, schema, source.blocks(), mark, mode=mode),
                     None,
                 )
                 # A big table gains deletion vectors now, before READY, and its key index is
                 # read: not in its first batch while its changes wait (seconds each).
-                self._placed.check_size(target)
+                gained = self._placed.check_size(target, log_detail(table))
                 if self._placed.merges_locally(target) and keeping.plain:
-                    self._local_merges.warm(target.path, schema)
+                    self._local_merges.warm(target.path, schema, None if gained else table)
             else:
                 read_here = not self.copy_on_executors
                 if read_here and not self._placed.spark_here(target.session):

@@ -16,6 +16,7 @@ from apply.delta.spark import sql as delta_sql
 from apply.delta.writer.local_tables import opened, reachable
 
 if TYPE_CHECKING:
+    import deltalake
     from pyspark.sql import SparkSession
 
 
@@ -29,13 +30,9 @@ def detail(session: SparkSession, path: str) -> tuple[int, int, dict[str, str]]:
         import deltalake
 
         try:
-            table = opened(path)
+            return log_detail(opened(path))
         except (deltalake.exceptions.DeltaError, OSError) as exc:
             raise TargetTableError(f"reading the log of {path} failed: {exc}") from exc
-        import pyarrow as pa
-
-        sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
-        return len(sizes), sum(sizes), dict(table.metadata().configuration)
     row = (
         session.sql(f"DESCRIBE DETAIL {delta_sql.table_ref(path)}")
         .select("numFiles", "sizeInBytes", "properties")
@@ -44,3 +41,11 @@ def detail(session: SparkSession, path: str) -> tuple[int, int, dict[str, str]]:
     if row is None:
         return 0, 0, {}
     return int(row["numFiles"] or 0), int(row["sizeInBytes"] or 0), dict(row["properties"] or {})
+
+
+def log_detail(table: deltalake.DeltaTable) -> tuple[int, int, dict[str, str]]:
+    """``detail`` of a table delta-rs has open, as of its snapshot."""
+    import pyarrow as pa
+
+    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+    return len(sizes), sum(sizes), dict(table.metadata().configuration)

@@ -94,6 +94,8 @@ from apply.history.stamps import Stamping, stamped
 from apply.plans.staging import StagedSource
 
 if TYPE_CHECKING:
+    import deltalake
+
     from apply.columns.schema import TargetSchema
 
 log = structlog.get_logger(__name__)
@@ -401,12 +403,20 @@ class LocalMerges:
                 self._vectors[location] = state
         return state
 
-    def warm(self, path: str, schema: TargetSchema) -> None:
+    def warm(
+        self, path: str, schema: TargetSchema, table: deltalake.DeltaTable | None = None
+    ) -> None:
         """Read the key index of a table the vector path will write (after its copy, before
-        READY), so that its first batch does not wait for it: 2.8 s at 50M rows. Anything
-        that fails here is left to that first batch."""
+        READY), so that its first batch does not wait for it: 2.8 s at 50M rows. ``table``:
+        the table as its copy left it, kept open for that batch. Anything that fails here is
+        left to that first batch."""
         import deltalake
 
+        if table is not None:
+            store = self._store_of(path)
+            with self._lock:
+                self._open[store.location] = OpenTable(store, table)
+                self._vectors.pop(store.location, None)
         try:
             open_table = self._table(path)
             if not schema.key or not vector_writable(open_table.table, schema):

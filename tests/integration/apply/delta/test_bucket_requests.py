@@ -24,7 +24,10 @@ import deltalake
 import pyarrow as pa
 import pytest
 
-from apply.core.records import StoredTableState
+from apply.batching.copy_source import CopySource
+from apply.columns.columnar import arrow_schema
+from apply.columns.schema import target_schema
+from apply.core.records import CommitMark, StoredTableState
 from apply.delta.state_store import TableStateStore
 from apply.delta.tables import DeltaTables
 from apply.delta.writer import vector_write
@@ -260,3 +263,36 @@ def test_a_restart_reads_a_table_progress_from_its_newest_commit_alone(
     assert kinds["GetObject commit"] == 1, kinds
     assert kinds["ListObjectsV2 log listing"] <= 2, kinds  # the table's existence, the log
     assert not [key for _, key in made if key.endswith(".parquet")], made
+
+
+def test_a_copy_reads_its_tables_log_once(spark: Any, bucket: Logged, tmp_path: Path) -> None:
+    """A table's copy into a bucket - its write, its size check, the key index its first
+    batch needs - goes on from one opening of the table's log, brought forward over the
+    copy's commit: two listings of the log and its few commits read once each (each step
+    opened the log again: four listings, twelve reads of commits, four of its checkpoint).
+    The rows are the copy's, and a batch after it applies over them."""
+    tables = DeltaTables(spark, bucket.warehouse, "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    schema = target_schema(T, lambda oid: None, keyed=True)
+    arrow = arrow_schema(schema.columns)
+    block = pa.table({"id": list(range(500)), "v": [f"v{i}" for i in range(500)]}).cast(arrow)
+    try:
+        tables.prepare(schema)
+        bucket.since()
+        copied, _ = tables.copy_into(
+            schema, CopySource.in_memory([block]), CommitMark("sub1", Lsn(100), 0), tmp_path
+        )
+        made = of_table(bucket.since(), "t")
+        applier.apply(batch(tx(upd(T, 7, "seven"), end=110)))
+    finally:
+        applier.close()
+    assert copied == 500
+    assert made["PutObject data"] == 1, made
+    assert made["PutObject commit"] == 1, made
+    assert made["ListObjectsV2 log listing"] <= 2, made
+    assert made["GetObject commit"] <= 4, made
+    assert made["GetObject checkpoint"] <= 1, made
+    found = opened(tables.path("public.t")).to_pyarrow_table().to_pylist()
+    assert {r["id"]: r["v"] for r in found} == {
+        i: "seven" if i == 7 else f"v{i}" for i in range(500)
+    }
