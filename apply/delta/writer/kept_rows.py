@@ -1,8 +1,7 @@
 """The rows of the small files this process just wrote, kept for the batch that reads them.
 
 pgsub's own writer reads back files it wrote itself a few batches before: a
-small table's one file at its next rewrite (``local_merge``; the first
-rewrite after its copy reads the copy's file, ``overwrite.append``), a keyed
+small table's one file at its next rewrite (``local_merge``), a keyed
 table's small batch files when a batch folds them (``vector_write``). On a
 local disk that read is a page-cache hit; in an object store each file is
 a HEAD and two GETs, one after the other - 57 requests for a fold of 19

@@ -54,8 +54,6 @@ import pyarrow.parquet as pq
 from apply.core.errors import TargetTableError
 from apply.delta.files.store import TableStore, commit_name
 from apply.delta.writer.file_stats import FileStats
-from apply.delta.writer.kept_rows import KEPT
-from apply.delta.writer.kept_rows import LARGEST as KEPT_LARGEST
 from apply.delta.writer.open_table import LiveFile
 
 if TYPE_CHECKING:
@@ -131,15 +129,10 @@ def append(
     up to ``file_rows`` rows, written a batch at a time, in one commit carrying ``mark``;
     the rows added and the bytes written (files and commit), each file with the statistics
     of ``apply.delta.writer.file_stats``. ``replacing``: the live files the commit removes (a copy
-    that replaces the table's rows: an overwrite streamed a batch at a time); a small table's
-    one file is then kept (``kept_rows``): its first batch rewrites it, or looks its keys up,
-    without reading it back - in a bucket, a GET a table after a sync."""
+    that replaces the table's rows: an overwrite streamed a batch at a time)."""
     names: list[str] = []
     adds: list[dict[str, object]] = []
     rows = size = 0
-    # The rows of the first file, while they are few enough to keep.
-    kept: list[pa.RecordBatch] | None = [] if replacing is not None else None
-    kept_bytes = 0
     with contextlib.ExitStack() as open_file:
         writer: pq.ParquetWriter | None = None
         file: IO[bytes] | None = None
@@ -151,12 +144,6 @@ def append(
                 writer = pq.ParquetWriter(file, schema, compression="snappy")
             writer.write_batch(batch)
             stats.add(batch)
-            if kept is not None:
-                kept_bytes += batch.nbytes
-                if kept_bytes > KEPT_LARGEST or len(names) > 1:
-                    kept = None
-                else:
-                    kept.append(batch)
             if stats.rows >= file_rows:
                 writer.close()
                 assert file is not None
@@ -185,10 +172,6 @@ def append(
         for name in names:
             store.delete(name)
         raise
-    if replacing:
-        KEPT.forget(store.location, [file.name for file in replacing])
-    if kept is not None and len(names) == 1:
-        KEPT.keep(store.location, names[0], pa.Table.from_batches(kept, schema).combine_chunks())
     return rows, size
 
 

@@ -270,8 +270,7 @@ def test_a_copy_reads_its_tables_log_once(spark: Any, bucket: Logged, tmp_path: 
     batch needs - goes on from one opening of the table's log, brought forward over the
     copy's commit: two listings of the log and its few commits read once each (each step
     opened the log again: four listings, twelve reads of commits, four of its checkpoint).
-    The first batch after it rewrites the small table from the copy's rows kept in memory,
-    not read back from the bucket; the rows are the copy's with the batch's."""
+    The rows are the copy's, and a batch after it applies over them."""
     tables = DeltaTables(spark, bucket.warehouse, "sub1")
     applier = BatchApplier("sub1", tables, lambda oid: None)
     schema = target_schema(T, lambda oid: None, keyed=True)
@@ -285,7 +284,6 @@ def test_a_copy_reads_its_tables_log_once(spark: Any, bucket: Logged, tmp_path: 
         )
         made = of_table(bucket.since(), "t")
         applier.apply(batch(tx(upd(T, 7, "seven"), end=110)))
-        first = of_table(bucket.since(), "t")
     finally:
         applier.close()
     assert copied == 500
@@ -294,7 +292,6 @@ def test_a_copy_reads_its_tables_log_once(spark: Any, bucket: Logged, tmp_path: 
     assert made["ListObjectsV2 log listing"] <= 2, made
     assert made["GetObject commit"] <= 4, made
     assert made["GetObject checkpoint"] <= 1, made
-    assert_written_whole(first, 1, "data", "commit")  # and no data file read back
     found = opened(tables.path("public.t")).to_pyarrow_table().to_pylist()
     assert {r["id"]: r["v"] for r in found} == {
         i: "seven" if i == 7 else f"v{i}" for i in range(500)
