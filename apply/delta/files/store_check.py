@@ -18,6 +18,7 @@ which a batch's writers are counted (``writers_for``).
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from typing import Final
@@ -29,6 +30,11 @@ from apply.delta.files.storage import Storage, is_object_store, storage_for
 
 log = structlog.get_logger(__name__)
 
+# The store's refusal of the credentials, in an error's text: the status code as a word
+# (not digits inside a name or a port), or S3's own codes.
+_REFUSED: Final = re.compile(
+    r"(?<![0-9A-Za-z])40[13](?![0-9A-Za-z])|Forbidden|InvalidAccessKeyId|SignatureDoesNotMatch"
+)
 # Tables of a batch written at once (``writers``): on a local disk; in an object store whose
 # round trip was not measured; at most.
 LOCAL_WRITERS: Final = 4
@@ -104,22 +110,21 @@ def _explained(exc: Exception, warehouse: str, storage: Storage, what: str) -> s
             f"{what}: the bucket of warehouse {warehouse} does not exist at {where}: "
             "create it, or correct the warehouse URL"
         )
+    # Asked first: no answer is no refusal, whatever digits the request's URL holds (the
+    # probe's name is a UUID, and about one in 60 holds "401" or "403").
+    if any(word in text for word in ("error sending request", "Connection refused", "dns")):
+        return (
+            f"{what}: the object store of warehouse {warehouse} does not answer at {where}: "
+            "check storage.endpoint (scheme, host, port) and that the store runs"
+        )
     if isinstance(
         exc, obstore.exceptions.PermissionDeniedError | obstore.exceptions.UnauthenticatedError
-    ) or any(
-        word in text
-        for word in ("403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch", "401")
-    ):
+    ) or _REFUSED.search(text):
         return (
             f"{what}: the object store at {where} refused the credentials for warehouse "
             f"{warehouse} (HTTP 401/403): set storage.access_key_id_file and "
             "storage.secret_access_key_file, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
             "to a key that may read and write the bucket"
-        )
-    if any(word in text for word in ("error sending request", "Connection refused", "dns")):
-        return (
-            f"{what}: the object store of warehouse {warehouse} does not answer at {where}: "
-            "check storage.endpoint (scheme, host, port) and that the store runs"
         )
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"{what}: cannot use the object store of warehouse {warehouse} at {where}: {first}"
