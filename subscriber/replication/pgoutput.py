@@ -142,8 +142,9 @@ class PgOutputDecoder:
                 lsn=lsn,
             ) from None
         except (struct.error, UnicodeDecodeError, ValueError) as exc:
-            msg_type = chr(payload[0])
-            raise ProtocolError(str(exc), msg_type=msg_type, offset=reader.pos, lsn=lsn) from exc
+            raise ProtocolError(
+                str(exc), msg_type=chr(payload[0]), offset=reader.pos, lsn=lsn
+            ) from exc
         return message
 
     def decode_changes(self, payloads: Sequence[bytes], lsns: Sequence[Lsn]) -> RowChanges:

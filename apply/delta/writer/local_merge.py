@@ -413,10 +413,7 @@ class LocalMerges:
         import deltalake
 
         if table is not None:
-            store = self._store_of(path)
-            with self._lock:
-                self._open[store.location] = OpenTable(store, table)
-                self._vectors.pop(store.location, None)
+            self._adopt(self._store_of(path), table)
         try:
             open_table = self._table(path)
             if not schema.key or not vector_writable(open_table.table, schema):
@@ -451,10 +448,15 @@ class LocalMerges:
         if open_table is not None and open_table.latest():
             return open_table
         opened = deltalake.DeltaTable(location, storage_options=dict(store.options) or None)
-        open_table = OpenTable(store, opened)  # new, or deleted since
+        return self._adopt(store, opened)  # new, or deleted since
+
+    def _adopt(self, store: TableStore, table: deltalake.DeltaTable) -> OpenTable:
+        """``table`` kept open as the one at ``store``'s location, its vector state to be
+        read anew."""
+        open_table = OpenTable(store, table)
         with self._lock:
-            self._open[location] = open_table
-            self._vectors.pop(location, None)
+            self._open[store.location] = open_table
+            self._vectors.pop(store.location, None)
         return open_table
 
 
