@@ -218,7 +218,10 @@ class DeltaTables:
         (``apply.delta.marks``)."""
         path = self.path(table)
         try:
-            if not self.exists(table):
+            # Where pgsub reads the log itself, a table without a commit has no mark: it is
+            # not asked whether the table exists first (in an object store, a listing more a
+            # table at its first batch).
+            if not self._reachable and not self.exists(table):
                 return None
             return latest_mark(
                 self.session,

@@ -111,11 +111,10 @@ class LiveFiles:
 
     def _commits(self, after: int, through: int) -> list[list[str]]:
         """The lines of every commit after ``after`` through ``through``, each asked for
-        without a HEAD before it; FileNotFoundError: one is gone."""
-        return [
-            self.store.read(commit_name(at)).decode().splitlines()
-            for at in range(after + 1, through + 1)
-        ]
+        without a HEAD before it, all at once (in an object store one round trip, not one a
+        commit); FileNotFoundError: one is gone."""
+        names = [commit_name(at) for at in range(after + 1, through + 1)]
+        return [data.decode().splitlines() for data in self.store.read_each(names)]
 
     def _follow(self, commits: list[list[str]]) -> None:
         for lines in commits:

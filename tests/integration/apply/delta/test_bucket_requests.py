@@ -247,7 +247,9 @@ def test_a_restart_reads_a_table_progress_from_its_newest_commit_alone(
     """After a restart a table's progress (the LSN of its latest batch) is read from its
     newest commit: the checkpoint's pointer, a listing of the log from it, that commit -
     not the log replayed from its checkpoint and a hundred commits read (delta-rs's
-    history: 7 ms of CPU a table, which held the first batch of 200 tables for seconds)."""
+    history: 7 ms of CPU a table, which held the first batch of 200 tables for seconds),
+    nor a listing first to ask whether the table is there. A table that is not there has
+    no progress, found by that one listing."""
     tables = DeltaTables(spark, bucket.warehouse, "sub1")
     applier = BatchApplier("sub1", tables, lambda oid: None)
     try:
@@ -261,8 +263,12 @@ def test_a_restart_reads_a_table_progress_from_its_newest_commit_alone(
     made = bucket.since()
     kinds = of_table(made, "t")
     assert kinds["GetObject commit"] == 1, kinds
-    assert kinds["ListObjectsV2 log listing"] <= 2, kinds  # the table's existence, the log
+    assert kinds["ListObjectsV2 log listing"] == 1, kinds  # the log from its checkpoint
     assert not [key for _, key in made if key.endswith(".parquet")], made
+    assert DeltaTables(spark, bucket.warehouse, "sub1").applied_lsn("public.absent") == Lsn(0)
+    absent = of_table(bucket.since(), "absent")
+    assert absent["ListObjectsV2 log listing"] == 1, absent
+    assert absent.total() <= 2, absent  # the checkpoint's pointer, the listing
 
 
 def test_a_copy_reads_its_tables_log_once(spark: Any, bucket: Logged, tmp_path: Path) -> None:

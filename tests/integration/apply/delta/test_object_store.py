@@ -189,6 +189,24 @@ def test_a_put_retried_after_its_answer_was_lost_is_taken_for_its_own(
         commit(store, 0, [{"commitInfo": {"txnId": "c"}}])
 
 
+def test_commits_read_at_once_come_back_in_order_and_a_missing_one_is_said(
+    s3_server: S3Server, s3_warehouse: str
+) -> None:
+    """``read_each`` (how pgsub's replay of a log reads the commits after its checkpoint:
+    all asked at once, one round trip) gives each object's bytes in the order asked, and
+    FileNotFoundError where one is not there - what tells the replay a commit was cleaned
+    up."""
+    store = ObjectStore(f"{s3_warehouse}/t", s3_server.storage())
+    names = [commit_name(version) for version in range(12)]
+    for version, name in enumerate(names):
+        assert store.put_if_absent(name, f'{{"commitInfo":{{"n":{version}}}}}\n'.encode())
+    wanted = names[::-1] + names[3:5]
+    assert store.read_each(wanted) == [store.read(name) for name in wanted]
+    assert store.read_each([]) == []
+    with pytest.raises(FileNotFoundError):
+        store.read_each([names[0], commit_name(99), names[1]])
+
+
 def test_a_bucket_near_by_is_written_by_few_writers_one_far_away_by_many(
     spark: Any, s3_warehouse: str
 ) -> None:
