@@ -21,7 +21,7 @@ DEPLOY_TOOLS := $(TOOLS)/.deploy-tools
 
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup venv jars postgres tools bytecode k8s demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-cold bench-bigtable bench-backlog bench-writes bench-receive
+.PHONY: setup venv jars postgres tools bytecode k8s demo test test-unit check lint typecheck fmt clean help bench bench-stream bench-apply bench-sync bench-conflicts bench-large bench-soak bench-ceiling bench-tables bench-cold bench-bigtable bench-backlog bench-writes bench-receive bench-far
 
 help:
 	@echo "make setup   venv with locked dependencies, Delta jars, PostgreSQL binaries, helm, promtool,"
@@ -50,6 +50,7 @@ help:
 	@echo "make bench-backlog BACKLOG single-row updates written while each subscriber is down,"
 	@echo "                   then drained: seconds, transactions/s, beside PostgreSQL's subscriber"
 	@echo "make bench-receive the receiver thread's Python per single-row transaction, no server (seconds)"
+	@echo "make bench-far     one table's batch on a bucket ROUND_TRIPS ms away (versitygw behind a delay)"
 	@echo "make bench-cold    TABLES tables x TABLE_ROWS rows: from \`pgsub run\` (a cold process) to all READY"
 	@echo "make bench-tables  TABLES tables x TABLE_ROWS rows: initial sync, then TABLE_RATE updates/s"
 	@echo "                   spread over all of them for TABLE_SECONDS, beside PostgreSQL's subscriber"
@@ -215,6 +216,10 @@ bench-backlog: setup
 
 bench-receive: setup
 	$(BIN)/python -m benchmarks.receive_path --transactions $(BACKLOG)
+
+ROUND_TRIPS ?= 20,40
+bench-far: setup
+	$(BIN)/python -m benchmarks.far_store --round-trips $(ROUND_TRIPS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache

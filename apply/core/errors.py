@@ -19,6 +19,10 @@ class TargetTableError(ApplyError):
     """A Delta table is missing, unreadable or cannot take a change."""
 
 
+class CommitRacedError(TargetTableError):
+    """Another writer made the version this commit was for; nothing was committed."""
+
+
 class ConflictError(ApplyError):
     """A remote change conflicts with the target and the configured action is to stop."""
 

@@ -43,7 +43,7 @@ import structlog
 from apply.batching.collapse import KeyedNet, Net, net_bytes
 from apply.batching.copy_source import CopySource
 from apply.columns.schema import Evolution, TargetSchema
-from apply.core.errors import ConflictError, TargetTableError
+from apply.core.errors import CommitRacedError, ConflictError, TargetTableError
 from apply.core.features import FeatureMode, TableFeatures
 from apply.core.maintenance_policy import MaintenancePolicy
 from apply.core.records import (
@@ -91,7 +91,6 @@ from apply.delta.writer.local_tables import (
     folder,
     is_table,
 )
-from apply.delta.writer.overwrite import CommitRacedError
 from apply.delta.writer.write_cost import commit_bytes
 from apply.history.changelog import HistoryMode, changelog_schema
 from apply.history.stamps import PLAIN, Keeping

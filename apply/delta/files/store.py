@@ -33,7 +33,7 @@ import os
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -99,6 +99,12 @@ class TableStore(Protocol):
 
     def exist(self, names: list[str]) -> list[bool]:
         """Whether each of ``names`` exists (in an object store: asked at once)."""
+        ...
+
+    def asking(self, names: list[str]) -> Callable[[], list[bool]]:
+        """``exist(names)`` asked now and answered by the call returned: in an object store
+        the requests are in flight meanwhile (a round trip the caller need not wait for);
+        on a local disk answered at once."""
         ...
 
     def listed(self, prefix: str) -> list[str]:
@@ -193,6 +199,10 @@ class LocalStore:
 
     def exist(self, names: list[str]) -> list[bool]:
         return [self.exists(name) for name in names]
+
+    def asking(self, names: list[str]) -> Callable[[], list[bool]]:
+        found = self.exist(names)
+        return lambda: found
 
     def source(self, name: str) -> str:
         return str(self._path(name))
@@ -399,6 +409,11 @@ class ObjectStore:
         if len(names) < 2:
             return [self.exists(name) for name in names]
         return list(_ASKING.map(self.exists, names))
+
+    def asking(self, names: list[str]) -> Callable[[], list[bool]]:
+        """One HEAD each, sent now; the call returned waits for their answers."""
+        asked = [_ASKING.submit(self.exists, name) for name in names]
+        return lambda: [answer.result() for answer in asked]
 
     def listed(self, prefix: str) -> list[str]:
         import obstore

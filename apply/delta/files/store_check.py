@@ -41,10 +41,11 @@ LOCAL_WRITERS: Final = 4
 BUCKET_WRITERS: Final = 16
 MAX_WRITERS: Final = 32
 # A table's batch in an object store: its Python work (keys looked up, a Parquet file, a
-# vector, a commit: about 5 ms here, under Python's lock) and three round trips in sequence
-# (the log's HEADs, the two files' PUTs, the commit's).
+# vector, a commit: about 5 ms here, under Python's lock) and two round trips in sequence
+# (the two files' PUTs, the commit's; the log's HEADs are answered meanwhile:
+# ``OpenTable.ask_latest``).
 TABLE_CPU: Final = 0.005
-TABLE_ROUND_TRIPS: Final = 3
+TABLE_ROUND_TRIPS: Final = 2
 
 
 def writers_for(round_trip: float | None) -> int:
@@ -52,7 +53,7 @@ def writers_for(round_trip: float | None) -> int:
     seconds: enough that while each waits for its requests the others keep the CPU busy,
     and no more (more threads than that only contend for Python's lock: 200 tables at
     1,000/s in a bucket on this machine, lag p99 4.45 s with 4 writers, 6.02 with 8, 6.76
-    with 16). A store 1 ms away gets ``LOCAL_WRITERS``, S3's 20-50 ms 13-31."""
+    with 16). A store 1 ms away gets ``LOCAL_WRITERS``, S3's 20-50 ms 9-21."""
     if round_trip is None:
         return BUCKET_WRITERS
     wanted = math.ceil(round(1 + TABLE_ROUND_TRIPS * round_trip / TABLE_CPU, 6))

@@ -59,10 +59,10 @@ import structlog
 
 from apply.batching.collapse import KeyedNet
 from apply.batching.source import PRESENT, KeyedSource, keyed_source
-from apply.core.errors import TargetTableError
+from apply.core.errors import CommitRacedError, TargetTableError
 from apply.core.features import PORTABLE, FeatureMode, TableFeatures, write_gain
 from apply.core.records import CommitMark, WriteResult
-from apply.delta.files.store import TableStore, table_store
+from apply.delta.files.store import LocalStore, TableStore, table_store
 from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.deletion_vectors import DeletionVectorError
 from apply.delta.writer.delta_rs_merge import (
@@ -77,7 +77,6 @@ from apply.delta.writer.live_files import LiveFiles, UnreadableLogError
 from apply.delta.writer.local_tables import delta_rs_writes, marked, no_checkpoint
 from apply.delta.writer.open_table import OpenTable
 from apply.delta.writer.overwrite import (
-    CommitRacedError,
     append,
     hand_appendable,
     keep_log,
@@ -249,10 +248,12 @@ class LocalMerges:
         if source.moved:
             return None
         with self._failing(path, f"writing {schema.table} to {path} at LSN {mark.lsn}"):
-            open_table = self._table(path)
+            open_table = self._table(path, confirm_later=True)
             done = open_table.done(mark.txn[0])
             if not stamping.stamps and vector_writable(open_table.table, schema):
+                # The log's check answered before its commit, its files written meanwhile.
                 return self._write_by_vectors(open_table, schema, source, mark, done)
+            open_table.confirm_latest()  # every other way decides on the log as it is
             if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
                 return self._write_by_vectors(open_table, schema, source, mark, done)
             if by_positions and not stamping.stamps and self._positions_fit(open_table, schema):
@@ -346,6 +347,7 @@ class LocalMerges:
         with ``copy_on_write``, into one without them, its key index made for this batch
         alone (kept, it would hold 9 bytes a row of a table no later batch may need)."""
         if done is not None and done >= mark.txn[1]:
+            open_table.confirm_latest()  # the table that has it is the one read
             return WriteResult(schema.table, None)  # committed before: Delta's txn says so
         try:
             state = self._vector_state(open_table, schema, kept=not copy_on_write)
@@ -437,14 +439,22 @@ class LocalMerges:
         commit (a versions table's lookup and MERGE, ``apply.delta.versions``)."""
         return self._table(path)
 
-    def _table(self, path: str) -> OpenTable:
-        """The table at ``path``, brought up to its latest commit."""
+    def _table(self, path: str, *, confirm_later: bool = False) -> OpenTable:
+        """The table at ``path``, brought up to its latest commit. ``confirm_later``: in an
+        object store, a table kept open is returned at once, the question whether its log
+        moved on sent (``OpenTable.ask_latest``) and answered before the commit that needs
+        it (``OpenTable.confirm_latest``): the batch's files are written meanwhile, so that
+        round trip is not one a batch waits for. On a local disk the answer costs no wait
+        and is taken here."""
         import deltalake
 
         store = self._store_of(path)
         location = store.location
         with self._lock:
             open_table = self._open.get(location)
+        if open_table is not None and confirm_later and not isinstance(store, LocalStore):
+            open_table.ask_latest()
+            return open_table
         if open_table is not None and open_table.latest():
             return open_table
         opened = deltalake.DeltaTable(location, storage_options=dict(store.options) or None)

@@ -16,11 +16,13 @@ overwrite does not change them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from apply.core.errors import CommitRacedError
 from apply.delta.files.store import TableStore, canonical, commit_name
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ class OpenTable:
         self._own: _Own | None = None
         self._marks: dict[str, int] = {}  # app id -> its batch version, as of _marks_at
         self._marks_at = -1
+        self._asked: Callable[[], list[bool]] | None = None  # ``ask_latest``'s answer
 
     @property
     def version(self) -> int:
@@ -70,6 +73,26 @@ class OpenTable:
         if after:
             self.synced()
         return True
+
+    def ask_latest(self) -> None:
+        """``latest``'s question sent without waiting for its answer: in an object store its
+        round trip runs while a batch writes its files, and ``confirm_latest`` takes the
+        answer before the commit that needs it."""
+        self._asked = self.store.asking([commit_name(self.version), commit_name(self.version + 1)])
+
+    def confirm_latest(self) -> None:
+        """The answer to ``ask_latest``, if one is awaited: the log as this table last read
+        it, or a ``CommitRacedError`` (nothing committed; the table read anew at the next
+        attempt) - another writer committed since, or the table is gone or made anew."""
+        asked, self._asked = self._asked, None
+        if asked is None:
+            return
+        here, after = asked()
+        if after or not here:
+            raise CommitRacedError(
+                f"the log of {self.store.location} moved on from version {self.version}: "
+                + ("another writer committed since" if here else "the table is gone or made anew")
+            )
 
     def synced(self) -> deltalake.DeltaTable:
         """delta-rs's snapshot, brought up to the log's latest commit."""

@@ -51,7 +51,7 @@ from typing import IO, TYPE_CHECKING, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from apply.core.errors import TargetTableError
+from apply.core.errors import CommitRacedError
 from apply.delta.files.store import TableStore, commit_name
 from apply.delta.writer.file_stats import FileStats
 from apply.delta.writer.open_table import LiveFile
@@ -67,10 +67,6 @@ HAND_READS: Final = frozenset({"timestampNtz"})
 HAND_WRITES: Final = frozenset({"timestampNtz", "appendOnly", "invariants"})
 _CHECKPOINT_INTERVAL: Final = 100  # delta.checkpointInterval's default
 APPEND_FILE_ROWS: Final = 1_000_000  # rows a file of ``append``: a few dozen MB
-
-
-class CommitRacedError(TargetTableError):
-    """Another writer made the version this commit was for; nothing was committed."""
 
 
 def hand_writable(table: deltalake.DeltaTable, rows: pa.Table) -> bool:

@@ -56,6 +56,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from apply.batching.source import FIRST, PRESENT, KeyedSource
+from apply.core.errors import CommitRacedError
 from apply.core.maintenance_policy import PURGE_ABOVE
 from apply.delta.files.store import TableStore
 from apply.delta.writer import deletion_vectors
@@ -65,7 +66,6 @@ from apply.delta.writer.kept_rows import KEPT, LARGEST
 from apply.delta.writer.key_index import Alive, KeyIndex, Match
 from apply.delta.writer.live_files import LiveFiles, VectorFile
 from apply.delta.writer.overwrite import (
-    CommitRacedError,
     checkpoint_due,
     commit,
     keep_log,
@@ -209,6 +209,7 @@ def write_by_vectors(
         open_table.store, state.index, matches, new_rows, mark, counts=counts, folded=folded
     )
     try:
+        open_table.confirm_latest()  # the log as read, asked while the files were written
         size = written.size + commit(open_table.store, version, written.actions)
     except CommitRacedError:
         for name in written.files:

@@ -14,13 +14,14 @@ import pytest
 
 from apply.batching.collapse import KeyedNet
 from apply.columns.schema import target_schema
+from apply.core.errors import CommitRacedError
 from apply.core.records import CommitMark
 from apply.delta.files.store import LocalStore
 from apply.delta.tables import DeltaTables
 from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.local_merge import merge_locally
 from apply.delta.writer.open_table import OpenTable
-from apply.delta.writer.overwrite import CommitRacedError, checkpoint_due, overwrite
+from apply.delta.writer.overwrite import checkpoint_due, overwrite
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import ZERO, Lsn
 from tests.support.delta_log import operations, writers

@@ -16,12 +16,13 @@ import pyarrow as pa
 import pytest
 
 from apply.columns.schema import TargetSchema
+from apply.core.errors import CommitRacedError
 from apply.core.records import CommitMark
 from apply.delta.files.store import LocalStore, commit_name, folders_synced_together
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import make_durable
 from apply.delta.writer.open_table import OpenTable
-from apply.delta.writer.overwrite import CommitRacedError, append, commit, overwrite
+from apply.delta.writer.overwrite import append, commit, overwrite
 from apply.delta.writer.vector_write import (
     REPLAY_REFUSES,
     VECTOR_READS,
