@@ -218,8 +218,9 @@ bench-receive: setup
 	$(BIN)/python -m benchmarks.receive_path --transactions $(BACKLOG)
 
 ROUND_TRIPS ?= 20,40
+FAR_ROWS ?= 20000,50
 bench-far: setup
-	$(BIN)/python -m benchmarks.far_store --round-trips $(ROUND_TRIPS)
+	$(BIN)/python -m benchmarks.far_store --round-trips $(ROUND_TRIPS) --rows $(FAR_ROWS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) jars/lib $(POSTGRES) .pytest_cache .mypy_cache .ruff_cache

@@ -5,11 +5,12 @@ millisecond; S3 answers a small request in 20-200 ms. Here every byte between
 pgsub and the gateway goes through a proxy that holds it for half the round
 trip each way (as ``tc netem`` would, which this machine's kernel lacks), so
 a batch waits for its requests as it would on a cloud store. One table of
-20,000 rows (its first update turns deletion vectors on), then single-row
-update batches through ``BatchApplier``, each timed: the median is about the
-round trips a table's batch waits for, in sequence, times the round trip.
+``--rows`` rows (20,000: its first update turns deletion vectors on; 50: it
+is rewritten whole each batch), then single-row update batches through
+``BatchApplier``, each timed: the median is about the round trips a table's
+batch waits for, in sequence, times the round trip.
 
-    python -m benchmarks.far_store --round-trips 20,40
+    python -m benchmarks.far_store --round-trips 20,40 --rows 20000,50
 
 Nothing here is a test: it prints one line a round trip.
 """
@@ -58,8 +59,8 @@ def delaying_proxy(target_port: int, round_trip: float) -> int:
     return port
 
 
-def one_table(spark: Any, warehouse: str, batches: int) -> list[float]:
-    """Each batch's seconds: ``batches`` single-row updates of a 20,000-row table."""
+def one_table(spark: Any, warehouse: str, rows: int, batches: int) -> list[float]:
+    """Each batch's seconds: ``batches`` single-row updates of a table of ``rows`` rows."""
     from apply.delta.tables import DeltaTables
     from apply.worker.applier import BatchApplier
     from tests.unit.apply.builders import batch, ins, relation, tx, upd
@@ -67,12 +68,12 @@ def one_table(spark: Any, warehouse: str, batches: int) -> list[float]:
     table = relation("id", "v")
     applier = BatchApplier("bench", DeltaTables(spark, warehouse, "bench"), lambda oid: None)
     try:
-        rows = (ins(table, i, f"{i:064d}") for i in range(20_000))
-        applier.apply(batch(tx(*rows, end=100)))
+        inserts = (ins(table, i, f"{i:064d}") for i in range(rows))
+        applier.apply(batch(tx(*inserts, end=100)))
         seconds = []
         for n in range(1, batches + 1):
             started = time.perf_counter()
-            applier.apply(batch(tx(upd(table, n * 7, f"n{n}"), end=100 + n * 10)))
+            applier.apply(batch(tx(upd(table, n * 7 % rows, f"n{n}"), end=100 + n * 10)))
             seconds.append(time.perf_counter() - started)
         return seconds
     finally:
@@ -84,6 +85,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--round-trips", default="20,40", help="milliseconds, comma-separated")
+    parser.add_argument("--rows", default="20000,50", help="the table's rows, comma-separated")
     parser.add_argument("--batches", type=int, default=25)
     args = parser.parse_args()
 
@@ -98,21 +100,23 @@ def main() -> None:
         for milliseconds in (float(ms) for ms in args.round_trips.split(",")):
             port = delaying_proxy(int(server.endpoint.rsplit(":", 1)[1]), milliseconds / 1000)
             far = S3Server(f"http://127.0.0.1:{port}", server.root, server.process)
-            bucket = server.bucket(f"far-{int(milliseconds)}")
-            warehouse = f"s3a://{bucket}/wh"
-            register(warehouse, far.storage())
             if spark is None:
                 settings = SparkSettings(master="local[2]", app_name="pgsub-far-store")
                 spark = build_session(settings)
             hadoop = spark._jsc.hadoopConfiguration()
             for key, value in far.storage().spark_conf().items():
                 hadoop.set(key.removeprefix("spark.hadoop."), value)
-            seconds = sorted(one_table(spark, warehouse, args.batches)[2:])
-            print(
-                f"round trip {milliseconds:.0f} ms: a one-table batch takes "
-                f"{seconds[len(seconds) // 2] * 1000:.0f} ms (median of {len(seconds)}), "
-                f"{seconds[len(seconds) // 2] / (milliseconds / 1000):.1f} round trips"
-            )
+            for rows in (int(r) for r in args.rows.split(",")):
+                bucket = server.bucket(f"far-{int(milliseconds)}-{rows}")
+                warehouse = f"s3a://{bucket}/wh"
+                register(warehouse, far.storage())
+                seconds = sorted(one_table(spark, warehouse, rows, args.batches)[2:])
+                median = seconds[len(seconds) // 2]
+                print(
+                    f"round trip {milliseconds:.0f} ms, {rows:,} rows: a one-table batch takes "
+                    f"{median * 1000:.0f} ms (median of {len(seconds)}), "
+                    f"{median / (milliseconds / 1000):.1f} round trips"
+                )
     finally:
         if spark is not None:
             spark.stop()

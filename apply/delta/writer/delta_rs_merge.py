@@ -76,6 +76,7 @@ def merge_into(
     try:
         if size <= REWRITE_MAX_BYTES and not stamping.stamps:
             return _rewrite(open_table, schema, source, mark)
+        open_table.confirm_latest()
         table = open_table.synced()
         if keys_conflict(open_table, schema, source.table, stamping.soft):
             return None
@@ -144,7 +145,14 @@ def _rewrite(
     app_id, version = mark.txn
     counts = expected_counts(source.table)
     if hand_writable(open_table.table, rows):
-        own, written = overwrite(open_table.store, open_table.version, live, rows, mark)
+        own, written = overwrite(
+            open_table.store,
+            open_table.version,
+            live,
+            rows,
+            mark,
+            before_commit=open_table.confirm_latest,  # the log's check, asked meanwhile
+        )
         KEPT.forget(open_table.store.location, [file.name for file in live])
         KEPT.keep(open_table.store.location, own.name, rows)  # the next batch's ``current``
         open_table.wrote(app_id, version, own)
@@ -154,6 +162,7 @@ def _rewrite(
         return WriteResult(
             schema.table, open_table.version, *counts, written_bytes=written, durable=True
         )
+    open_table.confirm_latest()
     table = open_table.synced()
     deltalake.write_deltalake(
         table,

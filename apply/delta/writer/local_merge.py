@@ -249,29 +249,42 @@ class LocalMerges:
             return None
         with self._failing(path, f"writing {schema.table} to {path} at LSN {mark.lsn}"):
             open_table = self._table(path, confirm_later=True)
-            done = open_table.done(mark.txn[0])
-            if not stamping.stamps and vector_writable(open_table.table, schema):
-                # The log's check answered before its commit, its files written meanwhile.
-                return self._write_by_vectors(open_table, schema, source, mark, done)
-            open_table.confirm_latest()  # every other way decides on the log as it is
-            if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
-                return self._write_by_vectors(open_table, schema, source, mark, done)
-            if by_positions and not stamping.stamps and self._positions_fit(open_table, schema):
-                written = self._write_by_vectors(
-                    open_table, schema, source, mark, done, copy_on_write=True
-                )
-                if written is not None:
-                    return written
-            written = merge_into(
-                open_table,
-                schema,
-                source,
-                mark,
-                done=done,
-                max_bytes=self.max_bytes,
-                stamping=stamping,
-            )
+            written = self._merged(open_table, schema, source, mark, stamping, by_positions)
+            # Each way took the answer to the log's check before it committed (its files
+            # written meanwhile); one that committed nothing (Spark's way) takes it here.
+            open_table.confirm_latest()
         return written  # None: Spark writes it; the open table reads that commit next time
+
+    def _merged(
+        self,
+        open_table: OpenTable,
+        schema: TargetSchema,
+        source: KeyedSource,
+        mark: CommitMark,
+        stamping: Stamping,
+        by_positions: bool,
+    ) -> WriteResult | None:
+        """``merge_source``'s ways, the first that writes the batch."""
+        done = open_table.done(mark.txn[0])
+        if not stamping.stamps and vector_writable(open_table.table, schema):
+            return self._write_by_vectors(open_table, schema, source, mark, done)
+        if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
+            return self._write_by_vectors(open_table, schema, source, mark, done)
+        if by_positions and not stamping.stamps and self._positions_fit(open_table, schema):
+            written = self._write_by_vectors(
+                open_table, schema, source, mark, done, copy_on_write=True
+            )
+            if written is not None:
+                return written
+        return merge_into(
+            open_table,
+            schema,
+            source,
+            mark,
+            done=done,
+            max_bytes=self.max_bytes,
+            stamping=stamping,
+        )
 
     @contextmanager
     def _failing(self, path: str, what: str) -> Iterator[None]:
@@ -328,6 +341,7 @@ class LocalMerges:
             return False
         # The snapshot's protocol, schema and properties are current even when it has not
         # read pgsub's own last commit (``OpenTable``): the version is the open table's.
+        open_table.confirm_latest()
         vectors_on(open_table.store, open_table.table, open_table.version)
         open_table.synced()
         warn_gained(schema.table, gain)
@@ -347,7 +361,6 @@ class LocalMerges:
         with ``copy_on_write``, into one without them, its key index made for this batch
         alone (kept, it would hold 9 bytes a row of a table no later batch may need)."""
         if done is not None and done >= mark.txn[1]:
-            open_table.confirm_latest()  # the table that has it is the one read
             return WriteResult(schema.table, None)  # committed before: Delta's txn says so
         try:
             state = self._vector_state(open_table, schema, kept=not copy_on_write)

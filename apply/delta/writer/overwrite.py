@@ -45,7 +45,7 @@ import json
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -189,11 +189,17 @@ def _now() -> int:
 
 
 def overwrite(
-    store: TableStore, version: int, live: list[LiveFile], rows: pa.Table, mark: CommitMark
+    store: TableStore,
+    version: int,
+    live: list[LiveFile],
+    rows: pa.Table,
+    mark: CommitMark,
+    before_commit: Callable[[], None] = lambda: None,
 ) -> tuple[LiveFile, int]:
     """``rows`` as the whole table in ``store``, whose latest version is ``version`` and
     live files ``live``, in one commit carrying ``mark``: the new file, and the bytes
-    written (it and the commit)."""
+    written (it and the commit). ``before_commit``: called once the file is written, before
+    its commit (a ``CommitRacedError`` from it: the file deleted, nothing committed)."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     with store.writing(name) as file:
         pq.write_table(rows, file, compression="snappy")
@@ -223,6 +229,7 @@ def overwrite(
         }
     )
     try:
+        before_commit()
         written = size + commit(store, version + 1, actions)
     except CommitRacedError:
         store.delete(name)

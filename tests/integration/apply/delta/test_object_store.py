@@ -176,21 +176,26 @@ def test_a_commit_another_writer_made_first_is_made_again_on_top_of_it(
     assert tables.applied_lsn("public.t") == Lsn(200)
 
 
-def vector_table(applier: BatchApplier) -> dict[int, str]:
-    """A table big enough that its first update turns deletion vectors on, that update
-    made; the rows it holds."""
-    model = {i: f"{i:064d}" for i in range(20_000)}
+# pgsub's own two ways of committing a small batch: by deletion vectors (a table whose first
+# update turns them on), and rewritten whole (a small table).
+OWN_WAYS = {"by deletion vectors": 20_000, "rewritten whole": 50}
+
+
+def own_table(applier: BatchApplier, rows: int) -> dict[int, str]:
+    """A table of ``rows`` rows and one update of it; the rows it holds."""
+    model = {i: f"{i:064d}" for i in range(rows)}
     applier.apply(batch(tx(*(ins(T, i, v) for i, v in model.items()), end=100)))
     applier.apply(batch(tx(upd(T, 1, "one"), end=110)))
     model[1] = "one"
     return model
 
 
-def test_a_batch_by_vectors_after_another_writers_commit_is_made_on_top_of_it(
-    spark: Any, s3_warehouse: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("rows", OWN_WAYS.values(), ids=OWN_WAYS.keys())
+def test_a_batch_after_another_writers_commit_is_made_on_top_of_it_without_a_refused_put(
+    spark: Any, s3_warehouse: str, monkeypatch: pytest.MonkeyPatch, rows: int
 ) -> None:
-    """Another engine commits between two batches of a table pgsub writes by deletion
-    vectors. pgsub asks whether the log moved on while it writes the batch's files
+    """Another engine commits between two batches of a table pgsub commits to itself. pgsub
+    asks whether the log moved on while it writes the batch's files
     (``OpenTable.ask_latest``) and takes the answer before its commit: the batch is made
     again on the table as that engine left it, without a refused PUT - no row lost, none
     doubled."""
@@ -206,11 +211,11 @@ def test_a_batch_by_vectors_after_another_writers_commit_is_made_on_top_of_it(
 
     monkeypatch.setattr(ObjectStore, "put_if_absent", put)
     try:
-        model = vector_table(applier)
+        model = own_table(applier, rows)
         assert engines(path)[-1] == "pgsub"
-        rows = pa.table({"id": pa.array([50_000], pa.int32()), "v": ["theirs"]})
+        theirs = pa.table({"id": pa.array([50_000], pa.int32()), "v": ["theirs"]})
         options = storage_for(path).delta_rs_options()
-        deltalake.write_deltalake(path, rows, mode="append", storage_options=options)
+        deltalake.write_deltalake(path, theirs, mode="append", storage_options=options)
         result = applier.apply(batch(tx(upd(T, 2, "two"), dele(T, 3, None), end=120)))
         applier.verify(result)
     finally:
@@ -226,19 +231,19 @@ def test_a_batch_by_vectors_after_another_writers_commit_is_made_on_top_of_it(
     assert tables.applied_lsn("public.t") == Lsn(120)
 
 
+@pytest.mark.parametrize("rows", OWN_WAYS.values(), ids=OWN_WAYS.keys())
 def test_a_table_deleted_from_the_bucket_is_not_written_into_again(
-    spark: Any, s3_server: S3Server, s3_warehouse: str
+    spark: Any, s3_server: S3Server, s3_warehouse: str, rows: int
 ) -> None:
-    """A table pgsub writes by deletion vectors, deleted from the bucket by someone else
-    while pgsub keeps it open: its next batch stops with an error naming the table (the
-    daemon then finds it gone: ``test_target_tables``) and PUTs nothing where the table
-    was - no data file, vector or commit that would make a log starting at a later
-    version."""
+    """A table pgsub commits to itself, deleted from the bucket by someone else while pgsub
+    keeps it open: its next batch stops with an error naming the table (the daemon then
+    finds it gone: ``test_target_tables``) and PUTs nothing where the table was - no data
+    file, vector or commit that would make a log starting at a later version."""
     _, applier, path = table_t(spark, s3_warehouse)
     bucket, _, key = path.removeprefix("s3a://").partition("/")
     folder = s3_server.root / bucket / key
     try:
-        vector_table(applier)
+        own_table(applier, rows)
         shutil.rmtree(folder)
         with pytest.raises(TransactionError, match=f"{path} at LSN 0/78"):
             applier.apply(batch(tx(upd(T, 2, "two"), end=120)))
