@@ -50,10 +50,8 @@ if TYPE_CHECKING:
 LOG: Final = "_delta_log"
 # What an object store's file in the making holds in memory before it spills to local disk.
 _BUFFERED: Final = 16 * 2**20
-# The threads that ask an object store several things at once (``ObjectStore.exist``,
-# ``asking``, ``read_each``): two HEADs for each of up to 32 writers
-# (``store_check.MAX_WRITERS``) in flight together, none queued behind another's.
-_ASKING: Final = ThreadPoolExecutor(max_workers=64, thread_name_prefix="store-head")
+# The threads that ask an object store several things at once (``ObjectStore.exist``).
+_ASKING: Final = ThreadPoolExecutor(max_workers=16, thread_name_prefix="store-head")
 
 
 def commit_name(version: int) -> str:
