@@ -408,7 +408,7 @@ class ObjectStore:
         """One HEAD each, all in flight at once: a round trip, not one a name."""
         if len(names) < 2:
             return [self.exists(name) for name in names]
-        return list(_ASKING.map(self.exists, names))
+        return self.asking(names)()
 
     def asking(self, names: list[str]) -> Callable[[], list[bool]]:
         """One HEAD each, sent now; the call returned waits for their answers."""

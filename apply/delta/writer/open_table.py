@@ -67,7 +67,7 @@ class OpenTable:
         version is gone: the table was made anew). The next commit file not there says no
         one else wrote. Both asked at once: in an object store, two HEADs in one round
         trip."""
-        here, after = self.store.exist([commit_name(self.version), commit_name(self.version + 1)])
+        here, after = self.store.exist(self._checked())
         if not here:
             return False
         if after:
@@ -78,7 +78,11 @@ class OpenTable:
         """``latest``'s question sent without waiting for its answer: in an object store its
         round trip runs while a batch writes its files, and ``confirm_latest`` takes the
         answer before the commit that needs it."""
-        self._asked = self.store.asking([commit_name(self.version), commit_name(self.version + 1)])
+        self._asked = self.store.asking(self._checked())
+
+    def _checked(self) -> list[str]:
+        """What ``latest`` asks: the version this table read still there, the next one free."""
+        return [commit_name(self.version), commit_name(self.version + 1)]
 
     def confirm_latest(self) -> None:
         """The answer to ``ask_latest``, if one is awaited: the log as this table last read
