@@ -91,6 +91,7 @@ from apply.delta.writer.local_tables import (
     folder,
     is_table,
 )
+from apply.delta.writer.overwrite import checkpoint_again
 from apply.delta.writer.write_cost import commit_bytes
 from apply.history.changelog import HistoryMode, changelog_schema
 from apply.history.stamps import PLAIN, Keeping
@@ -544,15 +545,19 @@ class DeltaTables:
         if not self._on_local_disk:
             return
         path = self.path(table)
-        if carries(LocalStore(folder(path)), version, mark):
+        store = LocalStore(folder(path))
+        if carries(store, version, mark):
             return
+        # A checkpoint pgsub made at that version holds its commit, not the one now there.
+        checkpointed = checkpoint_again(store, version)
         self._forget_written(table, path)
         raise TargetTableError(
             f"version {version} of {table} at {path} is no longer the commit pgsub made for "
             f"LSN {mark.lsn}: another engine committed over it (Spark's LogStore on a local "
             "folder renames over a version it found free). Nothing was confirmed; the batch "
-            "is applied again. Stop the other writer, or let it write only while pgsub is "
-            'stopped (docs/tables.md, "Other writers")'
+            f"is applied again{'; its checkpoint made anew' if checkpointed else ''}. Stop "
+            "the other writer, or let it write only while pgsub is stopped (docs/tables.md, "
+            '"Other writers")'
         )
 
     def _forget_written(self, table: str, path: str) -> None:

@@ -294,6 +294,43 @@ def keep_log(table: deltalake.DeltaTable, location: str) -> None:
         table.cleanup_metadata()
 
 
+def checkpoint_again(store: TableStore, version: int) -> bool:
+    """The checkpoint at ``version`` made anew from the log as it is now, after the commit
+    pgsub made at that version was found replaced by another engine's (Spark's LogStore on
+    a local folder renames its commit over a version it found free): pgsub's checkpoint,
+    written right after its commit, holds that commit's state, and every reader starting
+    from it would see rows the log no longer has and miss the other engine's commit.
+
+    False when there is no checkpoint at ``version``, or the log before it is gone
+    (expired commits removed after it), and it stays as it is. The checkpoint is removed
+    before it is made again: a reader meanwhile starts from the one before it."""
+    import deltalake
+
+    log = "_delta_log"
+    names = set(store.listed(log))
+    own = f"{log}/{version:020d}.checkpoint.parquet"
+    if own not in names:
+        return False
+    earlier = [
+        int(name[len(log) + 1 :][:20])
+        for name in names
+        if ".checkpoint." in name and int(name[len(log) + 1 :][:20]) < version
+    ]
+    since = max(earlier, default=-1)
+    if any(commit_name(v) not in names for v in range(since + 1, version + 1)):
+        return False
+    store.delete(own)
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        last = json.loads(store.read(f"{log}/_last_checkpoint"))
+        if last.get("version") == version:
+            store.delete(f"{log}/_last_checkpoint")
+    options = dict(store.options)
+    deltalake.DeltaTable(
+        store.location, version=version, storage_options=options
+    ).create_checkpoint()
+    return True
+
+
 def commit(store: TableStore, version: int, actions: list[dict[str, object]]) -> int:
     """``actions`` as the log's ``version`` of the table in ``store``, whole, durable and
     only if it is not there yet (a ``CommitRacedError`` if it is); the commit file's

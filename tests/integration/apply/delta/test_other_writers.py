@@ -21,7 +21,7 @@ from apply.core.features import FeatureMode, TableFeatures
 from apply.core.records import BatchResult
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.delta.writer import delta_rs_merge
+from apply.delta.writer import delta_rs_merge, overwrite
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
 from tests.support.delta_log import writers
@@ -182,12 +182,18 @@ def _commit_over(folder: Path, version: int) -> None:
     os.replace(temporary, log / f"{version:020d}.json")
 
 
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["", "checkpointed"])
 @pytest.mark.parametrize("way", ["rewrite", "merge", "vectors"])
 def test_a_commit_renamed_over_is_caught_before_it_is_confirmed_then_applied_again(
-    spark: Any, warehouse: Path, way: str, monkeypatch: pytest.MonkeyPatch
+    spark: Any, warehouse: Path, way: str, checkpointed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``checkpointed``: pgsub checkpoints every version, so one at the version renamed over
+    (a table's checkpoint falls there once in its interval): made anew from the log as it
+    is, or every reader starting from it would miss the other engine's commit."""
     if way == "merge":
         monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)
+    if checkpointed:
+        monkeypatch.setattr(overwrite, "_CHECKPOINT_INTERVAL", 1)
     tables = DeltaTables(spark, str(warehouse), "sub1", _options(way))
     folder = warehouse / "public" / "t"
     applier = BatchApplier("sub1", tables, lambda oid: None)
@@ -197,8 +203,13 @@ def test_a_commit_renamed_over_is_caught_before_it_is_confirmed_then_applied_aga
         (written,) = result.tables
         assert written.write.version is not None
         _commit_over(folder, written.write.version)
+        checkpoint = folder / "_delta_log" / f"{written.write.version:020d}.checkpoint.parquet"
+        assert checkpoint.exists() == checkpointed
+        made = checkpoint.stat().st_mtime_ns if checkpointed else 0
         with pytest.raises(TargetTableError, match="no longer the commit pgsub made"):
             applier.verify(result)
+        if checkpointed:  # made again, from the other engine's commit
+            assert checkpoint.stat().st_mtime_ns > made
     finally:
         applier.close()
     # The attempt failed before confirming 200: the next one resends it, and it lands.
