@@ -8,17 +8,20 @@ last one, cProfile's heaviest calls: the figures behind docs/performance.md,
 "A small table's batch through delta-rs".
 
     python -m benchmarks.local_merge_bench --tables 200 --rows 2000 --updates 35
+    python -m benchmarks.local_merge_bench --tables 200 --updates 8 --vectors --wide --batches 10
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import decimal
 import pstats
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
 import deltalake
 import pyarrow as pa
@@ -29,21 +32,48 @@ from apply.columns.schema import TargetSchema, target_schema
 from apply.core.batch import Batch
 from apply.core.records import CommitMark
 from apply.core.transactions import Op, RemoteTransaction, RowChange, change_size
+from apply.delta.files.store import table_store
 from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.local_merge import LocalMerges
+from apply.delta.writer.protocol import vectors_on
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.messages import TEXT, Column, Relation, ReplicaIdentity, TupleData
 
 INT4, TEXT_OID = 23, 25
 
 
-def _relation(number: int) -> Relation:
-    columns = (Column("id", INT4, -1, True), Column("v", TEXT_OID, -1, False))
+INT8, TIMESTAMPTZ, NUMERIC = 20, 1184, 1700
+# bench-tables's tables (benchmarks/harness.py's TABLE): id bigint key, n int, t text,
+# ts timestamptz, amount numeric(12, 2).
+WIDE: Final = (
+    Column("id", INT8, -1, True),
+    Column("n", INT4, -1, False),
+    Column("t", TEXT_OID, -1, False),
+    Column("ts", TIMESTAMPTZ, -1, False),
+    Column("amount", NUMERIC, (12 << 16 | 2) + 4, False),
+)
+NARROW: Final = (Column("id", INT4, -1, True), Column("v", TEXT_OID, -1, False))
+
+
+def _relation(number: int, columns: tuple[Column, ...] = NARROW) -> Relation:
     return Relation(16384 + number, "public", f"t{number}", ReplicaIdentity.DEFAULT, columns)
 
 
+def _values(relation: Relation, key: int, value: str) -> tuple[bytes, ...]:
+    if relation.columns == NARROW:
+        return (str(key).encode(), value.encode())
+    return (
+        str(key).encode(),
+        str(len(value)).encode(),
+        value.encode(),
+        b"2026-11-29 17:00:00.123456+00",
+        b"1234.56",
+    )
+
+
 def _update(relation: Relation, key: int, value: str) -> RowChange:
-    image = TupleData(bytes([TEXT, TEXT]), (str(key).encode(), value.encode()))
+    values = _values(relation, key, value)
+    image = TupleData(bytes([TEXT] * len(values)), values)
     return RowChange(relation, Op.UPDATE, image, None)
 
 
@@ -63,6 +93,21 @@ def _nets(relations: list[Relation], updates: int, round_: int) -> dict[str, Key
     return nets
 
 
+def _first_rows(count: int, columns: tuple[Column, ...]) -> pa.Table:
+    if columns == NARROW:
+        return pa.table({"id": range(count), "v": ["v"] * count})
+    when = pa.scalar(1_795_000_000_000_000, pa.timestamp("us", "UTC"))
+    return pa.table(
+        {
+            "id": range(count),
+            "n": pa.array([0] * count, pa.int32()),
+            "t": ["v"] * count,
+            "ts": pa.array([when] * count),
+            "amount": pa.array([decimal.Decimal("0.00")] * count, pa.decimal128(12, 2)),
+        }
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=200)
@@ -78,18 +123,31 @@ def main() -> None:
         default=delta_rs_merge.REWRITE_MAX_BYTES,
         help="tables up to this size are rewritten whole (-1: every table merged)",
     )
+    parser.add_argument("--sort", default="tottime", help="cProfile's order (single thread)")
+    parser.add_argument("--top", type=int, default=12, help="cProfile's lines shown")
+    parser.add_argument(
+        "--wide", action="store_true", help="bench-tables's five columns, not (id int, v text)"
+    )
+    parser.add_argument(
+        "--vectors",
+        action="store_true",
+        help="tables made with deletion vectors on: each batch by pgsub's own vector writer "
+        "(apply/delta/writer/vector_write.py), as bench-tables's tables are after their first",
+    )
     args = parser.parse_args()
     setattr(delta_rs_merge, "REWRITE_MAX_BYTES", args.rewrite_max_bytes)  # noqa: B010 - a Final, for this run
-    relations = [_relation(n) for n in range(args.tables)]
+    columns = WIDE if args.wide else NARROW
+    relations = [_relation(n, columns) for n in range(args.tables)]
     schemas: dict[str, TargetSchema] = {
         r.qualified_name: target_schema(r, lambda oid: None, True) for r in relations
     }
     with tempfile.TemporaryDirectory(prefix="pgsub-merge-bench-") as root:
         for name, schema in schemas.items():
-            rows = pa.table(
-                {"id": pa.array(range(args.rows), pa.int32()), "v": ["v"] * args.rows}
-            ).cast(arrow_schema(schema.columns))
+            rows = _first_rows(args.rows, columns).cast(arrow_schema(schema.columns))
             deltalake.write_deltalake(str(Path(root, name)), rows)
+            if args.vectors:  # turned on as pgsub does when they pay
+                table = deltalake.DeltaTable(str(Path(root, name)))
+                vectors_on(table_store(str(Path(root, name))), table, table.version())
         merges = LocalMerges()
         profile = cProfile.Profile()
         for round_ in range(1, args.batches + 1):
@@ -102,7 +160,7 @@ def main() -> None:
 
             def merge(name: str, mark: CommitMark = mark, nets: dict[str, KeyedNet] = nets) -> None:
                 written = merges.merge(str(Path(root, name)), schemas[name], nets[name], mark)
-                assert written is not None and written.updated == args.updates
+                assert written is not None and written.updated == args.updates, written
 
             if args.threads == 1:
                 for name in nets:
@@ -113,7 +171,7 @@ def main() -> None:
             profile.disable()
             print(f"batch {round_}: {time.perf_counter() - started:.2f} s, {args.tables} tables")
         if args.threads == 1:
-            pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+            pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
 
 
 if __name__ == "__main__":

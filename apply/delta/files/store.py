@@ -181,10 +181,16 @@ class LocalStore:
         return pa.OSFile(self.source(name))
 
     def _path(self, name: str) -> Path:
-        return Path(name) if name.startswith("/") else Path(self.folder, name)
+        return Path(self._file(name))
+
+    def _file(self, name: str) -> str:
+        """``name``'s path, as a string: a batch asks for a dozen a table, and a ``Path``
+        each was a few percent of a 200-table batch's Python."""
+        return name if name.startswith("/") else os.path.join(self.folder, name)
 
     def read(self, name: str) -> bytes:
-        return self._path(name).read_bytes()
+        with open(self._file(name), "rb") as file:
+            return file.read()
 
     def read_each(self, names: list[str]) -> list[bytes]:
         return [self.read(name) for name in names]
@@ -195,7 +201,7 @@ class LocalStore:
             return file.read(length)
 
     def exists(self, name: str) -> bool:
-        return self._path(name).exists()
+        return os.path.exists(self._file(name))
 
     def exist(self, names: list[str]) -> list[bool]:
         return [self.exists(name) for name in names]
@@ -225,24 +231,27 @@ class LocalStore:
 
     @contextlib.contextmanager
     def writing(self, name: str) -> Iterator[IO[bytes]]:
-        path = self._path(name)
-        with path.open("xb") as file:
+        with open(self._file(name), "xb") as file:
             yield file
             file.flush()
             os.fsync(file.fileno())
 
     def put_if_absent(self, name: str, data: bytes) -> bool:
-        final = self._path(name)
-        temporary = final.with_name(f".{final.name}.{uuid.uuid4()}.tmp")
-        self.write(str(temporary), data)
+        final = self._file(name)
+        parent, base = os.path.split(final)
+        temporary = os.path.join(parent, f".{base}.{uuid.uuid4()}.tmp")
+        with open(temporary, "xb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
         try:
             os.link(temporary, final)
         except FileExistsError:
             return False
         finally:
             with contextlib.suppress(FileNotFoundError):
-                temporary.unlink()
-        folders = (final.parent, Path(self.folder))
+                os.unlink(temporary)
+        folders = (Path(parent), Path(self.folder))
         pending = _PENDING.get()
         if pending is None:
             for path in folders:
@@ -252,7 +261,8 @@ class LocalStore:
         return True
 
     def delete(self, name: str) -> None:
-        self._path(name).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._file(name))
 
     def sync(self, names: list[str]) -> None:
         files = [self._path(name) for name in names]

@@ -10,6 +10,7 @@ pgsub's own commit where its protocol allows (``apply.delta.writer.overwrite``).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -122,7 +123,11 @@ def fitting_size(open_table: OpenTable, schema: TargetSchema, max_bytes: int) ->
 def table_types(open_table: OpenTable, schema: TargetSchema) -> pa.Schema | None:
     """The table's Arrow schema, if its columns have the types pgsub's Arrow values have (a
     table made by Spark, or evolved, may differ); else None."""
-    have = pa.schema(open_table.table.schema().to_arrow())
+    return open_table.fact(("table_types", schema.columns), partial(_types, schema=schema))
+
+
+def _types(table: deltalake.DeltaTable, schema: TargetSchema) -> pa.Schema | None:
+    have = pa.schema(table.schema().to_arrow())
     for wanted in arrow_schema(schema.columns):
         if wanted.name not in have.names or have.field(wanted.name).type != wanted.type:
             return None
@@ -136,7 +141,7 @@ def _rewrite(
     one commit carrying ``mark``; None: a conflict (Spark's path), nothing written."""
     import deltalake
 
-    have = pa.schema(open_table.table.schema().to_arrow())
+    have = open_table.arrow_schema
     live = open_table.files()
     current = _read(have, open_table.store, live)
     rows = rewritten(current, source, list(schema.key))
@@ -156,7 +161,7 @@ def _rewrite(
         KEPT.forget(open_table.store.location, [file.name for file in live])
         KEPT.keep(open_table.store.location, own.name, rows)  # the next batch's ``current``
         open_table.wrote(app_id, version, own)
-        configuration = open_table.table.metadata().configuration
+        configuration = open_table.configuration
         if checkpoint_due(open_table.version, configuration, open_table.store.location):
             keep_log(open_table.synced(), open_table.store.location)
         return WriteResult(

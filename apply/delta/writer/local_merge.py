@@ -51,6 +51,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -266,7 +267,10 @@ class LocalMerges:
     ) -> WriteResult | None:
         """``merge_source``'s ways, the first that writes the batch."""
         done = open_table.done(mark.txn[0])
-        if not stamping.stamps and vector_writable(open_table.table, schema):
+        writable = open_table.fact(
+            ("vector_writable", schema.key), partial(vector_writable, schema=schema)
+        )
+        if not stamping.stamps and writable:
             return self._write_by_vectors(open_table, schema, source, mark, done)
         if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
             return self._write_by_vectors(open_table, schema, source, mark, done)
@@ -335,7 +339,7 @@ class LocalMerges:
             rewrite = rewrite_bytes(open_table.synced(), first, source.table[first])
         written = pc.sum(pc.cast(source.table[PRESENT], pa.int64())).as_py() or 0
         per_row = size // rows if rows else DEFAULT_ROW_BYTES
-        properties = open_table.table.metadata().configuration
+        properties = open_table.configuration
         gain = write_gain(properties, rewrite, written, per_row, self.features)
         if gain is None:
             return False

@@ -185,7 +185,7 @@ def write_by_vectors(
     probe = pa.table({_KEY: wanted, FIRST: rows[FIRST]})
     if not found_as_expected(pa.table({_KEY: found}), probe, [_KEY]):
         return None
-    have = pa.schema(open_table.table.schema().to_arrow())
+    have = open_table.arrow_schema
     staying = rows if pc.all(rows[PRESENT]).as_py() else rows.filter(rows[PRESENT])
     carried = tuple(name for name in have.names if name not in rows.schema.names)
     if (source.keep_columns or carried) and staying.num_rows:
@@ -223,7 +223,7 @@ def write_by_vectors(
     if written.new_file is not None:
         state.index.added(written.new_file, new_rows)
     open_table.wrote(app_id, batch_version, by_own=True)  # no snapshot to bring forward
-    configuration = open_table.table.metadata().configuration
+    configuration = open_table.configuration
     if checkpoint_due(version, configuration, open_table.store.location):
         keep_log(open_table.synced(), open_table.store.location)
     return WriteResult(schema.table, version, *counts, written_bytes=size, durable=True)

@@ -212,3 +212,31 @@ def test_every_commit_since_the_last_settled_one_is_made_durable(
     assert synced == []  # settled once
     Durability(local=False).settle(str(folder), 2)
     assert synced == []  # on object storage a PUT is durable when it returns
+
+
+def test_what_a_batch_reads_of_the_snapshot_is_kept_until_the_snapshot_moves(
+    tmp_path: Path,
+) -> None:
+    folder = _table(tmp_path)
+    open_table = OpenTable(LocalStore(str(folder)), deltalake.DeltaTable(str(folder)))
+    reads: list[int] = []
+
+    def read(table: deltalake.DeltaTable) -> int:
+        reads.append(table.version())
+        return len(reads)
+
+    assert open_table.fact("k", read) == open_table.fact("k", read) == 1
+    assert open_table.arrow_schema == pa.schema([("id", pa.int64())])
+    assert "user.note" not in open_table.configuration
+    open_table.wrote("sub1", 1, by_own=True)  # pgsub's own commit: properties unchanged
+    assert open_table.fact("k", read) == 1
+    # Another engine sets a property: read once the snapshot is brought up to it.
+    deltalake.DeltaTable(str(folder)).alter.set_table_properties(
+        {"user.note": "x"}, raise_if_not_exists=False
+    )
+    assert "user.note" not in open_table.configuration  # the snapshot has not moved
+    assert open_table.synced().version() == 1
+    assert open_table.configuration["user.note"] == "x"
+    assert open_table.fact("k", read) == 2
+    open_table.wrote("sub1", 2)  # a commit by delta-rs moved the snapshot
+    assert open_table.fact("k", read) == 3
