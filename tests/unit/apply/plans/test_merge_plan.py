@@ -1,18 +1,25 @@
 """MERGE statements are values: their text, tested without Spark."""
 
+import random
+from unittest.mock import patch
+
 import pyarrow as pa
 
+from apply.batching.source import FIRST, PRESENT
 from apply.columns.schema import TargetColumn, TargetSchema
 from apply.columns.typemap import ColumnType
+from apply.plans import merge_plan
 from apply.plans.merge_plan import (
     ClauseKind,
     OnExists,
     conflict_in,
+    expected_counts,
     key_bounds,
     keyed_merge,
     merge_sql,
     multiset_merge,
 )
+from conflicts.kinds import First
 
 SCHEMA = TargetSchema(
     "public.t",
@@ -118,3 +125,21 @@ def test_a_multiset_plan_deletes_unconditionally_and_inserts_what_stays() -> Non
     sql = merge_sql(multiset_merge(SCHEMA), "delta.`/t`", "v").split("\n")
     assert sql[1] == "WHEN MATCHED THEN DELETE"
     assert sql[2].startswith("WHEN NOT MATCHED AND (NOT s.__pgsub_remove) THEN INSERT")
+
+
+def test_a_small_sources_counts_taken_in_python_are_arrows() -> None:
+    rng = random.Random(5)
+    firsts = [f.value for f in First]
+    for rows in (0, 1, 7, 300):
+        source = pa.table(
+            {
+                FIRST: pa.array([rng.choice(firsts) for _ in range(rows)], pa.string()),
+                PRESENT: pa.array([rng.random() < 0.6 for _ in range(rows)], pa.bool_()),
+            }
+        )
+        with patch.object(merge_plan, "_COUNTED_IN_PYTHON", 10**6):
+            in_python = expected_counts(source)
+        with patch.object(merge_plan, "_COUNTED_IN_PYTHON", -1):
+            by_arrow = expected_counts(source)
+        assert in_python == by_arrow
+        assert rows < 300 or min(in_python) > 0  # each kind of row is there to count
