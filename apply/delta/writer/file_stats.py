@@ -35,11 +35,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 STRING_PREFIX: Final = 32  # characters of a string kept in a bound, as Spark's statistics
+# Up to this many values a column's bounds are taken in Python (types whose Python order is
+# Arrow's): an Arrow call a column cost more than a small table's batch of a few rows.
+BOUNDS_IN_PYTHON: Final = 64
 _LARGEST: Final = "\U0010ffff"  # the largest code point: a character that cannot grow
 _SURROGATES: Final = (0xD800, 0xDFFF)
 
 Bound: TypeAlias = "int | float | bool | str | _Exact | dict[str, Bound]"
 Nulls: TypeAlias = "int | dict[str, Nulls]"
+
+
+def _ordered_in_python(data_type: pa.DataType) -> bool:
+    """Whether Python orders ``data_type``'s values as Arrow's ``min_max`` does: not floats
+    (NaN), not structs; strings by code point, which is UTF-8's byte order."""
+    return bool(
+        pa.types.is_integer(data_type)
+        or pa.types.is_boolean(data_type)
+        or pa.types.is_string(data_type)
+        or pa.types.is_large_string(data_type)
+        or pa.types.is_date32(data_type)
+        or (pa.types.is_timestamp(data_type) and data_type.unit in ("s", "ms", "us"))
+        or pa.types.is_decimal(data_type)
+    )
 
 
 def kept(data_type: pa.DataType) -> bool:
@@ -142,6 +159,7 @@ class _Column:
     def __init__(self, data_type: pa.DataType) -> None:
         self.type = data_type
         self.kept = kept(data_type)
+        self._in_python = _ordered_in_python(data_type)
         self._nulls = 0
         self._low: object = None
         self._high: object = None
@@ -157,12 +175,18 @@ class _Column:
             for name, field in self._fields.items():
                 field.add(pc.struct_field(values, name))
             return
-        bounds = pc.min_max(values).as_py()
-        if bounds["min"] is None or (
-            isinstance(bounds["min"], float) and math.isnan(bounds["min"])
-        ):
-            return  # every value null (or NaN): no bounds
-        low, high = bounds["min"], bounds["max"]
+        if self._in_python and len(values) <= BOUNDS_IN_PYTHON:
+            present = [value for value in values.to_pylist() if value is not None]
+            if not present:
+                return  # every value null: no bounds
+            low, high = min(present), max(present)
+        else:
+            bounds = pc.min_max(values).as_py()
+            if bounds["min"] is None or (
+                isinstance(bounds["min"], float) and math.isnan(bounds["min"])
+            ):
+                return  # every value null (or NaN): no bounds
+            low, high = bounds["min"], bounds["max"]
         self._low = low if self._low is None else min(self._low, low)
         self._high = high if self._high is None else max(self._high, high)
 

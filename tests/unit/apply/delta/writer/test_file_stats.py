@@ -11,7 +11,10 @@ import datetime
 import decimal
 import json
 import math
+import random
+from collections.abc import Callable
 from pathlib import Path
+from unittest.mock import patch
 
 import deltalake
 import pyarrow as pa
@@ -20,6 +23,7 @@ import pytest
 
 from apply.core.records import CommitMark
 from apply.delta.files.store import LocalStore
+from apply.delta.writer import file_stats
 from apply.delta.writer.file_stats import STRING_PREFIX, FileStats, loosened
 from apply.delta.writer.open_table import OpenTable
 from apply.delta.writer.overwrite import append, overwrite
@@ -109,6 +113,44 @@ def test_bounds_hold_every_value_and_say_what_delta_rs_writes(tmp_path: Path) ->
     assert "blob" not in low and "blob" not in nulls
     assert low["s"] == {"a": 1, "z": "q"} and high["s"] == {"a": 1, "z": "r"}
     assert nulls["s"] == {"a": 2, "z": 1}
+
+
+def _random_rows(rng: random.Random, count: int) -> pa.Table:
+    def column(value: Callable[[], object], type_: pa.DataType) -> pa.Array:
+        return pa.array([None if rng.random() < 0.2 else value() for _ in range(count)], type_)
+
+    def text() -> str:
+        return "".join(rng.choice("aZ\u00e9\U0001f600") for _ in range(rng.randint(0, 40)))
+
+    epoch = datetime.date(1970, 1, 1)
+    return pa.table(
+        {
+            "id": column(lambda: rng.randint(-(2**62), 2**62), pa.int64()),
+            "v": column(text, pa.string()),
+            "flag": column(lambda: rng.random() < 0.5, pa.bool_()),
+            "d": column(
+                lambda: decimal.Decimal(rng.randint(-(10**20), 10**20)).scaleb(-2),
+                pa.decimal128(38, 2),
+            ),
+            "day": column(lambda: epoch + datetime.timedelta(rng.randint(0, 40000)), pa.date32()),
+            "at": column(lambda: rng.randint(0, 2**50), pa.int64()).cast(pa.timestamp("us", "UTC")),
+        }
+    )
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_bounds_taken_in_python_are_arrows(rows: int) -> None:
+    rng = random.Random(rows)
+    for table in [ROWS, *(_random_rows(rng, rows) for _ in range(20))]:
+
+        def written(in_python: int, table: pa.Table = table) -> str:
+            with patch.object(file_stats, "BOUNDS_IN_PYTHON", in_python):
+                stats = FileStats(table.schema)
+                for batch in table.to_batches(max_chunksize=max(1, rows // 2)):
+                    stats.add(batch)
+                return stats.json()
+
+        assert written(10**6) == written(-1)
 
 
 def test_a_file_added_again_keeps_every_digit_and_says_its_bounds_are_loose() -> None:
