@@ -46,17 +46,12 @@ Nulls: TypeAlias = "int | dict[str, Nulls]"
 
 
 def _ordered_in_python(data_type: pa.DataType) -> bool:
-    """Whether Python orders ``data_type``'s values as Arrow's ``min_max`` does: not floats
-    (NaN), not structs; strings by code point, which is UTF-8's byte order."""
-    return bool(
-        pa.types.is_integer(data_type)
-        or pa.types.is_boolean(data_type)
-        or pa.types.is_string(data_type)
-        or pa.types.is_large_string(data_type)
-        or pa.types.is_date32(data_type)
-        or (pa.types.is_timestamp(data_type) and data_type.unit in ("s", "ms", "us"))
-        or pa.types.is_decimal(data_type)
-    )
+    """Whether Python orders ``data_type``'s values (of a column with statistics) as Arrow's
+    ``min_max`` does: not floats (NaN), not structs, not nanoseconds (no ``datetime``);
+    strings by code point, which is UTF-8's byte order."""
+    if pa.types.is_floating(data_type) or pa.types.is_struct(data_type):
+        return False
+    return not (pa.types.is_timestamp(data_type) and data_type.unit == "ns")
 
 
 def kept(data_type: pa.DataType) -> bool:
@@ -159,7 +154,7 @@ class _Column:
     def __init__(self, data_type: pa.DataType) -> None:
         self.type = data_type
         self.kept = kept(data_type)
-        self._in_python = _ordered_in_python(data_type)
+        self._in_python = self.kept and _ordered_in_python(data_type)
         self._nulls = 0
         self._low: object = None
         self._high: object = None
