@@ -548,9 +548,10 @@ class DeltaTables:
         store = LocalStore(folder(path))
         if carries(store, version, mark):
             return
-        # A checkpoint pgsub made at that version holds its commit, not the one now there.
-        checkpointed = checkpoint_again(store, version)
-        self._forget_written(table, path)
+        with self.exclusive(table):  # not while maintenance reads the log
+            # A checkpoint pgsub made at that version holds its commit, not the one there now.
+            checkpointed = checkpoint_again(store, version)
+            self._forget_written(table, path)
         raise TargetTableError(
             f"version {version} of {table} at {path} is no longer the commit pgsub made for "
             f"LSN {mark.lsn}: another engine committed over it (Spark's LogStore on a local "
