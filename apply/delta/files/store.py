@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
@@ -180,9 +179,6 @@ class LocalStore:
 
         return pa.OSFile(self.source(name))
 
-    def _path(self, name: str) -> Path:
-        return Path(self._file(name))
-
     def _file(self, name: str) -> str:
         """``name``'s path, as a string: a batch asks for a dozen a table, and a ``Path``
         each was a few percent of a 200-table batch's Python."""
@@ -196,7 +192,7 @@ class LocalStore:
         return [self.read(name) for name in names]
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
-        with self._path(name).open("rb") as file:
+        with open(self._file(name), "rb") as file:
             file.seek(start)
             return file.read(length)
 
@@ -211,15 +207,16 @@ class LocalStore:
         return lambda: found
 
     def source(self, name: str) -> str:
-        return str(self._path(name))
+        return self._file(name)
 
     def listed(self, prefix: str) -> list[str]:
-        folder = self._path(prefix)
+        folder = self._file(prefix)
         try:
             names = os.listdir(folder)
         except FileNotFoundError:
             return []
-        return [f"{prefix.rstrip('/')}/{n}" for n in names if (folder / n).is_file()]
+        listed = (n for n in names if os.path.isfile(os.path.join(folder, n)))
+        return [f"{prefix.rstrip('/')}/{n}" for n in listed]
 
     def listed_after(self, prefix: str, after: str) -> list[str]:
         return sorted(name for name in self.listed(prefix) if name > after)
@@ -240,10 +237,7 @@ class LocalStore:
         final = self._file(name)
         parent, base = os.path.split(final)
         temporary = os.path.join(parent, f".{base}.{uuid.uuid4()}.tmp")
-        with open(temporary, "xb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
+        self.write(temporary, data)
         try:
             os.link(temporary, final)
         except FileExistsError:
@@ -251,7 +245,7 @@ class LocalStore:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
-        folders = (Path(parent), Path(self.folder))
+        folders = (parent, os.path.normpath(self.folder))
         pending = _PENDING.get()
         if pending is None:
             for path in folders:
@@ -265,10 +259,10 @@ class LocalStore:
             os.unlink(self._file(name))
 
     def sync(self, names: list[str]) -> None:
-        files = [self._path(name) for name in names]
+        files = [self._file(name) for name in names]
         for file in files:
             _sync_file(file)
-        for folder in {file.parent for file in files} | {Path(self.folder)}:
+        for folder in {os.path.dirname(file) for file in files} | {os.path.normpath(self.folder)}:
             _sync_folder(folder)
 
 
@@ -277,9 +271,9 @@ class _Folders:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._folders: set[Path] = set()
+        self._folders: set[str] = set()
 
-    def add(self, folders: tuple[Path, ...]) -> None:
+    def add(self, folders: tuple[str, ...]) -> None:
         with self._lock:
             self._folders.update(folders)
 
@@ -323,7 +317,7 @@ def folders_synced_together() -> Iterator[None]:
         pending.sync()
 
 
-def _sync_file(path: Path) -> None:
+def _sync_file(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):  # removed since: VACUUM, a later commit
         descriptor = os.open(path, os.O_RDONLY)
         try:
@@ -332,7 +326,7 @@ def _sync_file(path: Path) -> None:
             os.close(descriptor)
 
 
-def _sync_folder(path: Path) -> None:
+def _sync_folder(path: str) -> None:
     _sync_file(path)
 
 

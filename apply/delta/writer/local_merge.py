@@ -267,10 +267,9 @@ class LocalMerges:
     ) -> WriteResult | None:
         """``merge_source``'s ways, the first that writes the batch."""
         done = open_table.done(mark.txn[0])
-        writable = open_table.fact(
+        if not stamping.stamps and open_table.fact(
             ("vector_writable", schema.key), partial(vector_writable, schema=schema)
-        )
-        if not stamping.stamps and writable:
+        ):
             return self._write_by_vectors(open_table, schema, source, mark, done)
         if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
             return self._write_by_vectors(open_table, schema, source, mark, done)

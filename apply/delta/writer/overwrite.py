@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from apply.core.errors import CommitRacedError
-from apply.delta.files.store import TableStore, commit_name
+from apply.delta.files.store import LOG, TableStore, commit_name
 from apply.delta.writer.file_stats import FileStats
 from apply.delta.writer.open_table import LiveFile
 
@@ -306,24 +306,23 @@ def checkpoint_again(store: TableStore, version: int) -> bool:
     before it is made again: a reader meanwhile starts from the one before it."""
     import deltalake
 
-    log = "_delta_log"
-    names = set(store.listed(log))
-    own = f"{log}/{version:020d}.checkpoint.parquet"
+    names = set(store.listed(LOG))
+    own = f"{LOG}/{version:020d}.checkpoint.parquet"
     if own not in names:
         return False
-    earlier = [
-        int(name[len(log) + 1 :][:20])
-        for name in names
-        if ".checkpoint." in name and int(name[len(log) + 1 :][:20]) < version
+    checkpoints = [
+        int(base[:20])
+        for base in (name[len(LOG) + 1 :] for name in names)
+        if ".checkpoint." in base and base[:20].isdigit()
     ]
-    since = max(earlier, default=-1)
+    since = max((v for v in checkpoints if v < version), default=-1)
     if any(commit_name(v) not in names for v in range(since + 1, version + 1)):
         return False
     store.delete(own)
     with contextlib.suppress(FileNotFoundError, ValueError):
-        last = json.loads(store.read(f"{log}/_last_checkpoint"))
+        last = json.loads(store.read(f"{LOG}/_last_checkpoint"))
         if last.get("version") == version:
-            store.delete(f"{log}/_last_checkpoint")
+            store.delete(f"{LOG}/_last_checkpoint")
     options = dict(store.options)
     deltalake.DeltaTable(
         store.location, version=version, storage_options=options
