@@ -102,6 +102,10 @@ _KEY: Final = "__pgsub_key"  # the batch's keys, as the index holds them
 # the batch's file, the file removed. One a batch, so that a batch costs one file's rewrite
 # at most (about a second per 100 MB here).
 PURGE_MAX_BYTES: Final = 256 * 2**20
+# A batch's vectors go to a file even when small: Delta's inline vectors (``storageType`` ``i``,
+# in the commit) would save a table's batch a file, but Spark's VACUUM (delta-spark 4.x,
+# ``getDeletionVectorRelativePathAndSize``) fails on them with a scala.MatchError
+# (docs/performance.md, "Inline deletion vectors, tried").
 # The threads that PUT a batch's deletion vector file while its writer writes the rows' file:
 # in an object store a table's batch is then three round trips in sequence, not four. As many
 # as a batch's writers at most (``apply.delta.files.store_check.MAX_WRITERS``).
