@@ -172,6 +172,42 @@ def jvm_peak_rss_mb() -> float | None:
     return None
 
 
+class ResidentMemory:
+    """This process's resident memory (MB), sampled every ``interval`` seconds inside a
+    ``with`` block: what a run of an hour holds at its end against its start, where the
+    peak alone would not tell growth from a spike."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []  # (seconds since the start, MB)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> ResidentMemory:
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while True:
+            pages = int(Path("/proc/self/statm").read_text().split()[1])
+            self.samples.append((time.monotonic() - self._started, pages * page / 2**20))
+            if self._done.wait(self.interval):
+                return
+
+    def peaks(self, seconds: float) -> list[float]:
+        """The largest sample of each span of ``seconds`` from the start."""
+        spans: dict[int, float] = {}
+        for at, mb in self.samples:
+            spans[int(at // seconds)] = max(mb, spans.get(int(at // seconds), 0.0))
+        return [spans[i] for i in sorted(spans)]
+
+
 def peak_rss() -> dict[str, float | None]:
     """This process's peak RSS and its Spark driver JVM's, in MB, as the scenarios report
     them (call it while the JVM runs)."""

@@ -17,6 +17,13 @@ TABLES IN SCHEMA``), so neither applies the other's changes; they run one
 after the other. Nothing here is a test: it prints a table and writes JSON.
 
     python -m benchmarks.tables_bench --tables 200 --rows 2000 --rate 1000 --seconds 120
+
+A long run: ``--window`` reports lag and the daemon's memory per window of
+minutes, ``--maintenance-interval`` runs pgsub's maintenance beside the load
+(retention one hour, so its VACUUMs come within the run):
+
+    python -m benchmarks.tables_bench --seconds 2400 --window 5 --maintenance-interval 300 \
+        --warehouse-in s3
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from benchmarks.harness import (
     TABLE,
     BenchWarehouse,
     PgsubRun,
+    ResidentMemory,
     folder_bytes,
     jvm_peak_rss_mb,
     lsn_of,
@@ -42,7 +50,9 @@ from benchmarks.harness import (
     stop_on_sigterm,
     write_results,
 )
+from benchmarks.soak import windows
 from subscriber.replication.lsn import Lsn
+from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 
@@ -75,6 +85,8 @@ class Figures:
     requests_per_table_batch: float | None = None
     # ... and by what they were: operation and object ("GetObject data": per table per batch).
     request_mix: dict[str, float] = field(default_factory=dict)
+    # With --window: lag p50 / p99 / max and the daemon's resident memory (MB) per window.
+    windows: list[dict[str, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -120,16 +132,22 @@ def load_script(schema: str, args: argparse.Namespace) -> str:
 def _apply_load(
     figures: Figures, publisher: PgCluster, schema: str, args: argparse.Namespace, position: Any
 ) -> None:
-    lags, tps, kept, drained = steady_load(
-        publisher,
-        schema,
-        rate=args.rate,
-        seconds=args.seconds,
-        rows=args.rows,
-        position=position,
-        transaction=load_script(schema, args),
-        drain_timeout=args.drain_timeout,
-    )
+    memory = ResidentMemory(interval=5.0)
+    with memory:
+        lags, tps, kept, drained = steady_load(
+            publisher,
+            schema,
+            rate=args.rate,
+            seconds=args.seconds,
+            rows=args.rows,
+            position=position,
+            transaction=load_script(schema, args),
+            drain_timeout=args.drain_timeout,
+        )
+    if args.window:
+        figures.windows = windows(lags, args.window)
+        for window, rss in zip(figures.windows, memory.peaks(args.window * 60), strict=False):
+            window["rss_mb"] = rss
     figures.lag_p50, figures.lag_p99 = percentile(lags, 0.5), percentile(lags, 0.99)
     figures.lag_max, figures.tps_achieved, figures.kept_up = max(lags, default=0), tps, kept
     figures.drain_seconds = drained
@@ -196,7 +214,11 @@ def run_pgsub(
         batch={"max_delay": args.max_delay},
     ) as run:
         started = time.monotonic()
-        run.start()
+        if args.maintenance_interval:
+            run.start(MaintenanceConfig(interval=args.maintenance_interval, retention=3600))
+            figures.notes.append(f"maintenance every {args.maintenance_interval:g} s, 1 h kept")
+        else:
+            run.start()
         while len(run.runner.coordinator.statuses) < args.tables:
             time.sleep(0.05)
         run.wait_ready()
@@ -241,6 +263,15 @@ def main() -> None:
         "--warehouse-in",
         default="disk",
         help="disk, s3 (a bucket of versitygw, a real S3 gateway), or disk,s3: both in one run",
+    )
+    parser.add_argument(
+        "--window", type=float, default=0, help="minutes per reported window of lag (0: none)"
+    )
+    parser.add_argument(
+        "--maintenance-interval",
+        type=float,
+        default=0,
+        help="run pgsub's maintenance every this many seconds, retention 1 hour (0: none)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results/tables.json"))
     args = parser.parse_args()
@@ -296,6 +327,17 @@ def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
         print(f"| requests per table per batch | {ours.requests_per_table_batch:,.1f} | - | |")
         for kind, count in ours.request_mix.items():
             print(f"| - {kind} | {count:,.2f} | - | |")
+    if ours.windows:
+        print(
+            f"\n| window ({args.window:g} min) | lag p50 / p99 / max (s) | peak RSS Python (MB) |"
+        )
+        print("|---|---|---|")
+        for number, window in enumerate(ours.windows, 1):
+            rss = window.get("rss_mb")
+            print(
+                f"| {number} | {window['p50']:.2f} / {window['p99']:.2f} / {window['max']:.2f} |"
+                f" {'-' if rss is None else f'{rss:.0f}'} |"
+            )
     write_results(args, ours, native)
 
 
