@@ -296,9 +296,15 @@ class PgsubRun:
         *,
         warehouse: Path | BenchWarehouse | None = None,
         sees_warehouse: bool | None = None,
+        maintenance: MaintenanceConfig | None = None,
         **settings: Any,
     ) -> None:
+        """``maintenance``: the daemon's maintenance thread, started with ``start``; its
+        policy is the one the subscription creates its tables with, as in the daemon (a
+        table created with another retention has its properties set by the first round: a
+        Spark commit a table, each holding the table's batches)."""
         self._keeps = warehouse is not None
+        self.maintenance = maintenance
         if isinstance(warehouse, BenchWarehouse):  # a folder or a bucket, which it owns
             self.location = warehouse.location
             self.warehouse = warehouse.disk_folder  # its bytes, on this machine
@@ -318,14 +324,16 @@ class PgsubRun:
             self.location,
             CheckpointStore(spark, self.location),
             self.metrics,
+            maintenance=(maintenance or MaintenanceConfig()).policy(),
             spark_sees_warehouse=sees_warehouse,
         )
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self.runner.run, args=(self._stopping,), daemon=True)
 
-    def start(self, maintenance: MaintenanceConfig | None = None) -> PgsubRun:
+    def start(self) -> PgsubRun:
         """Start replicating; with ``maintenance``, the daemon's maintenance thread too."""
         self._thread.start()
+        maintenance = self.maintenance
         if maintenance is not None:
             tending = Maintenance(
                 [self.runner], self._spark, self.location, maintenance, self.metrics

@@ -212,8 +212,9 @@ def main() -> None:
             publications=["pub_soak_pgsub"],
             copy_data=True,
             table_features={"deletion_vectors": args.deletion_vectors},
+            maintenance=maintenance,
         ) as run:
-            run.start(maintenance)
+            run.start()
             run.wait_ready()
             start = table_health(spark, run, "soak_pgsub")
             with DiskWatch(run.warehouse) as watch:

@@ -212,13 +212,16 @@ def run_pgsub(
         max_sync_workers=args.sync_workers,
         history={"mode": args.history},
         batch={"max_delay": args.max_delay},
+        maintenance=(
+            MaintenanceConfig(interval=args.maintenance_interval, retention=3600)
+            if args.maintenance_interval
+            else None
+        ),
     ) as run:
         started = time.monotonic()
+        run.start()
         if args.maintenance_interval:
-            run.start(MaintenanceConfig(interval=args.maintenance_interval, retention=3600))
             figures.notes.append(f"maintenance every {args.maintenance_interval:g} s, 1 h kept")
-        else:
-            run.start()
         while len(run.runner.coordinator.statuses) < args.tables:
             time.sleep(0.05)
         run.wait_ready()

@@ -91,8 +91,9 @@ def one_size(spark: Any, rows: int, args: argparse.Namespace) -> dict[str, Any]:
             connection=publisher.dsn("bench"),
             publications=[f"pub_{TABLE}"],
             copy_data=True,
+            maintenance=maintenance,
         ) as run:
-            run.start(maintenance)
+            run.start()
             run.wait_ready()
             folder = run.warehouse / "public" / TABLE
             copied_at = latest(folder)
