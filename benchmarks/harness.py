@@ -204,7 +204,8 @@ class ResidentMemory:
         """The largest sample of each span of ``seconds`` from the start."""
         spans: dict[int, float] = {}
         for at, mb in self.samples:
-            spans[int(at // seconds)] = max(mb, spans.get(int(at // seconds), 0.0))
+            span = int(at // seconds)
+            spans[span] = max(mb, spans.get(span, 0.0))
         return [spans[i] for i in sorted(spans)]
 
 
