@@ -129,6 +129,7 @@ class Maintenance:
                 table=table,
                 compacted=done.compacted,
                 vacuumed=done.vacuumed,
+                deleted=done.deleted,
                 files_before=done.files_before,
                 files_after=done.files_after,
                 seconds=round(done.seconds, 3),

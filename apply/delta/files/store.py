@@ -132,6 +132,15 @@ class TableStore(Protocol):
         """Remove the file ``name``, if it is there."""
         ...
 
+    def delete_each(self, names: list[str]) -> None:
+        """Remove each of ``names`` that is there (an object store: a request a thousand)."""
+        ...
+
+    def contents(self, prefix: str) -> tuple[list[tuple[str, float]], list[str]]:
+        """The files right under the folder ``prefix`` ("": the table's), each with its
+        modification time (seconds since the epoch), and its subfolders' names."""
+        ...
+
     def sync(self, names: list[str]) -> None:
         """The files ``names``, which another engine wrote, durable with their names."""
         ...
@@ -257,6 +266,22 @@ class LocalStore:
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._file(name))
+
+    def delete_each(self, names: list[str]) -> None:
+        for name in names:
+            self.delete(name)
+
+    def contents(self, prefix: str) -> tuple[list[tuple[str, float]], list[str]]:
+        files: list[tuple[str, float]] = []
+        folders: list[str] = []
+        lead = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._file(lead or ".")) as found:
+            for entry in found:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(lead + entry.name)
+                elif entry.is_file(follow_symlinks=False):
+                    files.append((lead + entry.name, entry.stat().st_mtime))
+        return files, folders
 
     def sync(self, names: list[str]) -> None:
         files = [self._file(name) for name in names]
@@ -468,6 +493,20 @@ class ObjectStore:
 
         with contextlib.suppress(FileNotFoundError, obstore.exceptions.NotFoundError):
             obstore.delete(self._store, name)
+
+    def delete_each(self, names: list[str]) -> None:
+        import obstore
+
+        if names:
+            obstore.delete(self._store, names)  # S3: DeleteObjects, a thousand a request
+
+    def contents(self, prefix: str) -> tuple[list[tuple[str, float]], list[str]]:
+        import obstore
+
+        lead = f"{prefix.strip('/')}/" if prefix.strip("/") else None
+        listed = obstore.list_with_delimiter(self._store, lead)
+        files = [(str(o["path"]), o["last_modified"].timestamp()) for o in listed["objects"]]
+        return files, [str(p).rstrip("/") for p in listed["common_prefixes"]]
 
     def sync(self, names: list[str]) -> None:
         """A PUT the store answered is durable."""

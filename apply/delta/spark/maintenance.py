@@ -49,11 +49,15 @@ from typing import TYPE_CHECKING, Final
 from apply.core.errors import TargetTableError
 from apply.core.features import TableFeatures
 from apply.core.maintenance_policy import PURGE_ABOVE, MaintenancePolicy, retention_properties
+from apply.delta.files.store import table_store
 from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.definition import gain_by_size
 from apply.delta.spark.detail import detail
 from apply.delta.spark.session import SparkErrors
 from apply.delta.spark.target import USER_METADATA
+from apply.delta.writer.live_files import UnreadableLogError
+from apply.delta.writer.local_tables import reachable
+from apply.delta.writer.vacuum import vacuum as swept
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -85,6 +89,7 @@ class Tended:
     compacted: bool
     vacuumed: bool
     seconds: float
+    deleted: int | None = None  # the files a VACUUM deleted (None: Spark's, not counted)
 
 
 def tend(
@@ -100,7 +105,9 @@ def tend(
 ) -> Tended:
     """Compact ``path`` if it holds too many files, vacuum it if ``vacuum``, turn deletion
     vectors on if it grew past ``features``' size (a target table); see the module.
-    ``held()`` is the table's write lock, held for what commits, not for VACUUM."""
+    ``held()`` is the table's write lock, held for what commits, not for VACUUM.
+    The VACUUM is pgsub's own (``apply.delta.writer.vacuum``) where pgsub reaches the
+    table; Spark's elsewhere, or where pgsub does not read the table's log."""
     started = time.monotonic()
     table = delta_sql.table_ref(path)
     try:
@@ -128,11 +135,18 @@ def tend(
             finally:
                 session.conf.unset(USER_METADATA)
             after = detail(session, path)[0] if compacted else before
+        deleted = None
         if vacuum:
-            _vacuum(session, table, max(1, round(policy.retention / 3600)), lite=lite)
+            hours = max(1, round(policy.retention / 3600))
+            try:
+                if not reachable(path):
+                    raise UnreadableLogError(path)
+                deleted = len(swept(table_store(path), hours * 3600.0).deleted)
+            except UnreadableLogError:
+                _vacuum(session, table, hours, lite=lite)
     except SparkErrors as exc:
         raise TargetTableError(f"maintenance of {path} failed: {exc}") from exc
-    return Tended(before, after, compacted, vacuum, time.monotonic() - started)
+    return Tended(before, after, compacted, vacuum, time.monotonic() - started, deleted)
 
 
 def is_delta_table(session: SparkSession, path: str) -> bool:

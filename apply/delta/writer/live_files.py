@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 import pyarrow.parquet as pq
 
@@ -36,10 +36,11 @@ from apply.delta.writer.deletion_vectors import Descriptor
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
+    import pyarrow as pa
+
     from apply.core.records import CommitMark
     from apply.delta.files.store import TableStore
 
-_CHECKPOINT_COLUMNS: Final = ["add"]
 _COMMIT: Final = re.compile(r"(\d{20})\.json")
 _CLASSIC: Final = re.compile(r"(\d{20})\.checkpoint\.parquet")
 _PART: Final = re.compile(r"(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet")
@@ -85,6 +86,9 @@ class _Checkpoint:
 
 class LiveFiles:
     """The live files of the table in ``store``, as of ``version``."""
+
+    # What a checkpoint is read for (``_checkpointed`` is given the rest).
+    _columns: ClassVar[list[str]] = ["add"]
 
     def __init__(self, store: TableStore) -> None:
         self.store = store
@@ -134,7 +138,7 @@ class LiveFiles:
         the log says which commits are there: no HEAD a commit."""
         self._files = {}
         self.version = -1
-        listed = self.store.listed(LOG)
+        listed = self._log_listing()
         there = {int(m[1]) for n in listed if (m := _COMMIT.fullmatch(n.rsplit("/", 1)[-1]))}
         found = self._checkpoints(listed, version)
         start = next(
@@ -184,9 +188,21 @@ class LiveFiles:
                     f"checkpoint {part} of {self.store.location} names sidecar files (a V2 "
                     "checkpoint), which pgsub does not read"
                 )
-        for add in file.read(columns=_CHECKPOINT_COLUMNS).column("add").to_pylist():
+        read = file.read(columns=[c for c in self._columns if c in file.schema_arrow.names])
+        for add in read.column("add").to_pylist():
             if add is not None:
                 self._add(add)
+        self._checkpointed(read)
+
+    def _log_listing(self) -> list[str]:
+        """The log's files a replay chooses from: all of them."""
+        return self.store.listed(LOG)
+
+    def _checkpointed(self, read: pa.Table) -> None:
+        """A checkpoint's ``_columns`` other than ``add``: none here."""
+
+    def _removed(self, remove: dict[str, object]) -> None:
+        """A ``remove`` action read: nothing more than the file no longer live, here."""
 
     def _apply(self, lines: list[str]) -> None:
         self._take(json.loads(line) for line in lines)
@@ -198,6 +214,7 @@ class LiveFiles:
                 unique = Descriptor.of(vector).unique_id if isinstance(vector, dict) else None
                 name = canonical(str(remove["path"]), self.store.location)
                 self._files.pop((name, unique), None)
+                self._removed(remove)
             elif isinstance(add := action.get("add"), dict):
                 self._add(add)
 
