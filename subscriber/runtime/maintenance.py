@@ -3,11 +3,13 @@
 Once per ``maintenance.interval`` it tends each target table a subscription
 has prepared (``DeltaTables.tend``: compaction past ``compact_files``,
 VACUUM once per ``vacuum_interval`` or four times per ``retention``,
-whichever is more often - LITE, and a full one once per ``retention`` -,
-history bounded to ``retention``), then the state tables, and prunes
-checkpoint rows past the retention. What commits (compaction,
-properties, the prune) is done under the table's write lock, never beside
-its own MERGE or checkpoint; VACUUM commits nothing and runs beside them.
+whichever is more often - pgsub's own where it reaches the warehouse,
+else Spark's LITE, and a full one once per ``retention`` -, history
+bounded to ``retention``), then the state tables, and prunes checkpoint
+rows past the retention. What commits (compaction, properties, the
+prune) is done under the table's write lock, never beside its own MERGE
+or checkpoint, and only when due; VACUUM commits nothing and runs beside
+them.
 The receivers keep streaming meanwhile. One failure is logged and counted
 (``pgsub_maintenance_errors_total``) and retried next round; it never stops
 replication.

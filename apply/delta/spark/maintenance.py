@@ -12,6 +12,8 @@ looks at one table and does what is due:
   than ``PURGE_ABOVE`` of their rows - so a big table updated at random is
   not rewritten whole every few minutes;
 - VACUUM once per ``vacuum_interval``, keeping ``retention`` of history:
+  pgsub's own where it reaches the table (``apply.delta.writer.vacuum``:
+  Delta's full VACUUM without a JVM, a few requests); elsewhere Spark's,
   ``LITE`` (the files the log says were removed; seconds), and a full
   VACUUM, which lists the folder for files no commit names (what a killed
   job left), when ``lite`` is off or LITE finds the log cut short. VACUUM
@@ -35,7 +37,9 @@ A table's applied LSN is read back from the mark of its latest commit by
 this subscription, so maintenance commits carry that same mark
 (``mark()``, read in the write lock): log cleanup can never leave a table's history without it.
 What commits (the properties, the features, OPTIMIZE) runs in ``held``,
-the table's write lock: never beside the table's own MERGE.
+the table's write lock: never beside the table's own MERGE. Whether
+anything is due is read before, without it: a round that finds nothing
+to commit neither holds a table's batches nor asks Spark anything.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from apply.core.errors import TargetTableError
-from apply.core.features import TableFeatures
+from apply.core.features import TableFeatures, size_gain
 from apply.core.maintenance_policy import PURGE_ABOVE, MaintenancePolicy, retention_properties
 from apply.delta.files.store import table_store
 from apply.delta.spark import sql as delta_sql
@@ -110,31 +114,18 @@ def tend(
     table; Spark's elsewhere, or where pgsub does not read the table's log."""
     started = time.monotonic()
     table = delta_sql.table_ref(path)
+    wanted = retention_properties(policy)
     try:
-        with held():
-            before, size, properties = detail(session, path)
-            wanted = retention_properties(policy)
-            carried = mark()  # in the lock: no newer commit comes before this one's
-            if carried is not None:
-                session.conf.set(USER_METADATA, carried)
-            try:
-                if any(properties.get(name) != value for name, value in wanted.items()):
-                    delta_sql.set_properties(session, path, wanted)
-                if features is not None:
-                    gain_by_size(
-                        session,
-                        features.table,
-                        path,
-                        size=size,
-                        properties=properties,
-                        features=features.features,
-                    )
-                compacted = before > policy.compact_files
-                if compacted:
-                    _compact_small_files(session, table)
-            finally:
-                session.conf.unset(USER_METADATA)
-            after = detail(session, path)[0] if compacted else before
+        # Looked at without holding the table: most rounds find nothing to commit, and then
+        # neither hold its batches nor ask Spark anything (a daemon of small tables starts
+        # no JVM for them).
+        before, size, properties = detail(session, path)
+        compacted = False
+        if _due(policy, wanted, features, before, size, properties):
+            before, compacted = _commit_due(
+                session, path, policy, wanted, mark=mark, features=features, held=held
+            )
+        after = detail(session, path)[0] if compacted else before
         deleted = None
         if vacuum:
             hours = max(1, round(policy.retention / 3600))
@@ -147,6 +138,60 @@ def tend(
     except SparkErrors as exc:
         raise TargetTableError(f"maintenance of {path} failed: {exc}") from exc
     return Tended(before, after, compacted, vacuum, time.monotonic() - started, deleted)
+
+
+def _due(
+    policy: MaintenancePolicy,
+    wanted: dict[str, str],
+    features: Grown | None,
+    files: int,
+    size: int,
+    properties: dict[str, str],
+) -> bool:
+    """Whether the table, as ``detail`` found it, needs a commit: its history's properties,
+    deletion vectors by size, or a compaction."""
+    return (
+        any(properties.get(name) != value for name, value in wanted.items())
+        or (features is not None and size_gain(properties, size, features.features) is not None)
+        or files > policy.compact_files
+    )
+
+
+def _commit_due(
+    session: SparkSession,
+    path: str,
+    policy: MaintenancePolicy,
+    wanted: dict[str, str],
+    *,
+    mark: Callable[[], str | None],
+    features: Grown | None,
+    held: Callable[[], AbstractContextManager[object]],
+) -> tuple[int, bool]:
+    """What ``_due`` found, done in the table's write lock and as of it: (the data files
+    before, whether it compacted them)."""
+    with held():
+        before, size, properties = detail(session, path)
+        carried = mark()  # in the lock: no newer commit comes before this one's
+        if carried is not None:
+            session.conf.set(USER_METADATA, carried)
+        try:
+            if any(properties.get(name) != value for name, value in wanted.items()):
+                delta_sql.set_properties(session, path, wanted)
+            if features is not None:
+                gain_by_size(
+                    session,
+                    features.table,
+                    path,
+                    size=size,
+                    properties=properties,
+                    features=features.features,
+                )
+            compacted = before > policy.compact_files
+            if compacted:
+                _compact_small_files(session, delta_sql.table_ref(path))
+        finally:
+            session.conf.unset(USER_METADATA)
+    return before, compacted
 
 
 def is_delta_table(session: SparkSession, path: str) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from apply.delta.writer import delta_rs_merge
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.maintenance import Maintenance
+from subscriber.runtime.subscription import SubscriptionRunner
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
 
@@ -109,13 +112,11 @@ def test_checkpoint_rows_past_the_retention_are_pruned_but_the_latest(
     assert store.origin_lsn("sub1") == origin
 
 
-@pytest.mark.parametrize("by", ["pgsub", "spark"])
-def test_vacuum_runs_beside_the_tables_writes_and_commits_nothing(
-    publisher: PgDatabase, spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch, by: str
-) -> None:
-    """A full VACUUM (Spark's lists the folder: 52-82 s on a 1M-row table in the long soak)
-    does not hold the table's batches, and leaves no commit with an older mark after theirs:
-    pgsub's own where it reaches the warehouse, Spark's where it does not."""
+@contextmanager
+def one_row(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> Iterator[tuple[Replication, SubscriptionRunner]]:
+    """public.t replicated with one row, applied; the replication and its runner."""
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )
@@ -123,8 +124,18 @@ def test_vacuum_runs_beside_the_tables_writes_and_commits_nothing(
     with Replication(publisher, spark, warehouse, **settings) as rep:
         publisher.execute("INSERT INTO t VALUES (1, 'v')")
         rep.caught_up()
-        runner = rep.runner
-        assert runner is not None
+        assert rep.runner is not None
+        yield rep, rep.runner
+
+
+@pytest.mark.parametrize("by", ["pgsub", "spark"])
+def test_vacuum_runs_beside_the_tables_writes_and_commits_nothing(
+    publisher: PgDatabase, spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch, by: str
+) -> None:
+    """A full VACUUM (Spark's lists the folder: 52-82 s on a 1M-row table in the long soak)
+    does not hold the table's batches, and leaves no commit with an older mark after theirs:
+    pgsub's own where it reaches the warehouse, Spark's where it does not."""
+    with one_row(publisher, spark, warehouse) as (rep, runner):
         # What a killed job leaves: a file no commit names, older than the retention.
         orphan = Path(rep.path("public.t")) / "part-00000-left-by-a-killed-job.parquet"
         orphan.write_bytes(b"PAR1")
@@ -198,3 +209,25 @@ def test_checkpoints_recorded_while_maintenance_prunes_and_compacts_them(
     kept = [row["lsn"] for row in spark.read.format("delta").load(recorder.path).collect()]
     assert recorded[-1] in kept
     assert len(kept) < len(recorded)  # pruned as it went
+
+
+def test_a_round_with_nothing_to_commit_neither_holds_the_table_nor_waits_for_it(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """A table is looked at without holding it: a round that finds nothing to commit (most
+    rounds) neither holds the table's batch up nor waits for it; one that has something to
+    commit waits for the table."""
+    with one_row(publisher, spark, warehouse) as (rep, runner):
+        quiet = MaintenanceConfig().policy()  # the table's own retention: nothing due
+        shorter = MaintenanceConfig(retention=3600).policy()  # its properties to set
+        with ThreadPoolExecutor(1) as pool:
+            with runner.tables.exclusive("public.t"):  # as a batch's MERGE holds it
+                done = pool.submit(runner.tables.tend, "public.t", quiet, vacuum=True)
+                assert done.result(timeout=120).vacuumed  # not waiting for the table
+                due = pool.submit(runner.tables.tend, "public.t", shorter, vacuum=False)
+                time.sleep(1)
+                assert not due.done()  # waits for the table
+            due.result(timeout=120)
+        properties = spark.sql(f"DESCRIBE DETAIL delta.`{rep.path('public.t')}`").first()
+        assert properties["properties"]["delta.logRetentionDuration"] == "interval 1 hours"
+        rep.assert_equal("public.t", key=("id",))
