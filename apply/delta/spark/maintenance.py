@@ -7,7 +7,9 @@ looks at one table and does what is due:
 - deletion vectors on, once a target table has grown past
   ``table_features.deletion_vectors_above`` (``auto``: apply.core.features);
 - OPTIMIZE when the table holds more than ``compact_files`` data files, of
-  its small files only (below ``COMPACT_BELOW``): the big files a copy
+  its small files only (below ``COMPACT_BELOW``; by delta-rs, without a
+  JVM, where the whole table is that small and pgsub reaches it:
+  ``apply.delta.writer.compaction``): the big files a copy
   wrote are left as they are, unless deletion vectors have removed more
   than ``PURGE_ABOVE`` of their rows - so a big table updated at random is
   not rewritten whole every few minutes;
@@ -59,6 +61,7 @@ from apply.delta.spark.definition import gain_by_size
 from apply.delta.spark.detail import detail
 from apply.delta.spark.session import SparkErrors
 from apply.delta.spark.target import USER_METADATA
+from apply.delta.writer.compaction import compacted_here
 from apply.delta.writer.live_files import UnreadableLogError
 from apply.delta.writer.local_tables import reachable
 from apply.delta.writer.vacuum import vacuum as swept
@@ -117,8 +120,7 @@ def tend(
     wanted = retention_properties(policy)
     try:
         # Looked at without holding the table: most rounds find nothing to commit, and then
-        # neither hold its batches nor ask Spark anything (a daemon of small tables starts
-        # no JVM for them).
+        # neither hold its batches nor ask Spark anything about it.
         before, size, properties = detail(session, path)
         compacted = False
         if _due(policy, wanted, features, before, size, properties):
@@ -187,7 +189,9 @@ def _commit_due(
                     features=features.features,
                 )
             compacted = before > policy.compact_files
-            if compacted:
+            if compacted and not compacted_here(
+                path, size, below=COMPACT_BELOW, into=COMPACT_INTO, mark=carried
+            ):
                 _compact_small_files(session, delta_sql.table_ref(path))
         finally:
             session.conf.unset(USER_METADATA)
