@@ -62,7 +62,7 @@ from apply.delta.spark.detail import detail
 from apply.delta.spark.session import SparkErrors
 from apply.delta.spark.target import USER_METADATA
 from apply.delta.writer.compaction import compacted_here
-from apply.delta.writer.live_files import UnreadableLogError
+from apply.delta.writer.live_files import UnreadableLogError, newest_commit
 from apply.delta.writer.local_tables import reachable
 from apply.delta.writer.vacuum import vacuum as swept
 
@@ -152,10 +152,15 @@ def _due(
 ) -> bool:
     """Whether the table, as ``detail`` found it, needs a commit: its history's properties,
     deletion vectors by size, or a compaction."""
-    return (
-        any(properties.get(name) != value for name, value in wanted.items())
-        or (features is not None and size_gain(properties, size, features.features) is not None)
-        or files > policy.compact_files
+    return files > policy.compact_files or _spark_due(wanted, features, size, properties)
+
+
+def _spark_due(
+    wanted: dict[str, str], features: Grown | None, size: int, properties: dict[str, str]
+) -> bool:
+    """Whether the table needs what only Spark commits: its properties, deletion vectors."""
+    return any(properties.get(name) != value for name, value in wanted.items()) or (
+        features is not None and size_gain(properties, size, features.features) is not None
     )
 
 
@@ -174,31 +179,49 @@ def _commit_due(
     with held():
         before, size, properties = detail(session, path)
         carried = mark()  # in the lock: no newer commit comes before this one's
-        if carried is not None:
-            session.conf.set(USER_METADATA, carried)
-        try:
-            if any(properties.get(name) != value for name, value in wanted.items()):
-                delta_sql.set_properties(session, path, wanted)
-            if features is not None:
-                gain_by_size(
-                    session,
-                    features.table,
-                    path,
-                    size=size,
-                    properties=properties,
-                    features=features.features,
-                )
-            compacted = before > policy.compact_files
-            if compacted and not compacted_here(
-                path, size, below=COMPACT_BELOW, into=COMPACT_INTO, mark=carried
-            ):
-                _compact_small_files(session, delta_sql.table_ref(path))
-        finally:
-            session.conf.unset(USER_METADATA)
+        compacted = before > policy.compact_files
+        by_spark = compacted and not compacted_here(
+            path, size, below=COMPACT_BELOW, into=COMPACT_INTO, mark=carried
+        )
+        if by_spark or _spark_due(wanted, features, size, properties):
+            with _carrying(session, carried):
+                if any(properties.get(name) != value for name, value in wanted.items()):
+                    delta_sql.set_properties(session, path, wanted)
+                if features is not None:
+                    gain_by_size(
+                        session,
+                        features.table,
+                        path,
+                        size=size,
+                        properties=properties,
+                        features=features.features,
+                    )
+                if by_spark:
+                    _compact_small_files(session, delta_sql.table_ref(path))
     return before, compacted
 
 
+@contextmanager
+def _carrying(session: SparkSession, mark: str | None) -> Iterator[None]:
+    """Spark's commits inside carry ``mark`` (the table's latest, as its ``userMetadata``)."""
+    if mark is not None:
+        session.conf.set(USER_METADATA, mark)
+    try:
+        yield
+    finally:
+        session.conf.unset(USER_METADATA)
+
+
 def is_delta_table(session: SparkSession, path: str) -> bool:
+    """Whether ``path`` holds a Delta table with a commit: read from its log where pgsub
+    reaches it (no JVM), asked of Spark elsewhere."""
+    if reachable(path):
+        import obstore
+
+        try:
+            return newest_commit(table_store(path)) >= 0
+        except (OSError, ValueError, obstore.exceptions.BaseError) as exc:
+            raise TargetTableError(f"cannot read the log of {path}: {exc}") from exc
     try:
         return delta_sql.is_delta_table(session, path)
     except SparkErrors as exc:

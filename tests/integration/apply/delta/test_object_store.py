@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import deltalake
 import numpy as np
@@ -19,9 +19,11 @@ import pytest
 
 from apply.batching.error_context import TransactionError
 from apply.core.errors import CommitRacedError
+from apply.core.features import TableFeatures
 from apply.core.records import CommitMark, StoredTableState
 from apply.delta.files.storage import storage_for
 from apply.delta.files.store import ObjectStore, commit_name, table_store
+from apply.delta.spark.maintenance import Grown, is_delta_table, tend
 from apply.delta.state_store import CheckpointStore, TableStateStore
 from apply.delta.tables import DeltaTables
 from apply.delta.writer import deletion_vectors, delta_rs_merge
@@ -30,6 +32,7 @@ from apply.delta.writer.local_merge import LocalMerges
 from apply.delta.writer.local_tables import opened
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
+from subscriber.runtime.config import MaintenanceConfig
 from tests.integration.apply.delta.test_staged_append import SCHEMA as STAGED
 from tests.integration.apply.delta.test_staged_append import inserts, staged
 from tests.plugins.s3 import S3Server
@@ -373,3 +376,42 @@ def live_rows(path: str) -> dict[str, set[int]]:
         file.name: set(pq.ParquetFile(store.open(file.name)).read(["id"]).column(0).to_pylist())
         for file in files.files
     }
+
+
+class NoSpark:
+    """A Spark session that must not be asked anything."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"Spark was asked for {name}")
+
+
+def test_maintenance_of_a_small_table_in_the_bucket_asks_nothing_of_spark(
+    spark: Any, s3_warehouse: str
+) -> None:
+    """A small table's maintenance in the bucket - its detail, its compaction by delta-rs
+    with the table's mark, its VACUUM - and the check that a state table is there run
+    without a JVM: a daemon of small tables needs none for them."""
+    tables, applier, path = table_t(spark, s3_warehouse)
+    model = {i: "a" for i in range(10)}
+    try:
+        applier.apply(batch(tx(*(ins(T, i, v) for i, v in model.items()), end=140)))
+    finally:
+        applier.close()
+    mark = opened(path).history(1)[0]["userMetadata"]
+    options = storage_for(path).delta_rs_options()
+    for n in range(100, 104):  # another engine's small files
+        rows = pa.table({"id": pa.array([n], pa.int32()), "v": [f"b{n}"]})
+        deltalake.write_deltalake(path, rows, mode="append", storage_options=options)
+        model[n] = f"b{n}"
+    policy = MaintenanceConfig(compact_files=2, vacuum_interval=0).policy()
+    grown = Grown("public.t", TableFeatures())
+    done = tend(
+        cast("Any", NoSpark()), path, policy, vacuum=True, mark=lambda: mark, features=grown
+    )
+    assert done.compacted and done.files_before > 2 and done.files_after == 1
+    assert done.deleted == 0  # nothing older than the retention yet
+    assert engines(path)[-1] == "delta-rs"
+    assert tables.applied_lsn("public.t") == Lsn(140)  # the mark carried
+    every_reader(spark, path, sorted(model.items()))
+    assert is_delta_table(cast("Any", NoSpark()), path)
+    assert not is_delta_table(cast("Any", NoSpark()), f"{s3_warehouse}/public/none")
