@@ -98,8 +98,8 @@ class _Named(LiveFiles):
         names = set(self.tombstones)
         for file in self.files:
             names.add(file.name)
-            if file.vector is not None and file.vector.storage_type in ("u", "p"):
-                names.add(file.vector.name)
+            if file.vector is not None:
+                names.update(_vector_file(file.vector, self.store.location))
         return names
 
 
@@ -107,9 +107,17 @@ def _files(action: dict[str, object], location: str) -> list[str]:
     """The file an ``add`` or ``remove`` names, and its deletion vector's file."""
     names = [canonical(str(action["path"]), location)]
     vector = action.get("deletionVector")
-    if isinstance(vector, dict) and vector.get("storageType") in ("u", "p"):
-        names.append(Descriptor.of(vector).name)
+    if isinstance(vector, dict):
+        names += _vector_file(Descriptor.of(vector), location)
     return names
+
+
+def _vector_file(vector: Descriptor, location: str) -> list[str]:
+    """The file holding ``vector``, as the table's listing names it: relative to the table
+    when inside it - an absolute path (``p``) too -; none for an inline one."""
+    if vector.storage_type == "p":
+        return [canonical(vector.path_or_inline, location)]
+    return [vector.name] if vector.storage_type == "u" else []
 
 
 def vacuum(store: TableStore, retention: float, *, now: float | None = None) -> Swept:
