@@ -5,6 +5,7 @@ disk and in a bucket; Spark and delta-rs read the table after it."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -142,3 +143,39 @@ def _all(store: Any) -> list[tuple[str, float]]:
         found += files
         folders += inner
     return found
+
+
+def test_a_vector_named_by_an_absolute_path_inside_the_table_stays(tmp_path: Path) -> None:
+    """A deletion vector may be named by an absolute path (``p``) rather than by a UUID:
+    inside the table it is the listing's relative name, and the live file's vector stays;
+    a removed file's old one goes past the retention."""
+    table = tmp_path / "t"
+    (table / LOG).mkdir(parents=True)
+    for name in ("part-live.parquet", "part-old.parquet", "dv-live.bin", "dv-old.bin"):
+        (table / name).write_bytes(b"x")
+
+    def vector(name: str) -> dict[str, object]:
+        path = f"file://{table}/{name}"
+        return {"storageType": "p", "pathOrInlineDv": path, "offset": 1, "sizeInBytes": 4,
+                "cardinality": 1}  # fmt: skip
+
+    now = int(time.time() * 1000)
+    actions = [
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                      "readerFeatures": ["deletionVectors"],
+                      "writerFeatures": ["deletionVectors"]}},
+        {"metaData": {"id": "t", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": '{"type":"struct","fields":[]}',
+                      "partitionColumns": [], "configuration": {}}},
+        {"add": {"path": "part-live.parquet", "partitionValues": {}, "size": 1,
+                 "modificationTime": now, "dataChange": True,
+                 "deletionVector": vector("dv-live.bin")}},
+        {"remove": {"path": "part-old.parquet", "deletionTimestamp": now - 3 * 3600_000,
+                    "dataChange": True, "deletionVector": vector("dv-old.bin")}},
+    ]  # fmt: skip
+    commit = "\n".join(json.dumps(action) for action in actions)
+    (table / LOG / "00000000000000000000.json").write_text(commit)
+
+    swept = vacuum(table_store(str(table)), HOUR, now=time.time() + 2 * HOUR)
+    assert sorted(swept.deleted) == ["dv-old.bin", "part-old.parquet"]
+    assert (table / "dv-live.bin").exists() and (table / "part-live.parquet").exists()
