@@ -159,7 +159,7 @@ def _spark_due(
     wanted: dict[str, str], features: Grown | None, size: int, properties: dict[str, str]
 ) -> bool:
     """Whether the table needs what only Spark commits: its properties, deletion vectors."""
-    return any(properties.get(name) != value for name, value in wanted.items()) or (
+    return _unset(wanted, properties) or (
         features is not None and size_gain(properties, size, features.features) is not None
     )
 
@@ -185,7 +185,7 @@ def _commit_due(
         )
         if by_spark or _spark_due(wanted, features, size, properties):
             with _carrying(session, carried):
-                if any(properties.get(name) != value for name, value in wanted.items()):
+                if _unset(wanted, properties):
                     delta_sql.set_properties(session, path, wanted)
                 if features is not None:
                     gain_by_size(
@@ -199,6 +199,11 @@ def _commit_due(
                 if by_spark:
                     _compact_small_files(session, delta_sql.table_ref(path))
     return before, compacted
+
+
+def _unset(wanted: dict[str, str], properties: dict[str, str]) -> bool:
+    """Whether a property of ``wanted`` differs on the table."""
+    return any(properties.get(name) != value for name, value in wanted.items())
 
 
 @contextmanager
