@@ -30,7 +30,9 @@ looks at one table and does what is due:
   deletes log entries older than ``delta.logRetentionDuration`` and
   idempotent-write ids older than ``delta.setTransactionRetentionDuration``;
   ``retention_properties`` sets both (and the deleted-file retention VACUUM
-  honours) to ``retention`` on every table pgsub creates or tends.
+  honours) to ``retention`` on every table pgsub creates or tends (by
+  delta-rs where pgsub reaches the table and delta-rs writes it:
+  ``apply.delta.writer.compaction.properties_set_here``).
 
 Time travel to a checkpoint row of ``_pgsub/checkpoints`` therefore works for
 ``retention``; older rows are pruned (``CheckpointStore.prune``).
@@ -61,7 +63,7 @@ from apply.delta.spark.definition import gain_by_size
 from apply.delta.spark.detail import detail
 from apply.delta.spark.session import SparkErrors
 from apply.delta.spark.target import USER_METADATA
-from apply.delta.writer.compaction import compacted_here
+from apply.delta.writer.compaction import compacted_here, properties_set_here
 from apply.delta.writer.live_files import UnreadableLogError, newest_commit
 from apply.delta.writer.local_tables import reachable
 from apply.delta.writer.vacuum import vacuum as swept
@@ -152,15 +154,10 @@ def _due(
 ) -> bool:
     """Whether the table, as ``detail`` found it, needs a commit: its history's properties,
     deletion vectors by size, or a compaction."""
-    return files > policy.compact_files or _spark_due(wanted, features, size, properties)
-
-
-def _spark_due(
-    wanted: dict[str, str], features: Grown | None, size: int, properties: dict[str, str]
-) -> bool:
-    """Whether the table needs what only Spark commits: its properties, deletion vectors."""
-    return _unset(wanted, properties) or (
-        features is not None and size_gain(properties, size, features.features) is not None
+    return (
+        files > policy.compact_files
+        or _unset(wanted, properties)
+        or (features is not None and size_gain(properties, size, features.features) is not None)
     )
 
 
@@ -183,9 +180,11 @@ def _commit_due(
         by_spark = compacted and not compacted_here(
             path, size, below=COMPACT_BELOW, into=COMPACT_INTO, mark=carried
         )
-        if by_spark or _spark_due(wanted, features, size, properties):
+        unset = _unset(wanted, properties) and not properties_set_here(path, wanted, mark=carried)
+        grows = features is not None and size_gain(properties, size, features.features) is not None
+        if by_spark or unset or grows:
             with _carrying(session, carried):
-                if _unset(wanted, properties):
+                if unset:
                     delta_sql.set_properties(session, path, wanted)
                 if features is not None:
                     gain_by_size(

@@ -232,6 +232,7 @@ def test_a_round_with_nothing_to_commit_neither_holds_the_table_nor_waits_for_it
     with one_row(publisher, spark, warehouse) as (rep, runner):
         quiet = MaintenanceConfig().policy()  # the table's own retention: nothing due
         shorter = MaintenanceConfig(retention=3600).policy()  # its properties to set
+        applied = runner.tables.applied_lsn("public.t")
         with ThreadPoolExecutor(1) as pool:
             with runner.tables.exclusive("public.t"):  # as a batch's MERGE holds it
                 done = pool.submit(runner.tables.tend, "public.t", quiet, vacuum=True)
@@ -242,4 +243,9 @@ def test_a_round_with_nothing_to_commit_neither_holds_the_table_nor_waits_for_it
             due.result(timeout=120)
         properties = spark.sql(f"DESCRIBE DETAIL delta.`{rep.path('public.t')}`").first()
         assert properties["properties"]["delta.logRetentionDuration"] == "interval 1 hours"
+        # Set by delta-rs (no JVM), carrying the table's mark.
+        latest = opened(rep.path("public.t")).history(1)[0]
+        assert latest["operation"] == "SET TBLPROPERTIES"
+        assert str(latest["clientVersion"]).startswith("delta-rs")
+        assert runner.tables.applied_lsn("public.t") == applied
         rep.assert_equal("public.t", key=("id",))

@@ -20,6 +20,7 @@ import pytest
 from apply.batching.error_context import TransactionError
 from apply.core.errors import CommitRacedError
 from apply.core.features import TableFeatures
+from apply.core.maintenance_policy import retention_properties
 from apply.core.records import CommitMark, StoredTableState
 from apply.delta.files.storage import storage_for
 from apply.delta.files.store import ObjectStore, commit_name, table_store
@@ -415,3 +416,31 @@ def test_maintenance_of_a_small_table_in_the_bucket_asks_nothing_of_spark(
     every_reader(spark, path, sorted(model.items()))
     assert is_delta_table(cast("Any", NoSpark()), path)
     assert not is_delta_table(cast("Any", NoSpark()), f"{s3_warehouse}/public/none")
+
+
+def test_a_state_tables_history_properties_are_set_in_the_bucket_without_spark(
+    spark: Any, s3_warehouse: str
+) -> None:
+    """The state tables are made by delta-rs without the history's properties; a daemon's
+    first round sets them by delta-rs, not by a Spark commit (a JVM started for them, the
+    worker's checkpoint waiting 9 s in a bucket), and Spark reads them."""
+    store = CheckpointStore(cast("Any", NoSpark()), s3_warehouse)
+    store.record("sub1", Lsn(7), 0, {"public.t": 1})
+    policy = MaintenanceConfig(retention=3600).policy()
+    done = tend(
+        cast("Any", NoSpark()),
+        store.path,
+        policy,
+        vacuum=False,
+        mark=lambda: None,
+        held=store.writing,
+    )
+    assert not done.compacted
+    assert engines(store.path) == ["delta-rs", "delta-rs"]
+    properties = spark.sql(f"DESCRIBE DETAIL delta.`{store.path}`").first()["properties"]
+    assert properties == retention_properties(policy)
+    assert store.origin_lsn("sub1") == Lsn(7)
+    again = tend(  # nothing left to set: no commit
+        cast("Any", NoSpark()), store.path, policy, vacuum=False, mark=lambda: None
+    )
+    assert again.files_before == 1 and len(engines(store.path)) == 2
