@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from apply.delta.writer.local_tables import opened
 from tests.support.browser import rendered
 from tests.support.daemon import (
     DaemonProcess,
@@ -78,7 +79,9 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
     password = "not-a-real-secret-but-must-not-leak"
-    port = write_config(config, publisher, warehouse)
+    # Maintenance every second: its rounds run beside the batches.
+    maintenance = {"interval": "1s", "vacuum_interval": "1s", "compact_files": 2}
+    port = write_config(config, publisher, warehouse, maintenance=maintenance)
     config.write_text(
         config.read_text().replace("user=postgres", f"user=postgres password={password}")
     )
@@ -88,8 +91,29 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     publisher.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g")
     publisher.execute("UPDATE t SET v = 'w' WHERE id < 10; DELETE FROM t WHERE id > 90")
     wait_confirmed(publisher)
-    # A small table's batches need no Spark (spark.start: on_demand): no JVM was started.
+
+    def tended() -> set[tuple[str, bool]]:
+        return {
+            (e["subscription"], bool(e["compacted"]))
+            for e in daemon.events()
+            if e["event"] == "table maintained"
+        }
+
+    def history_bound() -> bool:  # the checkpoints' properties, set by a round
+        table = opened(str(warehouse / "_pgsub" / "checkpoints"))
+        return "delta.logRetentionDuration" in table.metadata().configuration
+
+    wait_until(  # the table's VACUUM, a state table's compaction and properties (delta-rs)
+        lambda: {("sub1", False), ("_pgsub", True)} <= tended() and history_bound(),
+        timeout=60,
+        what="maintenance of public.t and of the state tables",
+    )
+    # A small table's batches and the maintenance of its tables and of the state tables
+    # (their history's properties, compaction, VACUUM) need no Spark (spark.start:
+    # on_demand): no JVM was started.
     assert "java" not in group_commands(daemon.process.pid)
+    properties = opened(str(warehouse / "_pgsub" / "checkpoints")).metadata().configuration
+    assert properties["delta.logRetentionDuration"] == "interval 168 hours"
     assert not any(e["event"] == "spark session started" for e in daemon.events())
 
     assert daemon.get("/healthz")[0] == 200
