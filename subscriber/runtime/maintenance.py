@@ -10,6 +10,14 @@ rows past the retention. What commits (compaction, properties, the
 prune) is done under the table's write lock, never beside its own MERGE
 or checkpoint, and only when due; VACUUM commits nothing and runs beside
 them.
+A round's tables are spread over half its interval (``SPREAD``), as
+PostgreSQL's autovacuum paces itself (``autovacuum_vacuum_cost_delay``): one
+after another, 200 tables' VACUUMs in a bucket took 78 s of the daemon's
+two cores at once, and the batches beside them were 10% slower
+(docs/performance.md, "A round spread over its interval"). A round behind
+its pace (long tends, thousands of tables) waits for nothing; the next
+round starts one interval after this one started, or half an interval
+after a round that took longer.
 The receivers keep streaming meanwhile. One failure is logged and counted
 (``pgsub_maintenance_errors_total``) and retried next round; it never stops
 replication.
@@ -20,9 +28,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -37,10 +46,34 @@ log = structlog.get_logger(__name__)
 
 # The subscription label of the state tables under _pgsub/.
 STATE = "_pgsub"
+# A round's tables are spread over this share of its interval (see the module).
+SPREAD: Final = 0.5
 
 
 def _unmarked() -> None:
     """The state tables' commits carry no subscription's mark."""
+
+
+@dataclass(slots=True)
+class _Pace:
+    """A round's ``count`` tables spread over ``spread`` seconds from ``started``: a table's
+    turn not before its share of them (none without ``stopping``: a test's round)."""
+
+    clock: Callable[[], float]
+    spread: float
+    count: int
+    stopping: threading.Event | None
+    started: float
+    done: int = 0
+
+    def next_turn(self) -> bool:
+        """One more table tended: wait for the next one's turn; False if ``stopping`` was
+        set meanwhile."""
+        self.done += 1
+        if self.stopping is None:
+            return True
+        wait = self.started + self.spread * self.done / max(1, self.count) - self.clock()
+        return not self.stopping.wait(wait) if wait > 0 else not self.stopping.is_set()
 
 
 class Maintenance:
@@ -68,20 +101,35 @@ class Maintenance:
         self._started = clock()
 
     def run(self, stopping: threading.Event) -> None:
-        while not stopping.wait(self._config.interval):
+        """A ``round`` one interval after the start, then one interval after each round's
+        start (a paced round takes ``SPREAD`` of it), and never sooner than the rest of the
+        interval after a round that took longer; until ``stopping`` is set."""
+        interval = self._config.interval
+        wait = interval
+        while not stopping.wait(wait):
+            started = self._clock()
             self.round(stopping)
+            wait = max(interval * (1 - SPREAD), started + interval - self._clock())
 
     def round(self, stopping: threading.Event | None = None) -> None:
-        """Tend every table once (stops early when ``stopping`` is set)."""
-        for runner in self._runners:
-            for table in runner.tables.known():
-                if stopping is not None and stopping.is_set():
-                    return
-                done = self._tend(
-                    runner.name, table, partial(runner.tables.tend, table, self._policy)
-                )
-                if done is not None:
-                    runner.table_files[table] = done.files_after  # its /status
+        """Tend every table once (stops early when ``stopping`` is set), spread over
+        ``SPREAD`` of the interval when run with ``stopping`` (a test's round is not)."""
+        tables = [(runner, table) for runner in self._runners for table in runner.tables.known()]
+        pace = _Pace(
+            self._clock,
+            self._config.interval * SPREAD,
+            len(tables) + len(STATE_TABLES),
+            stopping,
+            started=self._clock(),
+        )
+        for runner, table in tables:
+            if stopping is not None and stopping.is_set():
+                return
+            done = self._tend(runner.name, table, partial(runner.tables.tend, table, self._policy))
+            if done is not None:
+                runner.table_files[table] = done.files_after  # its /status
+            if not pace.next_turn():
+                return
         retained = datetime.now(UTC) - timedelta(seconds=self._policy.retention)
         checkpoints = CheckpointStore(self._spark, self._warehouse)
         for runner in self._runners:
@@ -98,6 +146,8 @@ class Maintenance:
             # checkpoint recorded meanwhile failed one another (the 150-minute soak).
             work = partial(tend, self._spark, store.path, self._policy, mark=_unmarked)
             self._tend(STATE, kind.name, partial(work, held=store.writing))
+            if not pace.next_turn():
+                return
 
     def _tend(self, subscription: str, table: str, work: Callable[..., Tended]) -> Tended | None:
         """``work(vacuum=...)`` tends the table; its outcome counted, logged and returned
