@@ -12,12 +12,12 @@ or checkpoint, and only when due; VACUUM commits nothing and runs beside
 them.
 A round's tables are spread over half its interval (``SPREAD``), as
 PostgreSQL's autovacuum paces itself (``autovacuum_vacuum_cost_delay``): one
-after another, 200 tables' VACUUMs in a bucket took 78 s of the daemon's
-two cores at once, and the batches beside them were 10% slower
+after another, 200 tables' VACUUMs in a bucket took 106 s of the daemon's
+two cores at once, and the mean batch beside them was 1.4-1.6 times longer
 (docs/performance.md, "A round spread over its interval"). A round behind
 its pace (long tends, thousands of tables) waits for nothing; the next
-round starts one interval after this one started, or half an interval
-after a round that took longer.
+round starts one interval after this one started, and at least half an
+interval after it ended.
 The receivers keep streaming meanwhile. One failure is logged and counted
 (``pgsub_maintenance_errors_total``) and retried next round; it never stops
 replication.
@@ -102,8 +102,8 @@ class Maintenance:
 
     def run(self, stopping: threading.Event) -> None:
         """A ``round`` one interval after the start, then one interval after each round's
-        start (a paced round takes ``SPREAD`` of it), and never sooner than the rest of the
-        interval after a round that took longer; until ``stopping`` is set."""
+        start (a paced round takes ``SPREAD`` of it) and at least ``1 - SPREAD`` of an
+        interval after its end; until ``stopping`` is set."""
         interval = self._config.interval
         wait = interval
         while not stopping.wait(wait):
