@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from apply.core.errors import TargetTableError
 from apply.delta.files.store import table_store
-from apply.delta.writer.local_tables import delta_rs_can_write, no_checkpoint, opened, reachable
+from apply.delta.writer.local_tables import delta_rs_writes, no_checkpoint, opened, reachable
 from apply.delta.writer.overwrite import keep_log
 
 if TYPE_CHECKING:
@@ -76,16 +76,23 @@ def _committed_here(
 ) -> bool:
     """``commit(table, its mark's commit properties)`` by delta-rs, then the table's
     checkpoint if due; False where pgsub does not reach the table or delta-rs may not
-    write it."""
-    if not reachable(path) or not delta_rs_can_write(path):
+    write it. The table is opened once, its protocol read from that snapshot (the
+    process's kept log of it, ``delta_rs_can_write``'s, would first be brought over every
+    commit since it was last read)."""
+    if not reachable(path):
         return False
     import deltalake
 
+    try:
+        table = opened(path)
+    except (deltalake.exceptions.DeltaError, OSError):
+        return False  # as ``delta_rs_can_write`` answers a log it cannot read
+    if not delta_rs_writes(table.protocol()):
+        return False
     carried = (
         None if mark is None else deltalake.CommitProperties(custom_metadata={"userMetadata": mark})
     )
     try:
-        table = opened(path)
         commit(table, carried)
         keep_log(table, table_store(path).location)
     except (deltalake.exceptions.DeltaError, OSError) as exc:
