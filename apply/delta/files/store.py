@@ -128,6 +128,11 @@ class TableStore(Protocol):
         (False, nothing written)."""
         ...
 
+    def replace(self, name: str, data: bytes) -> None:
+        """``data`` as the file ``name``, whole, over what the name held: a reader sees the
+        old file or the new one, never a part (a checkpoint, ``_last_checkpoint``)."""
+        ...
+
     def delete(self, name: str) -> None:
         """Remove the file ``name``, if it is there."""
         ...
@@ -139,6 +144,12 @@ class TableStore(Protocol):
     def contents(self, prefix: str) -> tuple[list[tuple[str, float]], list[str]]:
         """The files right under the folder ``prefix`` ("": the table's), each with its
         modification time (seconds since the epoch), and its subfolders' names."""
+        ...
+
+    def oldest(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """The files right under the folder ``prefix`` in the order of their names, each
+        with its modification time, listed as they are taken (an object store's listing a
+        thousand names at a time: a caller that stops early lists no further)."""
         ...
 
     def sync(self, names: list[str]) -> None:
@@ -242,18 +253,31 @@ class LocalStore:
             file.flush()
             os.fsync(file.fileno())
 
-    def put_if_absent(self, name: str, data: bytes) -> bool:
+    @contextlib.contextmanager
+    def _beside(self, name: str, data: bytes) -> Iterator[tuple[str, str]]:
+        """``data`` written and fsynced to a temporary name beside ``name``'s file: that
+        name and the file's path, the temporary removed when the block ends."""
         final = self._file(name)
         parent, base = os.path.split(final)
         temporary = os.path.join(parent, f".{base}.{uuid.uuid4()}.tmp")
         self.write(temporary, data)
         try:
-            os.link(temporary, final)
-        except FileExistsError:
-            return False
+            yield temporary, final
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
+
+    def replace(self, name: str, data: bytes) -> None:
+        with self._beside(name, data) as (temporary, final):
+            os.replace(temporary, final)
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        with self._beside(name, data) as (temporary, final):
+            try:
+                os.link(temporary, final)
+            except FileExistsError:
+                return False
+        parent = os.path.dirname(final)
         folders = (parent, os.path.normpath(self.folder))
         pending = _PENDING.get()
         if pending is None:
@@ -282,6 +306,9 @@ class LocalStore:
                 elif entry.is_file(follow_symlinks=False):
                     files.append((lead + entry.name, entry.stat().st_mtime))
         return files, folders
+
+    def oldest(self, prefix: str) -> Iterator[tuple[str, float]]:
+        return iter(sorted(self.contents(prefix)[0]))
 
     def sync(self, names: list[str]) -> None:
         files = [self._file(name) for name in names]
@@ -464,6 +491,9 @@ class ObjectStore:
         obstore.put(self._store, name, data)
         return len(data)
 
+    def replace(self, name: str, data: bytes) -> None:
+        self.write(name, data)  # a PUT is whole: a reader sees the old object or the new
+
     @contextlib.contextmanager
     def writing(self, name: str) -> Iterator[IO[bytes]]:
         """A buffer (in memory, spilled to a local temporary file past ``_BUFFERED``), PUT
@@ -507,6 +537,16 @@ class ObjectStore:
         listed = obstore.list_with_delimiter(self._store, lead)
         files = [(str(o["path"]), o["last_modified"].timestamp()) for o in listed["objects"]]
         return files, [str(p).rstrip("/") for p in listed["common_prefixes"]]
+
+    def oldest(self, prefix: str) -> Iterator[tuple[str, float]]:
+        import obstore
+
+        folder = prefix.rstrip("/") + "/"
+        for chunk in obstore.list(self._store, folder, chunk_size=1000):
+            for item in chunk:
+                name = str(item["path"])
+                if "/" not in name.removeprefix(folder):
+                    yield name, item["last_modified"].timestamp()
 
     def sync(self, names: list[str]) -> None:
         """A PUT the store answered is durable."""

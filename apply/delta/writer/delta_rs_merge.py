@@ -20,11 +20,12 @@ from apply.batching.source import KeyedSource
 from apply.columns.columnar import arrow_schema
 from apply.core.records import CommitMark, WriteResult
 from apply.delta.files.store import TableStore
+from apply.delta.writer.checkpoint import keep_log_of
 from apply.delta.writer.kept_rows import KEPT
 from apply.delta.writer.key_lookup import keys_conflict
 from apply.delta.writer.local_tables import delta_rs_writes, marked, no_checkpoint
 from apply.delta.writer.open_table import LiveFile, OpenTable
-from apply.delta.writer.overwrite import checkpoint_due, hand_writable, keep_log, overwrite
+from apply.delta.writer.overwrite import hand_writable, keep_log, overwrite
 from apply.history.stamps import Stamping, stamped_schema
 from apply.plans.merge_plan import (
     ClauseKind,
@@ -150,7 +151,7 @@ def _rewrite(
     app_id, version = mark.txn
     counts = expected_counts(source.table)
     if hand_writable(open_table.table, rows):
-        own, written = overwrite(
+        own, written, actions = overwrite(
             open_table.store,
             open_table.version,
             live,
@@ -160,10 +161,8 @@ def _rewrite(
         )
         KEPT.forget(open_table.store.location, [file.name for file in live])
         KEPT.keep(open_table.store.location, own.name, rows)  # the next batch's ``current``
-        open_table.wrote(app_id, version, own)
-        configuration = open_table.configuration
-        if checkpoint_due(open_table.version, configuration, open_table.store.location):
-            keep_log(open_table.synced(), open_table.store.location)
+        open_table.wrote(app_id, version, own, actions=actions)
+        keep_log_of(open_table)
         return WriteResult(
             schema.table, open_table.version, *counts, written_bytes=written, durable=True
         )

@@ -14,7 +14,11 @@ protocol, schema and properties of the snapshot stay true meanwhile: an
 overwrite does not change them. What a batch reads of them (``fact``: the
 table's Arrow schema, its properties, whether a path may write it) is kept
 until the snapshot moves: asked of delta-rs at every batch, it was a few
-percent of a 200-table batch's Python.
+percent of a 200-table batch's Python. The actions of pgsub's own commits
+since the table's last checkpoint are kept too (``since``): its next
+checkpoint is made from them (``apply.delta.writer.checkpoint``), and the
+snapshot is then read from that checkpoint when next needed, not brought
+forward over every commit since.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from apply.delta.files.store import TableStore, canonical, commit_name
 
 if TYPE_CHECKING:
     import deltalake
+
+    from apply.delta.writer.checkpoint_actions import LogSince
 
 T = TypeVar("T")
 
@@ -63,6 +69,10 @@ class OpenTable:
         self._marks_at = -1
         self._asked: Callable[[], list[bool]] | None = None  # ``ask_latest``'s answer
         self._facts: dict[Hashable, Any] = {}  # ``fact``'s, of the snapshot as it is
+        # The log since its last checkpoint, as pgsub's own commits made it
+        # (``apply.delta.writer.checkpoint``); None: not known here.
+        self.since: LogSince | None = None
+        self._read_anew = False  # ``synced`` reads the snapshot from the latest checkpoint
 
     @property
     def version(self) -> int:
@@ -125,7 +135,29 @@ class OpenTable:
 
     def synced(self) -> deltalake.DeltaTable:
         """delta-rs's snapshot, brought up to the log's latest commit."""
+        if self._read_anew:
+            return self.reopened()
         self.table.update_incremental()
+        self._own = None
+        self._facts.clear()
+        return self.table
+
+    def checkpointed(self) -> None:
+        """pgsub wrote the table's checkpoint at its latest commit: delta-rs's snapshot,
+        when something next needs it, is read from there (``reopened``), not brought
+        forward over every commit since its version, each read twice. Until then it stays
+        as it is - its protocol, schema and properties are the table's - and asks nothing
+        of the store."""
+        self._read_anew = True
+
+    def reopened(self) -> deltalake.DeltaTable:
+        """delta-rs's snapshot read anew from the table's latest checkpoint and the
+        commits after it."""
+        import deltalake
+
+        options = dict(self.store.options) or None
+        self.table = deltalake.DeltaTable(self.store.location, storage_options=options)
+        self._read_anew = False
         self._own = None
         self._facts.clear()
         return self.table
@@ -166,12 +198,23 @@ class OpenTable:
         return self.current().transaction_version(app_id)
 
     def wrote(
-        self, app_id: str, batch_version: int, own: LiveFile | None = None, *, by_own: bool = False
+        self,
+        app_id: str,
+        batch_version: int,
+        own: LiveFile | None = None,
+        *,
+        by_own: bool = False,
+        actions: list[dict[str, Any]] | None = None,
     ) -> None:
         """This process just committed ``app_id``'s batch ``batch_version``: by delta-rs
         (the snapshot moved), by its own overwrite whose one file is ``own``, or by its own
-        deletion vector commit (``by_own``)."""
+        deletion vector commit (``by_own``); ``actions``: the commit's, if pgsub wrote
+        them (kept for the table's next checkpoint)."""
         before = self.version
+        if actions is not None and self.since is not None and self.since.version == before:
+            self.since.take(before + 1, actions)
+        else:
+            self.since = None  # the next checkpoint reads the log since the last one
         if own is not None or by_own:
             self._own = _Own(before + 1, own)
         else:  # delta-rs's commit moved the snapshot

@@ -16,8 +16,9 @@ commit of an overwrite is the simplest the protocol has, so pgsub writes it:
    ``commitInfo``
    with its ``userMetadata`` and a ``txnId`` of its own;
 3. every ``delta.checkpointInterval`` commits (100 unless set), a
-   checkpoint and the removal of expired log files, by delta-rs
-   (``keep_log``; the caller asks for them). Each table checkpoints at
+   checkpoint and the removal of expired log files: pgsub's own, from the
+   commits it made (``apply.delta.writer.checkpoint.keep_log_of``), else
+   by delta-rs (``keep_log``; the caller asks for them). Each table checkpoints at
    versions of its own (``checkpoint_due``): the tables one batch writes
    reach the same version together, and 200 checkpoints in one batch
    stalled it 6 s where a batch took 0.7 (docs/performance.md, "Many
@@ -195,11 +196,12 @@ def overwrite(
     rows: pa.Table,
     mark: CommitMark,
     before_commit: Callable[[], None] = lambda: None,
-) -> tuple[LiveFile, int]:
+) -> tuple[LiveFile, int, list[dict[str, object]]]:
     """``rows`` as the whole table in ``store``, whose latest version is ``version`` and
-    live files ``live``, in one commit carrying ``mark``: the new file, and the bytes
-    written (it and the commit). ``before_commit``: called once the file is written, before
-    its commit (a ``CommitRacedError`` from it: the file deleted, nothing committed)."""
+    live files ``live``, in one commit carrying ``mark``: the new file, the bytes written
+    (it and the commit) and the commit's actions. ``before_commit``: called once the file
+    is written, before its commit (a ``CommitRacedError`` from it: the file deleted,
+    nothing committed)."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     with store.writing(name) as file:
         pq.write_table(rows, file, compression="snappy")
@@ -234,7 +236,7 @@ def overwrite(
     except CommitRacedError:
         store.delete(name)
         raise
-    return LiveFile(name, name, size, rows.num_rows), written
+    return LiveFile(name, name, size, rows.num_rows), written, actions
 
 
 def _remove(file: LiveFile, now: int) -> dict[str, object]:

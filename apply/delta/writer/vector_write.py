@@ -60,15 +60,14 @@ from apply.core.errors import CommitRacedError
 from apply.core.maintenance_policy import PURGE_ABOVE
 from apply.delta.files.store import TableStore
 from apply.delta.writer import deletion_vectors
+from apply.delta.writer.checkpoint import keep_log_of
 from apply.delta.writer.deletion_vectors import Descriptor
 from apply.delta.writer.file_stats import FileStats, loosened
 from apply.delta.writer.kept_rows import KEPT, LARGEST
 from apply.delta.writer.key_index import Alive, KeyIndex, Match
 from apply.delta.writer.live_files import LiveFiles, VectorFile
 from apply.delta.writer.overwrite import (
-    checkpoint_due,
     commit,
-    keep_log,
     opening_actions,
 )
 from apply.plans.merge_plan import expected_counts
@@ -226,10 +225,8 @@ def write_by_vectors(
         state.index.committed(match.file.name, match.positions, unique)
     if written.new_file is not None:
         state.index.added(written.new_file, new_rows)
-    open_table.wrote(app_id, batch_version, by_own=True)  # no snapshot to bring forward
-    configuration = open_table.configuration
-    if checkpoint_due(version, configuration, open_table.store.location):
-        keep_log(open_table.synced(), open_table.store.location)
+    open_table.wrote(app_id, batch_version, by_own=True, actions=written.actions)
+    keep_log_of(open_table)
     return WriteResult(schema.table, version, *counts, written_bytes=size, durable=True)
 
 

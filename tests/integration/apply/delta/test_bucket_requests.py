@@ -30,6 +30,7 @@ from apply.columns.schema import target_schema
 from apply.core.records import CommitMark, StoredTableState
 from apply.delta.state_store import TableStateStore
 from apply.delta.tables import DeltaTables
+from apply.delta.writer import overwrite as own_commits
 from apply.delta.writer import vector_write
 from apply.delta.writer.local_tables import opened, read_subscription
 from apply.worker.applier import BatchApplier
@@ -302,3 +303,37 @@ def test_a_copy_reads_its_tables_log_once(spark: Any, bucket: Logged, tmp_path: 
     assert {r["id"]: r["v"] for r in found} == {
         i: "seven" if i == 7 else f"v{i}" for i in range(500)
     }
+
+
+def test_a_tables_checkpoint_reads_no_commit_it_made(
+    spark: Any, bucket: Logged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table's checkpoint is pgsub's, made from the commits it made: its last checkpoint
+    read once, the new one and its pointer PUT, one listing of the log's oldest files for
+    the expired ones, no commit read - delta-rs's read each commit since the last one four
+    times (412 GETs a checkpoint at the default interval). The first after the table is
+    opened reads each commit since the last checkpoint once."""
+    monkeypatch.setattr(own_commits, "_CHECKPOINT_INTERVAL", 10)
+    tables = DeltaTables(spark, bucket.warehouse, "sub1")
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    path = tables.path("public.t")
+    try:
+        applier.apply(batch(tx(*(ins(T, i, "a") for i in range(50)), end=100)))
+        for n in range(1, 12):  # through the first checkpoint
+            applier.apply(batch(tx(upd(T, n, f"b{n}"), end=100 + n * 10)))
+        bucket.since()
+        for n in range(12, 32):  # two more checkpoints, from what the writer holds
+            applier.apply(batch(tx(upd(T, n, f"b{n}"), end=100 + n * 10)))
+    finally:
+        applier.close()
+    made = of_table(bucket.since(), "t")
+    assert made["GetObject commit"] == 0, made
+    assert made["PutObject checkpoint"] == 4, made  # two checkpoints, two pointers
+    assert made["GetObject checkpoint"] == 2, made  # each one's base, whole: one GET
+    assert made["ListObjectsV2 log listing"] == 2, made  # the expired log's, from its start
+    assert_written_whole(made, 20, "data", "commit")
+    rows = opened(path).to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r["v"]) for r in rows) == [
+        (i, f"b{i}" if 1 <= i <= 31 else "a") for i in range(50)
+    ]
+    assert tables.applied_lsn("public.t") == Lsn(410)

@@ -5,7 +5,8 @@ opens what" checked against what each reader does with each kind of table pgsub 
 The commits: a small table rewritten whole (``apply.delta.writer.overwrite.overwrite``), a large
 transaction's inserts appended (``append``, through ``LocalMerges.append_staged``),
 deletion vectors (``apply.delta.writer.vector_write``) - and between them delta-rs's MERGE and
-overwrite, Spark's DELETE (its own vectors), checkpoints written by delta-rs and by Spark.
+overwrite, Spark's DELETE (its own vectors), checkpoints written by delta-rs, by Spark and by
+pgsub (``apply.delta.writer.checkpoint``).
 After each one the table is read by Spark, delta-rs (``to_pyarrow_table`` and its
 ``QueryBuilder``), polars, and pgsub's replay (``LiveFiles``: the live files, each less the
 rows its vector deletes), and compared with the rows the commits should have left.
@@ -35,7 +36,7 @@ from apply.core.records import CommitMark
 from apply.delta.files.store import LocalStore
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.delta.writer import deletion_vectors, delta_rs_merge, vector_write
+from apply.delta.writer import checkpoint, deletion_vectors, delta_rs_merge, vector_write
 from apply.delta.writer.live_files import LiveFiles, latest_version
 from apply.delta.writer.local_merge import LocalMerges
 from apply.plans.staging import StagedSource
@@ -147,6 +148,20 @@ class Model:
         self.spark.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('delta.checkpointInterval' = '1')")
         self.spark.sql(f"ALTER TABLE {ref} UNSET TBLPROPERTIES ('delta.checkpointInterval')")
         assert any(self.folder.glob("_delta_log/*.checkpoint.parquet"))
+
+    def merge_checkpointed_by_pgsub(
+        self, upserts: dict[int, str], deletes: Sequence[int] = ()
+    ) -> str:
+        """One batch through ``LocalMerges``, whose commit pgsub checkpoints itself
+        (``apply.delta.writer.checkpoint``: the last checkpoint and the commits since): the
+        engine that committed it."""
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(checkpoint, "checkpoint_due", lambda *args: True)
+            engine = self.merge(upserts, deletes)
+        version = deltalake.DeltaTable(self.path).version()
+        made = self.folder / "_delta_log" / f"{version:020d}.checkpoint.parquet"
+        assert str(pq.read_metadata(made).created_by).startswith("parquet-cpp-arrow")
+        return engine
 
     def checkpoint_by_delta_rs(self) -> None:
         table = deltalake.DeltaTable(self.path)
@@ -288,6 +303,8 @@ def test_a_table_without_vectors_through_every_commit_pgsub_makes(
     check_every_reader(spark, model, kind)
     assert model.append(range(1000, 3000), tmp_path) == own  # a large transaction's inserts
     check_every_reader(spark, model, kind)
+    assert model.merge_checkpointed_by_pgsub({9: "checkpointed"}, [10]) == own
+    check_every_reader(spark, model, kind)
     model.checkpoint_by_spark()
     monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)  # delta-rs's MERGE now
     assert model.merge({5: "merged", 2500: "merged", 4000: "new"}, [7, 1500]) == "delta-rs"
@@ -311,13 +328,14 @@ def test_a_table_with_vectors_through_every_commit_pgsub_makes(
     for step in range(steps):
         keys = range(step * 120, step * 120 + 100)
         upserts = {k: f"s{step}" for k in keys if k % 5}
-        assert model.merge(upserts, [k for k in keys if not k % 5][:10]) == "pgsub"
+        merge = model.merge_checkpointed_by_pgsub if step in (7, 26) else model.merge
+        assert merge(upserts, [k for k in keys if not k % 5][:10]) == "pgsub"
         if step == 5:
             model.checkpoint_by_delta_rs()
         if step == 10:
             model.spark_delete([4998, 4999])  # Spark's own vectors, which pgsub's replay reads
             model.checkpoint_by_spark()  # their descriptors in a checkpoint's add structs
-        if step in (0, 6, 11, 25, steps - 1):
+        if step in (0, 6, 7, 11, 25, 26, steps - 1):
             check_every_reader(spark, model, "deletionVectors")
     assert writers(model.folder).count("pgsub") == steps + 1  # every batch by pgsub's own commits
     store = LocalStore(model.path)

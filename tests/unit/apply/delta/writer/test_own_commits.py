@@ -94,7 +94,7 @@ def test_a_commit_is_put_once_and_durable_before_and_after_it_is_named(
     store = LocalStore(str(folder))
     synced.clear()
     live = OpenTable(store, deltalake.DeltaTable(str(folder))).files()
-    written, _ = overwrite(store, 0, live, ROWS, MARK)
+    written, _, _ = overwrite(store, 0, live, ROWS, MARK)
     data, log = str(folder / written.name), str(folder / "_delta_log")
     assert synced[0] == data  # the data file, before the commit that names it
     assert synced[1].startswith(f"{log}/.00000000000000000001.json.")  # the commit, whole
