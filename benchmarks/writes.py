@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apply.delta.files.store import LocalStore, commit_name
+from apply.delta.files.local_store import LocalStore
+from apply.delta.files.store import commit_name
 from apply.delta.spark.session import SparkSettings, build_session
 from apply.delta.writer.write_cost import commit_bytes
 from benchmarks.harness import (

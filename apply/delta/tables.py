@@ -56,12 +56,8 @@ from apply.core.records import (
 )
 from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import copy_into, copy_target, kept_copy, write_once
-from apply.delta.files.store import (
-    LocalStore,
-    commit_name,
-    folders_synced_together,
-    table_store,
-)
+from apply.delta.files.local_store import LocalStore, folders_synced_together
+from apply.delta.files.store import commit_name, table_store
 from apply.delta.files.store_check import LOCAL_WRITERS, round_trip, writers_for
 from apply.delta.marks import latest_mark
 from apply.delta.placement import Placement

@@ -10,7 +10,7 @@ addressing, credentials, plain HTTP) in its own words:
   (``spark_conf``), for ``s3a://`` and ``s3://`` alike;
 - delta-rs, through its ``storage_options`` (``delta_rs_options``: object
   store's ``AWS_*`` keys);
-- pgsub's own writer (``apply.delta.files.store.ObjectStore``): the same keys to
+- pgsub's own writer (``apply.delta.files.object_store.ObjectStore``): the same keys to
   obstore (object store's Python binding: conditional PUTs for the commit
   files), and a pyarrow file system for the Parquet files.
 

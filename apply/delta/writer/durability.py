@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import threading
 
-from apply.delta.files.store import LocalStore, commit_name
+from apply.delta.files.local_store import LocalStore
+from apply.delta.files.store import commit_name
 from apply.delta.writer.live_files import make_durable
 from apply.delta.writer.local_tables import folder
 

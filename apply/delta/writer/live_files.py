@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, ClassVar, Final
 import pyarrow.parquet as pq
 
 from apply.core.errors import TargetTableError
-from apply.delta.files.store import LOG, LocalStore, canonical, commit_name
+from apply.delta.files.local_store import LocalStore
+from apply.delta.files.store import LOG, canonical, commit_name
 from apply.delta.writer.deletion_vectors import Descriptor
 
 if TYPE_CHECKING:

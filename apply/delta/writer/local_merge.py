@@ -63,7 +63,8 @@ from apply.batching.source import PRESENT, KeyedSource, keyed_source
 from apply.core.errors import CommitRacedError, TargetTableError
 from apply.core.features import PORTABLE, FeatureMode, TableFeatures, write_gain
 from apply.core.records import CommitMark, WriteResult
-from apply.delta.files.store import LocalStore, TableStore, table_store
+from apply.delta.files.local_store import LocalStore
+from apply.delta.files.store import TableStore, table_store
 from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.deletion_vectors import DeletionVectorError
 from apply.delta.writer.delta_rs_merge import (

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Final
 import pyarrow as pa
 
 from apply.core.errors import TargetTableError
+from apply.delta.files.local_store import LocalStore
 from apply.delta.files.storage import delta_rs_options, is_object_store
-from apply.delta.files.store import LOG, LocalStore, canonical, commit_name, table_store
+from apply.delta.files.store import LOG, canonical, commit_name, table_store
 from apply.delta.writer.live_files import latest_version, make_durable, newest_commit
 
 if TYPE_CHECKING:

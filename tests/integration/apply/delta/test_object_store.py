@@ -22,8 +22,9 @@ from apply.core.errors import CommitRacedError
 from apply.core.features import TableFeatures
 from apply.core.maintenance_policy import retention_properties
 from apply.core.records import CommitMark, StoredTableState
+from apply.delta.files.object_store import ObjectStore
 from apply.delta.files.storage import storage_for
-from apply.delta.files.store import ObjectStore, commit_name, table_store
+from apply.delta.files.store import commit_name, table_store
 from apply.delta.spark.maintenance import Grown, is_delta_table, tend
 from apply.delta.state_store import CheckpointStore, TableStateStore
 from apply.delta.tables import DeltaTables

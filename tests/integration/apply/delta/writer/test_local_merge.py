@@ -16,7 +16,7 @@ from apply.batching.collapse import KeyedNet
 from apply.columns.schema import target_schema
 from apply.core.errors import CommitRacedError
 from apply.core.records import CommitMark
-from apply.delta.files.store import LocalStore
+from apply.delta.files.local_store import LocalStore
 from apply.delta.tables import DeltaTables
 from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.local_merge import merge_locally

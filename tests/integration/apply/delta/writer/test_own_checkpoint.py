@@ -16,7 +16,8 @@ import pytest
 
 from apply.core.features import FeatureMode, TableFeatures
 from apply.core.records import CommitMark
-from apply.delta.files.store import LocalStore, commit_name
+from apply.delta.files.local_store import LocalStore
+from apply.delta.files.store import commit_name
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
 from apply.delta.writer import overwrite as own_commits

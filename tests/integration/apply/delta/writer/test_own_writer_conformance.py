@@ -33,10 +33,16 @@ from apply.columns.change_columns import ChangeColumns
 from apply.columns.schema import target_schema
 from apply.core.features import FeatureMode, TableFeatures
 from apply.core.records import CommitMark
-from apply.delta.files.store import LocalStore
+from apply.delta.files.local_store import LocalStore
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.delta.writer import checkpoint, deletion_vectors, delta_rs_merge, vector_write
+from apply.delta.writer import (
+    checkpoint,
+    deletion_vectors,
+    delta_rs_merge,
+    overwrite,
+    vector_write,
+)
 from apply.delta.writer.live_files import LiveFiles, latest_version
 from apply.delta.writer.local_merge import LocalMerges
 from apply.plans.staging import StagedSource
@@ -149,18 +155,21 @@ class Model:
         self.spark.sql(f"ALTER TABLE {ref} UNSET TBLPROPERTIES ('delta.checkpointInterval')")
         assert any(self.folder.glob("_delta_log/*.checkpoint.parquet"))
 
-    def merge_checkpointed_by_pgsub(
-        self, upserts: dict[int, str], deletes: Sequence[int] = ()
+    def merge_checkpointed(
+        self, upserts: dict[int, str], deletes: Sequence[int] = (), *, by: str = "pgsub"
     ) -> str:
-        """One batch through ``LocalMerges``, whose commit pgsub checkpoints itself
-        (``apply.delta.writer.checkpoint``: the last checkpoint and the commits since): the
-        engine that committed it."""
+        """One batch through ``LocalMerges``, whose commit is then checkpointed: by pgsub
+        itself (``apply.delta.writer.checkpoint``: the last checkpoint and the commits
+        since), or by delta-rs where the last checkpoint is one pgsub does not follow
+        (Spark's, in another schema). The engine that committed the batch."""
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(checkpoint, "checkpoint_due", lambda *args: True)
+            patch.setattr(overwrite, "checkpoint_due", lambda *args: True)
             engine = self.merge(upserts, deletes)
         version = deltalake.DeltaTable(self.path).version()
         made = self.folder / "_delta_log" / f"{version:020d}.checkpoint.parquet"
-        assert str(pq.read_metadata(made).created_by).startswith("parquet-cpp-arrow")
+        library = {"pgsub": "parquet-cpp-arrow", "delta-rs": "parquet-rs"}[by]
+        assert str(pq.read_metadata(made).created_by).startswith(library)
         return engine
 
     def checkpoint_by_delta_rs(self) -> None:
@@ -284,6 +293,13 @@ KINDS = ("plain", "timestampNtz", "columnMapping", "typeWidening", "deletionVect
 # -- the tests ---------------------------------------------------------------------------
 
 
+def no_checkpoints_but_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No checkpoint at the table's own versions (they hang on pytest's folder name), only
+    where a test asks for one: each test's checkpoints are the same each run."""
+    monkeypatch.setattr(checkpoint, "checkpoint_due", lambda *args: False)
+    monkeypatch.setattr(overwrite, "checkpoint_due", lambda *args: False)
+
+
 def test_the_documented_table_names_every_reader_and_kind() -> None:
     table = documented_readers()
     assert sorted(table) == sorted(READER_NAMES)
@@ -295,6 +311,7 @@ def test_a_table_without_vectors_through_every_commit_pgsub_makes(
     spark: Any, warehouse: Path, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = Model(spark, warehouse, PLAIN if kind == "plain" else STAMPED, vectors=False)
+    no_checkpoints_but_asked(monkeypatch)
     own = "pgsub"  # timestampNtz too: a feature its own commits meet
     assert model.merge({k: "first" for k in range(100)}) == own  # rewritten whole
     check_every_reader(spark, model, kind)
@@ -303,7 +320,7 @@ def test_a_table_without_vectors_through_every_commit_pgsub_makes(
     check_every_reader(spark, model, kind)
     assert model.append(range(1000, 3000), tmp_path) == own  # a large transaction's inserts
     check_every_reader(spark, model, kind)
-    assert model.merge_checkpointed_by_pgsub({9: "checkpointed"}, [10]) == own
+    assert model.merge_checkpointed({9: "checkpointed"}, [10]) == own
     check_every_reader(spark, model, kind)
     model.checkpoint_by_spark()
     monkeypatch.setattr(delta_rs_merge, "REWRITE_MAX_BYTES", -1)  # delta-rs's MERGE now
@@ -321,6 +338,7 @@ def test_a_table_with_vectors_through_every_commit_pgsub_makes(
     # last fold of these 40 batches takes every file with a vector, and whether a run met it
     # hung on pytest's temporary folder. Fixed here, so the end state is the same each run.
     monkeypatch.setattr(vector_write, "fold_at", lambda location: 23)
+    no_checkpoints_but_asked(monkeypatch)
     model = Model(spark, warehouse, PLAIN, vectors=True)
     model.merge({k: "first" for k in range(5000)})
     check_every_reader(spark, model, "deletionVectors")
@@ -328,14 +346,19 @@ def test_a_table_with_vectors_through_every_commit_pgsub_makes(
     for step in range(steps):
         keys = range(step * 120, step * 120 + 100)
         upserts = {k: f"s{step}" for k in keys if k % 5}
-        merge = model.merge_checkpointed_by_pgsub if step in (7, 26) else model.merge
-        assert merge(upserts, [k for k in keys if not k % 5][:10]) == "pgsub"
+        deletes = [k for k in keys if not k % 5][:10]
+        if step in (7, 27):  # after delta-rs's checkpoint; after the one below
+            assert model.merge_checkpointed(upserts, deletes) == "pgsub"
+        elif step == 26:  # after Spark's checkpoint (step 10): delta-rs's
+            assert model.merge_checkpointed(upserts, deletes, by="delta-rs") == "pgsub"
+        else:
+            assert model.merge(upserts, deletes) == "pgsub"
         if step == 5:
             model.checkpoint_by_delta_rs()
         if step == 10:
             model.spark_delete([4998, 4999])  # Spark's own vectors, which pgsub's replay reads
             model.checkpoint_by_spark()  # their descriptors in a checkpoint's add structs
-        if step in (0, 6, 7, 11, 25, 26, steps - 1):
+        if step in (0, 6, 7, 11, 25, 26, 27, steps - 1):
             check_every_reader(spark, model, "deletionVectors")
     assert writers(model.folder).count("pgsub") == steps + 1  # every batch by pgsub's own commits
     store = LocalStore(model.path)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from apply.delta.files.store import LocalStore
+from apply.delta.files.local_store import LocalStore
 from apply.delta.writer.checkpoint import _kept_rows, _retention_ms, clean_log
 from apply.delta.writer.checkpoint_actions import SCHEMA, LogSince, file_key
 from apply.delta.writer.overwrite import checkpoint_due

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apply.delta.files.store import LocalStore
+from apply.delta.files.local_store import LocalStore
 from apply.delta.writer import deletion_vectors as dv
 
 

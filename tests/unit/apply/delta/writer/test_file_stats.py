@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from apply.core.records import CommitMark
-from apply.delta.files.store import LocalStore
+from apply.delta.files.local_store import LocalStore
 from apply.delta.writer import file_stats
 from apply.delta.writer.file_stats import STRING_PREFIX, FileStats, loosened
 from apply.delta.writer.open_table import OpenTable

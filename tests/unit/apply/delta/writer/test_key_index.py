@@ -11,7 +11,7 @@ import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from apply.delta.files.store import LocalStore
+from apply.delta.files.local_store import LocalStore
 from apply.delta.writer.key_index import KeyIndex, lookup_keys
 
 TYPES = pa.schema(

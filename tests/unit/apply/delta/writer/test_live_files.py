@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from apply.delta.files.store import LocalStore, canonical
+from apply.delta.files.local_store import LocalStore
+from apply.delta.files.store import canonical
 from apply.delta.writer.live_files import LiveFiles, UnreadableLogError, latest_version
 
 

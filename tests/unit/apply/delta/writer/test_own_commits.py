@@ -18,7 +18,8 @@ import pytest
 from apply.columns.schema import TargetSchema
 from apply.core.errors import CommitRacedError
 from apply.core.records import CommitMark
-from apply.delta.files.store import LocalStore, commit_name, folders_synced_together
+from apply.delta.files.local_store import LocalStore, folders_synced_together
+from apply.delta.files.store import commit_name
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import make_durable
 from apply.delta.writer.open_table import OpenTable
