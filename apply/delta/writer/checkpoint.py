@@ -74,12 +74,12 @@ def keep_log_of(open_table: OpenTable) -> None:
     removal of its expired log files."""
     store = open_table.store
     version = open_table.version
-    if not checkpoint_due(version, open_table.configuration, store.location):
+    configuration = open_table.configuration
+    if not checkpoint_due(version, configuration, store.location):
         return
     since = open_table.since
     if since is None or since.version != version or not since.followed:
         since = _read_since(store, version)
-    configuration = open_table.configuration
     if since is None or not since.followed:
         keep_log(open_table.synced(), store.location)
     else:
@@ -195,34 +195,22 @@ def _kept_rows(base: pa.Table, since: LogSince, cutoff: int) -> pa.Table | None:
         pc.and_(pc.fill_null(pc.is_valid(removes), False), pc.fill_null(recent, False)),
         pc.invert(pc.fill_null(pc.is_in(_file_keys(removes), removed_again), False)),
     )
-    txns = base.column("txn")
-    keep_txn = pc.and_(
-        pc.fill_null(pc.is_valid(txns), False),
-        pc.invert(
-            pc.fill_null(
-                pc.is_in(pc.struct_field(txns, "appId"), pa.array(list(since.txns), pa.string())),
-                False,
-            )
-        ),
-    )
-    domains = base.column("domainMetadata")
-    keep_domain = pc.and_(
-        pc.fill_null(pc.is_valid(domains), False),
-        pc.invert(
-            pc.fill_null(
-                pc.is_in(
-                    pc.struct_field(domains, "domain"), pa.array(list(since.domains), pa.string())
-                ),
-                False,
-            )
-        ),
-    )
+    keep_txn = _not_replaced(base.column("txn"), "appId", since.txns)
+    keep_domain = _not_replaced(base.column("domainMetadata"), "domain", since.domains)
     keep_protocol = pc.and_(pc.is_valid(base.column("protocol")), since.protocol is None)
     keep_metadata = pc.and_(pc.is_valid(base.column("metaData")), since.metadata is None)
     keep = keep_add
     for mask in (keep_remove, keep_txn, keep_domain, keep_protocol, keep_metadata):
         keep = pc.or_(keep, mask)
     return base.filter(keep)
+
+
+def _not_replaced(rows: pa.ChunkedArray, name: str, replaced: Mapping[str, Any]) -> pa.ChunkedArray:
+    """Which of ``rows`` (a struct column) hold an action whose ``name`` field is not among
+    ``replaced``."""
+    names = pa.array(list(replaced), pa.string())
+    found = pc.fill_null(pc.is_in(pc.struct_field(rows, name), names), False)
+    return pc.and_(pc.fill_null(pc.is_valid(rows), False), pc.invert(found))
 
 
 def _file_keys(files: pa.ChunkedArray) -> pa.ChunkedArray:
