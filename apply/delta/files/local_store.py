@@ -139,6 +139,9 @@ class LocalStore:
     def replace(self, name: str, data: bytes) -> None:
         with self._beside(name, data) as (temporary, final):
             os.replace(temporary, final)
+        # The name is durable before the call returns, not at the batch's end: a checkpoint's
+        # name must survive a power loss that ``_last_checkpoint``, replaced next, survives.
+        _sync_folder(os.path.dirname(final))
 
     def put_if_absent(self, name: str, data: bytes) -> bool:
         with self._beside(name, data) as (temporary, final):

@@ -105,7 +105,8 @@ class TableStore(Protocol):
 
     def replace(self, name: str, data: bytes) -> None:
         """``data`` as the file ``name``, whole, over what the name held: a reader sees the
-        old file or the new one, never a part (a checkpoint, ``_last_checkpoint``)."""
+        old file or the new one, never a part (a checkpoint, ``_last_checkpoint``). Durable
+        when it returns, its name too: what is replaced next may name it."""
         ...
 
     def delete(self, name: str) -> None:

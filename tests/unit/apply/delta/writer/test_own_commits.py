@@ -143,6 +143,28 @@ def test_a_batchs_commits_name_their_folders_durable_together_at_its_end(
     assert synced[-2:] == [str(folders[1] / "_delta_log"), str(folders[1])]
 
 
+def test_a_replaced_file_and_its_name_are_durable_before_the_next_is_replaced(
+    tmp_path: Path, synced: list[str]
+) -> None:
+    """A checkpoint, then ``_last_checkpoint`` naming it: after a power loss the second
+    never names a checkpoint whose name was lost - also within a batch's block, which
+    otherwise leaves folders to its end."""
+    folder = _table(tmp_path)
+    store = LocalStore(str(folder))
+    log = str(folder / "_delta_log")
+    synced.clear()
+    with folders_synced_together():
+        store.replace("_delta_log/00000000000000000000.checkpoint.parquet", b"PAR1")
+        store.replace("_delta_log/_last_checkpoint", b'{"version": 0}')
+        assert len(synced) == 4
+    assert synced[0].startswith(f"{log}/.00000000000000000000.checkpoint.parquet.")
+    assert synced[1] == log  # its name, before the next file is written
+    assert synced[2].startswith(f"{log}/._last_checkpoint.")
+    assert synced[3] == log
+    assert (folder / "_delta_log" / "_last_checkpoint").read_bytes() == b'{"version": 0}'
+    assert not list((folder / "_delta_log").glob(".*"))  # no temporary file left
+
+
 def test_another_engines_commit_is_made_durable_with_its_files(
     tmp_path: Path, synced: list[str]
 ) -> None:
