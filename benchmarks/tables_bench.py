@@ -202,6 +202,7 @@ def run_pgsub(
     figures.notes.append(f"max_sync_workers {args.sync_workers}, as the native subscriber's")
     figures.notes.append(f"history: {args.history}; warehouse: {warehouse.location}")
     figures.notes.append(f"batch.max_delay: {args.max_delay} s")
+    figures.notes.append(f"checkpoint_interval: {args.checkpoint_interval:g} s")
     with PgsubRun(
         spark,
         warehouse=warehouse,
@@ -212,6 +213,7 @@ def run_pgsub(
         max_sync_workers=args.sync_workers,
         history={"mode": args.history},
         batch={"max_delay": args.max_delay},
+        checkpoint_interval=args.checkpoint_interval,
         maintenance=(
             MaintenanceConfig(interval=args.maintenance_interval, retention=3600)
             if args.maintenance_interval
@@ -256,6 +258,12 @@ def main() -> None:
     parser.add_argument("--sync-workers", type=int, default=4)
     parser.add_argument("--drain-timeout", type=float, default=900)
     parser.add_argument("--max-delay", type=float, default=1.0, help="pgsub's batch.max_delay (s)")
+    parser.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=10.0,
+        help="pgsub's checkpoint_interval (s): a batch that takes nothing ahead at each",
+    )
     parser.add_argument(
         "--history",
         choices=["mirror", "soft_delete", "changelog", "scd2"],

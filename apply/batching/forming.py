@@ -34,6 +34,7 @@ ahead and collapsed at its turn.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -82,22 +83,37 @@ class Formed:
     nets: dict[str, KeyedNet]
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A table's changes taken out of the forming batch by its write in the batch before,
+    as that write starts (``Forming.take_table``)."""
+
+    changes: list[TableChange]  # each indexed by its transaction in ``transactions``
+    transactions: tuple[RemoteTransaction, ...]  # the forming batch's so far, in order
+
+
 @dataclass
 class Forming:
-    """The open batch's work, formed as its transactions are added."""
+    """The open batch's work, formed as its transactions are added.
+
+    Added to by the apply thread; a write of the batch before takes its table's changes out
+    (``take_table``) from a writer thread, so both hold ``_lock``."""
 
     view: FormingView
     abandoned: str | None = None  # why (None: formed so far)
-    _count: int = 0
-    _last: RemoteTransaction | None = None
+    _txs: list[RemoteTransaction] = field(default_factory=list)
     _states: object = None
     _tables: dict[str, _Table] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, tx: RemoteTransaction) -> None:
         """``tx`` joins the open batch (after every transaction added before it)."""
-        index = self._count
-        self._count += 1
-        self._last = tx
+        with self._lock:
+            self._add(tx)
+
+    def _add(self, tx: RemoteTransaction) -> None:
+        index = len(self._txs)
+        self._txs.append(tx)
         if self.abandoned is not None:
             return
         if index == 0:
@@ -155,18 +171,49 @@ class Forming:
         """The formed work when it is ``batch``'s, as ``Batch.tables`` and ``collapse`` would
         make it now; None: split and collapse ``batch`` at its turn. The next batch forms
         anew."""
-        try:
-            formed = self._formed(batch)
-        except Exception:  # noqa: BLE001 - met again at the batch's turn, and raised
-            formed = None
-        self.abandoned, self._count, self._last, self._states = None, 0, None, None
-        self._tables = {}
+        with self._lock:
+            try:
+                formed = self._formed(batch)
+            except Exception:  # noqa: BLE001 - met again at the batch's turn, and raised
+                formed = None
+            self.abandoned, self._txs, self._states = None, [], None
+            self._tables = {}
         return formed
+
+    def take_table(self, name: str, relation: Relation) -> Taken | None:
+        """The table's changes in the forming batch so far, taken out of it for the write of
+        the batch before, which starts now: that write brings the table to the forming
+        batch's last transaction, so a table's changes wait for its next write, not for every
+        table of the batch before and then of their own (docs/apply.md, "A table's write
+        takes what has arrived for it"). None: none are taken - the table has none, its
+        columns are not ``relation``'s, its changes are not collapsed ahead (no key, history
+        kept), the batch is abandoned or its table states moved."""
+        with self._lock:
+            table = self._tables.get(name)
+            if self.abandoned is not None or table is None or table.net is None:
+                return None
+            if relation is not table.work.relation and relation != table.work.relation:
+                return None
+            if self.view.table_states() != self._states:
+                return None
+            del self._tables[name]
+            return Taken(table.work.changes, tuple(self._txs))
+
+    def pending(self) -> tuple[int | None, tuple[RemoteTransaction, ...]]:
+        """The forming batch's transactions so far, and the index of the first with a change
+        not taken out yet (None: none has). An abandoned batch: all of them pending."""
+        with self._lock:
+            txs = tuple(self._txs)
+            if self.abandoned is not None:
+                return (0 if txs else None), txs
+            first = min((table.work.changes[0].tx for table in self._tables.values()), default=None)
+            return first, txs
 
     def _formed(self, batch: Batch) -> Formed | None:
         if self.abandoned is not None or not batch.transactions:
             return None
-        if self._count != len(batch.transactions) or self._last is not batch.transactions[-1]:
+        txs = self._txs
+        if len(txs) != len(batch.transactions) or txs[-1] is not batch.transactions[-1]:
             return None  # not the batch formed (one cut by a spooled transaction, say)
         if self.view.table_states() != self._states:
             return None
@@ -179,6 +226,15 @@ class Forming:
                 _fold(table)
                 nets[name] = table.net
         return Formed({name: table.work for name, table in self._tables.items()}, nets)
+
+
+def fold_taken(net: KeyedNet, taken: Taken, before: int) -> None:
+    """Fold the changes ``taken`` from the forming batch into ``net``, the net effect of a
+    batch of ``before`` transactions: the net effect of that batch followed by the
+    transactions ``taken`` saw, each change counted at its transaction's place in both."""
+    changes = [TableChange(c.tx + before, c.change, c.position) for c in taken.changes]
+    fold_keyed(net, changes, Layout(net.relation))
+    net.commits += tuple((int(tx.end_lsn), tx.commit_time) for tx in taken.transactions)
 
 
 def _empty_net(relation: Relation) -> KeyedNet:

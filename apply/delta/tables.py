@@ -56,7 +56,11 @@ from apply.core.records import (
 )
 from apply.delta.appends import LocalAppends, append_messages
 from apply.delta.copy import copy_into, copy_target, kept_copy, write_once
-from apply.delta.files.local_store import LocalStore, folders_synced_together
+from apply.delta.files.local_store import (
+    LocalStore,
+    folders_synced_together,
+    sync_named_folders,
+)
 from apply.delta.files.store import commit_name, table_store
 from apply.delta.files.store_check import LOCAL_WRITERS, round_trip, writers_for
 from apply.delta.marks import latest_mark
@@ -528,6 +532,17 @@ class DeltaTables:
         with self.exclusive(MESSAGES_TABLE):
             target = self.target(MESSAGES_TABLE)
             return self._settled(target.path, append_messages(target, rows, mark), rows.nbytes)
+
+    def holds_commit(self, table: str, version: int, mark: CommitMark) -> bool:
+        """Whether version ``version`` of ``table`` is still the commit made for ``mark``
+        (``verify_commit``, without its repair)."""
+        if not self._on_local_disk:
+            return True
+        return carries(LocalStore(folder(self.path(table))), version, mark)
+
+    def names_durable(self) -> None:
+        """Within ``written_together``: the names of the commits made so far durable now."""
+        sync_named_folders()
 
     def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
         """Raise if version ``version`` of ``table`` is no longer the commit made for ``mark``.

@@ -88,6 +88,16 @@ class Tables(Protocol):
 
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult: ...
 
+    def names_durable(self) -> None:
+        """Within ``written_together``: what the writes that ended left to make durable is
+        made so now (a batch confirms them before its last table is written)."""
+        ...
+
+    def holds_commit(self, table: str, version: int, mark: CommitMark) -> bool:
+        """Whether version ``version`` of ``table`` is still the commit made for ``mark``
+        (``verify_commit``, answered)."""
+        ...
+
     def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
         """Raise a ``TargetTableError`` if version ``version`` of ``table`` is no longer the
         commit made for ``mark`` (another engine replaced it); asked before the commit's

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextvars import copy_context
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +36,7 @@ from apply.arrival.spool import SpooledTransaction
 from apply.batching.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.batching.conflict_handling import ConflictHandling
 from apply.batching.error_context import TransactionError
-from apply.batching.forming import Formed, Forming
+from apply.batching.forming import Formed, Forming, Taken, fold_taken
 from apply.columns.schema import TargetSchema, target_schema
 from apply.columns.typemap import TypeLookup, resolve
 from apply.core.batch import Batch, TableFilter, TableWork
@@ -69,9 +69,20 @@ log = structlog.get_logger(__name__)
 
 
 # Called every ``FORM_EVERY`` seconds while a batch's tables are written: it takes what has
-# arrived for the next batch. False: it takes no more now (the writes are then waited for).
+# arrived for the next batch. False: it takes no more now.
 WhileWriting = Callable[[], bool]
 FORM_EVERY = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """A formed batch whose writes run ahead (docs/apply.md, "A table's write takes what has
+    arrived for it"): each table's write, as it starts, takes the table's changes that have
+    arrived for the next batch (``Forming.take_table``), and ``confirm`` is told, as the
+    writes end, the end LSN through which every transaction is durable in every table it
+    changes - before the batch's last table is written."""
+
+    confirm: Callable[[Lsn], None]
 
 
 class BatchApplier:
@@ -101,6 +112,10 @@ class BatchApplier:
         self._within: dict[str, Within | None] = {}
         self._schemas: dict[str, tuple[Relation, TargetSchema]] = {}
         self._followed: set[str] = set()  # tables whose schema change this batch followed
+        # Of the batch being written: the tables whose write ended durable (``_settle``), and
+        # their commits, read back then (``verify`` reads no commit twice).
+        self._settled: set[str] = set()
+        self._verified: set[tuple[str, int]] = set()
         self._ddl = SchemaFollower(subscription, tables, types, self._applies, self.applied_lsn)
         self._keeps_messages = messages  # messages: true (else only DDL ones arrive)
         self._pool = ThreadPoolExecutor(max_workers=tables.writers, thread_name_prefix="merge")
@@ -223,12 +238,14 @@ class BatchApplier:
         batch: Batch,
         formed: Formed | None = None,
         while_writing: WhileWriting | None = None,
+        ahead: Ahead | None = None,
     ) -> BatchResult:
         """Apply ``batch``; on error nothing is confirmed and the batch may be applied again.
 
         ``formed``: the batch's work as it formed (``apply.batching.forming``), else it is split and
         collapsed now. ``while_writing`` is called while the tables are written (the next
-        batch forms meanwhile).
+        batch forms meanwhile). ``ahead``: the writes of a formed batch take what has
+        arrived for their tables meanwhile (``Ahead``).
 
         A transaction that changes a table's columns (``apply.schema_changes.ddl``) splits the
         batch: the
@@ -249,36 +266,106 @@ class BatchApplier:
         for name, change in followed.items():
             if name in work:  # images sent before the change, read under the new names
                 work[name] = renamed_work(work[name], change)
+        self._settled.clear()
+        self._verified.clear()
+        messages = self._messages(batch)
+        if while_writing is None or followed or messages is not None:
+            ahead = None  # the messages table is written last: nothing is confirmed before
         with self._tables.written_together():
-            writes = self._submit(batch, work, formed)
+            writes = self._submit(batch, work, formed, ahead is not None)
             if while_writing is not None:
-                _meanwhile([write.future for write in writes], while_writing)
-            messages = self._messages(batch)
+                settle = None if ahead is None else partial(self._settle, batch, writes, ahead)
+                _meanwhile([write.future for write in writes], while_writing, settle)
             results = self._collect(batch, writes)
             if messages is not None:
                 results.append(self._write_messages(batch, messages))
-        return BatchResult(batch.end_lsn, tuple(results), formed=formed is not None)
+        took = sum(1 for write in writes if write.taken)
+        return BatchResult(batch.end_lsn, tuple(results), formed=formed is not None, ahead=took)
 
     def _submit(
-        self, batch: Batch, work: dict[str, TableWork], formed: Formed | None
+        self, batch: Batch, work: dict[str, TableWork], formed: Formed | None, ahead: bool
     ) -> list[_Write]:
-        """Each table's write of ``batch``, started on the pool."""
+        """Each table's write of ``batch``, started on the pool; ``ahead``: a keyed table's
+        takes what has arrived for it as it starts (``_taking``)."""
         commits = tuple((int(tx.end_lsn), tx.commit_time) for tx in batch.transactions)
         writes = []
         for name, table_work in work.items():
             mark = self._mark(batch, name)
             try:
                 schema = self._schema(table_work)
-                net = None if formed is None else formed.nets.get(name)
+                net: Net | None = None if formed is None else formed.nets.get(name)
+                if ahead and net is None and self._plainly_written(name, schema):
+                    net = self._net(table_work)
                 write = self._writer(table_work, schema, batch, mark, commits, net)
                 if write is None:
                     continue
             except Exception as exc:
                 cause = as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, None, batch) from exc
+            first = table_work.changes[0].tx if table_work.changes else 0
+            taken: list[_Taken] = []
+            if ahead and isinstance(net, KeyedNet) and mark.within is None:
+                write = partial(self._taking, table_work.relation, schema, net, mark, batch, taken)
             future = self._pool.submit(copy_context().run, self._timed, write)
-            writes.append(_Write(name, schema, mark, len(table_work.changes), future))
+            writes.append(_Write(name, schema, mark, len(table_work.changes), future, first, taken))
         return writes
+
+    def _plainly_written(self, table: str, schema: TargetSchema) -> bool:
+        """Whether the table's batch is written as its net effect (not its change rows)."""
+        return not self._tables.appends_changes(table) and not self._tables.keeps_versions(schema)
+
+    def _taking(
+        self,
+        relation: Relation,
+        schema: TargetSchema,
+        net: Net,
+        mark: CommitMark,
+        batch: Batch,
+        taken: list[_Taken],
+    ) -> WriteResult:
+        """A keyed table's write of ``batch`` (on the pool) with the table's changes that have
+        arrived for the next batch, taken as it starts: its commit brings the table to the
+        forming batch's last transaction."""
+        assert isinstance(net, KeyedNet)
+        took = self.forming.take_table(relation.qualified_name, relation)
+        if took is not None:
+            fold_taken(net, took, len(batch.transactions))
+            last = took.transactions[-1]
+            mark = CommitMark(self.subscription, last.end_lsn, last.commit_time)
+            taken.append(_Taken(took, mark, Batch([*batch.transactions, *took.transactions])))
+        return self._tables.write(schema, net, mark, self._resolutions)
+
+    def _settle(self, batch: Batch, writes: list[_Write], ahead: Ahead) -> None:
+        """While ``batch`` is written: the writes that ended made durable (their folders
+        fsynced, each commit read back as ``verify`` does), then ``ahead.confirm`` told how
+        far every transaction of this batch and of the forming one is: up to the first with
+        a change not yet durable in its table."""
+        settled = self._settled
+        ended = [w for w in writes if w.name not in settled and w.future.done()]
+        ended = [w for w in ended if w.future.exception() is None]
+        if ended:
+            self._tables.names_durable()
+            for write in ended:
+                written, _ = write.future.result()
+                mark = write.taken[0].mark if write.taken else write.mark
+                version = written.version
+                if version is not None:
+                    if not self._tables.holds_commit(write.name, version, mark):
+                        return  # replaced by another engine: ``verify`` fails the batch
+                    self._verified.add((write.name, version))
+                settled.add(write.name)
+        txs = batch.transactions
+        first = min((w.first for w in writes if w.name not in settled), default=None)
+        forming_first, forming = self.forming.pending()
+        if first is None and forming_first is not None:
+            first = len(txs) + forming_first
+        if first == 0:
+            return
+        if first is None:
+            last = forming[-1] if forming else txs[-1]
+        else:
+            last = txs[first - 1] if first <= len(txs) else forming[first - 1 - len(txs)]
+        ahead.confirm(last.end_lsn)
 
     def _collect(self, batch: Batch, writes: list[_Write]) -> list[TableResult]:
         """Each table's commit, once every write ended; the first failure is raised."""
@@ -286,22 +373,27 @@ class BatchApplier:
         failure: TransactionError | None = None
         for write in writes:
             name, schema = write.name, write.schema
+            # A write that took the table's changes of the next batch: their transactions too.
+            took = write.taken[0] if write.taken else None
+            context = batch if took is None else took.batch
+            mark = write.mark if took is None else took.mark
             try:
                 written, seconds = write.future.result()
             except ConflictError as exc:
-                self._conflicts.report(exc.findings, schema, batch, stopping=exc.kind)
-                tx = batch.transactions[exc.tx_index]
-                failure = failure or TransactionError(exc, self.subscription, name, tx, batch)
+                self._conflicts.report(exc.findings, schema, context, stopping=exc.kind)
+                tx = context.transactions[exc.tx_index]
+                failure = failure or TransactionError(exc, self.subscription, name, tx, context)
                 continue
             except Exception as exc:  # noqa: BLE001 - re-raised with its table and transactions
                 cause = as_apply_error(exc)
-                failure = failure or TransactionError(cause, self.subscription, name, None, batch)
+                failure = failure or TransactionError(cause, self.subscription, name, None, context)
                 continue
-            if write.mark.within is None:
-                self._applied[name] = batch.end_lsn
-            self._within[name] = write.mark.within
-            self._conflicts.report(written.conflicts, schema, batch)
-            results.append(TableResult(name, written, seconds, write.changes, write.mark))
+            if mark.within is None:
+                self._applied[name] = mark.lsn
+            self._within[name] = mark.within
+            self._conflicts.report(written.conflicts, schema, context)
+            changes = write.changes + (0 if took is None else len(took.taken.changes))
+            results.append(TableResult(name, written, seconds, changes, mark))
         if failure is not None:
             raise failure
         return results
@@ -379,8 +471,11 @@ class BatchApplier:
         """Before ``result`` is confirmed: each commit it made is still in its table's log
         (``Tables.verify_commit``); one another engine replaced fails the batch, which is
         applied again on the table as it is now."""
+        verified, self._verified = self._verified, set()
         for table in result.tables:
             if table.write.version is None or table.mark is None:
+                continue
+            if (table.table, table.write.version) in verified:  # read back by ``_settle``
                 continue
             try:
                 self._tables.verify_commit(table.table, table.write.version, table.mark)
@@ -419,6 +514,15 @@ class BatchApplier:
 
 
 @dataclass(frozen=True, slots=True)
+class _Taken:
+    """What a write took of the next batch (``BatchApplier._taking``)."""
+
+    taken: Taken
+    mark: CommitMark  # the commit's: the forming batch's last transaction
+    batch: Batch  # the batch's transactions, then those the take saw: what errors name
+
+
+@dataclass(frozen=True, slots=True)
 class _Write:
     """One table's write of a batch, running on the pool."""
 
@@ -427,16 +531,29 @@ class _Write:
     mark: CommitMark
     changes: int
     future: Future[tuple[WriteResult, float]]
+    first: int = 0  # the index of the first transaction with a change of the table
+    taken: list[_Taken] = field(default_factory=list)  # set by the write, read once it ended
 
 
-def _meanwhile(writes: list[Future[tuple[WriteResult, float]]], call: WhileWriting) -> None:
+def _meanwhile(
+    writes: list[Future[tuple[WriteResult, float]]],
+    call: WhileWriting,
+    settle: Callable[[], None] | None = None,
+) -> None:
     """Call ``call`` every ``FORM_EVERY`` seconds until ``writes`` are done or it takes no
-    more. What arrived is taken in bursts, not woken for one transaction at a time: the
-    receiver, which shares Python's lock, is interrupted as little as it was before."""
+    more, and ``settle`` until they are done. What arrived is taken in bursts, not woken
+    for one transaction at a time: the receiver, which shares Python's lock, is
+    interrupted as little as it was before."""
     pending = set(writes)
+    taking = True
     while True:
         pending = wait(pending, timeout=FORM_EVERY)[1]
-        if not pending or not call():
+        if settle is not None:
+            settle()
+        if not pending:
+            return
+        taking = taking and call()
+        if not taking and settle is None:
             return
 
 

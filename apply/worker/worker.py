@@ -51,7 +51,7 @@ from apply.core.transactions import (
     TruncateChange,
     operation,
 )
-from apply.worker.applier import BatchApplier, WhileWriting
+from apply.worker.applier import Ahead, BatchApplier, WhileWriting
 from apply.worker.worker_hooks import WorkerHooks
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
@@ -147,7 +147,29 @@ class ApplyWorker:
         while it is written."""
         batch = self._batcher.take()
         formed = self._applier.forming.take(batch)
-        self._apply(batch, formed, self._take_arrived if forming_next else None)
+        if forming_next:
+            self._apply(batch, formed, self._take_arrived, self._ahead())
+        else:
+            self._apply(batch, formed)
+
+    def _ahead(self) -> Ahead | None:
+        """Whether the batch's writes take what arrives for their tables meanwhile
+        (``Ahead``): not while batches are isolated after a failure or a skip is set, nor
+        when the checkpoint row is due (its versions hold nothing past its LSN)."""
+        hooks = self._hooks
+        if not hooks.runs_ahead or hooks.row_due or hooks.skip_lsn is not None:
+            return None
+        if self._isolate_through is not None or self._clear_skip_at is not None:
+            return None
+        return Ahead(self._confirm_ahead)
+
+    def _confirm_ahead(self, lsn: Lsn) -> None:
+        """Every transaction through ``lsn`` is durable in every table it changes, though
+        the batch being written has tables left (``Ahead``)."""
+        if self._clear_skip_at is not None and lsn >= self._clear_skip_at:
+            return  # a skip is confirmed with its checkpoint row
+        if lsn > self._progress.flushed:
+            self._progress.confirm_flushed(lsn)
 
     def _take_arrived(self) -> bool:
         """While a batch is written: the transactions queued since the last look join the
@@ -395,9 +417,10 @@ class ApplyWorker:
         batch: Batch,
         formed: Formed | None = None,
         while_writing: WhileWriting | None = None,
+        ahead: Ahead | None = None,
     ) -> None:
         with self._in_flight(batch) as started:
-            result = self._applier.apply(batch, formed, while_writing)
+            result = self._applier.apply(batch, formed, while_writing, ahead)
             self._hooks.counted(_operations(batch))
             self._finish(batch, result, started, changes=batch.change_count)
         self._batcher.applied(time.monotonic() - started)
@@ -423,9 +446,16 @@ class ApplyWorker:
         if result.tables or skipped:
             # A skipped transaction writes nothing, but its checkpoint is what makes the skip
             # durable: below the origin LSN, it is never sent again (see SubscriptionRunner).
-            self._hooks.applied(batch.end_lsn, batch.commit_time, result.versions, now=skipped)
+            self._hooks.applied(
+                batch.end_lsn,
+                batch.commit_time,
+                result.versions,
+                now=skipped,
+                ahead=result.ahead > 0,
+            )
         failpoint("apply.before_flush_report")
-        self._progress.confirm_flushed(batch.end_lsn)
+        if batch.end_lsn > self._progress.flushed:  # not confirmed already as it was written
+            self._progress.confirm_flushed(batch.end_lsn)
         self._skip_done(batch.end_lsn)
         if self._isolate_through is not None and batch.end_lsn >= self._isolate_through:
             self._isolate_through = None

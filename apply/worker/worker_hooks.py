@@ -56,9 +56,30 @@ class WorkerHooks(Protocol):
         """Nothing to apply; ``position`` is everything this worker has received."""
         ...
 
-    def applied(self, lsn: Lsn, commit_time: int, versions: dict[str, int], *, now: bool) -> None:
+    def applied(
+        self,
+        lsn: Lsn,
+        commit_time: int,
+        versions: dict[str, int],
+        *,
+        now: bool,
+        ahead: bool = False,
+    ) -> None:
         """Tables committed up to ``lsn`` (their new ``versions``): a checkpoint row is due
-        at most every ``checkpoint_interval``, or ``now``."""
+        at most every ``checkpoint_interval``, or ``now``; never while a version holds
+        transactions past ``lsn`` (``ahead``: the next row comes after a batch that took
+        nothing ahead)."""
+        ...
+
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether a batch's writes may take what arrives for their tables meanwhile
+        (``apply.worker.applier.Ahead``)."""
+        ...
+
+    @property
+    def row_due(self) -> bool:
+        """Whether the checkpoint row is due: the next batch then takes nothing ahead."""
         ...
 
     def record_checkpoint(self) -> None:
@@ -116,6 +137,7 @@ class LeaderHooks:
         # Table versions applied since the last checkpoint row, and its LSN and commit time.
         self._unrecorded: dict[str, int] = {}
         self._unrecorded_at: tuple[Lsn, int] | None = None
+        self._ahead = False  # the last batch took changes past its LSN
         self._recorded_at = -float("inf")
 
     @property
@@ -133,11 +155,26 @@ class LeaderHooks:
         if self._checkpoint_due():
             self.record_checkpoint()
 
-    def applied(self, lsn: Lsn, commit_time: int, versions: dict[str, int], *, now: bool) -> None:
+    def applied(
+        self,
+        lsn: Lsn,
+        commit_time: int,
+        versions: dict[str, int],
+        *,
+        now: bool,
+        ahead: bool = False,
+    ) -> None:
         self._unrecorded.update(versions)
         self._unrecorded_at = (lsn, commit_time)
+        self._ahead = ahead
         if now or self._checkpoint_due():
             self.record_checkpoint()
+
+    runs_ahead = True
+
+    @property
+    def row_due(self) -> bool:
+        return self._checkpoint_due()
 
     def _checkpoint_due(self) -> bool:
         return time.monotonic() - self._recorded_at >= self._leader.checkpoint_interval
@@ -145,8 +182,11 @@ class LeaderHooks:
     def record_checkpoint(self) -> None:
         """Not every batch: each table's own commits already carry its LSN (that is what
         makes a restart exactly-once), so the row serves readers who want one LSN for every
-        table, and it is one more Delta commit and file."""
-        if self._unrecorded_at is None:
+        table, and it is one more Delta commit and file. Not after a batch that ran ahead: a
+        table's version then holds transactions past the row's LSN, and time travel to the
+        row's versions would not be one consistent point (the next batch takes nothing
+        ahead, and its row is)."""
+        if self._unrecorded_at is None or self._ahead:
             return
         lsn, commit_time = self._unrecorded_at
         self._leader.checkpoints.record(self.subscription, lsn, commit_time, self._unrecorded)
@@ -183,6 +223,7 @@ class LeaderHooks:
                 seconds=round(seconds, 3),
                 end_lsn=str(batch.end_lsn),
                 formed_ahead=result.formed,
+                taken_ahead=result.ahead,
             )
         self._leader.sync_tables(batch.end_lsn)
 
@@ -221,8 +262,19 @@ class CatchUpHooks:
     def idle(self, position: Lsn) -> None:
         pass
 
-    def applied(self, lsn: Lsn, commit_time: int, versions: dict[str, int], *, now: bool) -> None:
+    def applied(
+        self,
+        lsn: Lsn,
+        commit_time: int,
+        versions: dict[str, int],
+        *,
+        now: bool,
+        ahead: bool = False,
+    ) -> None:
         pass
+
+    runs_ahead = False  # one table: nothing to take ahead of
+    row_due = False
 
     def record_checkpoint(self) -> None:
         pass

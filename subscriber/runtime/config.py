@@ -254,8 +254,10 @@ class SubscriptionConfig(_Strict):
     apply_timeout: Duration = 1800.0
     wal_receiver_timeout: Duration = 60.0
     # How often the leader appends a row to _pgsub/checkpoints (every table's Delta version at
-    # one LSN, for readers who want a consistent cross-table point); not every batch.
-    checkpoint_interval: Duration = 10.0
+    # one LSN, for readers who want a consistent cross-table point); not every batch. A row
+    # is recorded at a batch that takes nothing ahead (docs/apply.md), whose next changes
+    # wait about one batch longer: once a minute, as Kafka Connect flushes its offsets.
+    checkpoint_interval: Duration = 60.0
     status_interval: Duration = 10.0
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
 

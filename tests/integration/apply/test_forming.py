@@ -1,13 +1,16 @@
 """Batches formed while the batch before is written (``apply.batching.forming``), against a real
 publisher and real Delta tables."""
 
+import json
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import psycopg
 import pytest
 from structlog.testing import capture_logs
 
+from subscriber.replication.names import table_folder
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.replicate import Replication
@@ -77,3 +80,71 @@ def test_batches_formed_while_the_last_is_written_land_as_the_publisher_has_them
         rep.assert_equal("public.bag")
     applied = [e for e in logs if e.get("event") == "batch applied"]
     assert [e for e in applied if not e["formed_ahead"]], "some batches fell back to the turn"
+
+
+MANY = [f"k{i}" for i in range(60)]  # a batch's writes outlast a look at what arrived
+
+
+def one_of_many(conn: psycopg.Connection[Any], n: int) -> None:
+    """A single-row transaction on one of ``MANY`` tables: an update, an insert or a delete,
+    sometimes a key change."""
+    table = MANY[n * 31 % len(MANY)]
+    key = n * 7919 % 60 + 1
+    kind = n % 8
+    if kind < 4:
+        conn.execute(f"UPDATE {table} SET v = %s, n = n + 1 WHERE id = %s", [f"u{n}", key])
+    elif kind == 4:
+        conn.execute(f"DELETE FROM {table} WHERE id = %s", [key])
+    elif kind == 5:
+        conn.execute(f"UPDATE {table} SET id = id + 100 WHERE id = %s", [key])
+    else:
+        conn.execute(
+            f"INSERT INTO {table} VALUES (%s, %s, 0) ON CONFLICT (id) DO UPDATE SET v = 'again'",
+            [key, f"i{n}"],
+        )
+
+
+def test_a_tables_write_takes_what_arrived_for_it_and_lands_as_the_publisher_has_it(
+    publisher: PgDatabase, spark: Any, warehouse: Path
+) -> None:
+    """Many tables, one writer: as each table's write of a batch starts it takes what has
+    arrived for it since (docs/apply.md, "A table's write takes what has arrived for it"),
+    and its commit carries an LSN past the batch's end. The flush is confirmed as writes
+    end; every table equals the publisher's, read by Spark and by delta-rs, and no
+    checkpoint row is recorded at a batch whose commits ran ahead of it."""
+    statements = [
+        f"CREATE TABLE {t} (id int PRIMARY KEY, v text, n int);"
+        f"INSERT INTO {t} SELECT g, 'v' || g, 0 FROM generate_series(1, 60) g"
+        for t in MANY
+    ]
+    publisher.execute(
+        ";".join([*statements, f"CREATE PUBLICATION pub FOR TABLE {', '.join(MANY)}"])
+    )
+    settings: dict[str, Any] = {
+        "copy_data": True,
+        "batch": {"max_delay": "20ms"},
+        "checkpoint_interval": 2,
+    }
+    with Replication(publisher, spark, warehouse, **settings) as rep:
+        rep.caught_up()
+        with capture_logs() as logs, Writer(publisher, one_of_many, pause=0.001) as writer:
+
+            def ran_ahead() -> list[Any]:
+                applied = [e for e in logs if e.get("event") == "batch applied"]
+                return [e for e in applied if e["taken_ahead"]]
+
+            wait_until(lambda: len(ran_ahead()) >= 10, timeout=180, what="writes that took ahead")
+            wait_until(lambda: writer.written >= 1500, timeout=180, what="1,500 transactions")
+            writer.stop()
+        rep.caught_up()
+        rep.assert_equal(*(f"public.{t}" for t in MANY), key=("id",))
+    # Each checkpoint row is one consistent point: no table's version holds a transaction
+    # past the row's LSN (each commit's idempotent-write version is the LSN it reached).
+    rows = deltalake.DeltaTable(str(warehouse / "_pgsub" / "checkpoints")).to_pyarrow_table()
+    assert rows.num_rows >= 2
+    for lsn, tables in zip(rows["lsn"].to_pylist(), rows["tables"].to_pylist(), strict=True):
+        for table, version in tables:
+            log = warehouse / table_folder(table) / "_delta_log"
+            actions = [json.loads(line) for line in (log / f"{version:020d}.json").open()]
+            reached = [a["txn"]["version"] for a in actions if "txn" in a]
+            assert reached and reached[0] <= lsn, (table, version, reached, lsn)

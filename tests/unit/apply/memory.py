@@ -126,8 +126,14 @@ class MemoryTables:
         self.commits.append(("pgsub:messages", mark))
         return WriteResult("pgsub:messages", len(self.commits))
 
+    def holds_commit(self, table: str, version: int, mark: CommitMark) -> bool:
+        return version not in self.replaced and self.commits[version - 1] == (table, mark)
+
+    def names_durable(self) -> None:
+        pass
+
     def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
-        if version in self.replaced or self.commits[version - 1] != (table, mark):
+        if not self.holds_commit(table, version, mark):
             raise TargetTableError(f"version {version} of {table} was replaced")
 
     def appends_changes(self, table: str) -> bool:

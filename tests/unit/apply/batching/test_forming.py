@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import apply.batching.forming
-from apply.batching.collapse import collapse
+from apply.batching.collapse import KeyedNet, collapse
 from apply.batching.forming import Forming
 from apply.core.batch import Batch
 from apply.core.transactions import MessageChange, RemoteTransaction
@@ -61,19 +61,27 @@ def formed_at_turn(view: View, batch: Batch) -> Forming:
     return forming
 
 
+def _transactions(
+    history: tuple[list[object], object], data: st.DataObject, *, most: int
+) -> list[RemoteTransaction]:
+    """The history's changes (no TRUNCATE) cut into transactions of 1 to ``most``."""
+    changes = [c for c in history[0] if not isinstance(c, type(trunc(KEYED)))]
+    transactions, position, end = [], 0, 100
+    while position < len(changes):
+        size = data.draw(st.integers(1, most))
+        end += 100
+        chunk = tuple(changes[position : position + size])
+        transactions.append(RemoteTransaction(1, Lsn(end - 8), Lsn(end), 0, chunk))  # type: ignore[arg-type]
+        position += size
+    return transactions
+
+
 @settings(max_examples=300, deadline=None)
 @given(keyed_history(), st.data())
 def test_formed_as_it_arrives_equals_split_and_collapsed_at_the_turn(
     history: tuple[list[object], object], data: st.DataObject
 ) -> None:
-    changes = [c for c in history[0] if not isinstance(c, type(trunc(KEYED)))]
-    transactions, position, end = [], 0, 100
-    while position < len(changes):
-        size = data.draw(st.integers(1, 6))
-        end += 100
-        chunk = tuple(changes[position : position + size])
-        transactions.append(RemoteTransaction(1, Lsn(end - 8), Lsn(end), 0, chunk))  # type: ignore[arg-type]
-        position += size
+    transactions = _transactions(history, data, most=6)
     assume(transactions)
     batch = Batch(transactions)
     view = View().ready(KEYED)
@@ -185,3 +193,74 @@ def test_an_error_while_forming_is_left_to_the_turn_which_raises_it() -> None:
     forming = formed_at_turn(view, batch)
     assert forming.abandoned is not None and "renamed to public.u" in forming.abandoned
     assert forming.take(batch) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(keyed_history(), st.data())
+def test_a_table_taken_ahead_lands_as_its_two_batches_would_have(
+    history: tuple[list[object], object], data: st.DataObject
+) -> None:
+    """A write of batch N that takes its table's changes from the forming batch N+1 as it
+    starts (``take_table``, ``fold_taken``) makes the net effect of N and the transactions
+    the take saw together; N+1, at its turn, holds only what arrived after the take - as
+    ``Batch.tables`` makes it once the table is at the take's last transaction."""
+    transactions = _transactions(history, data, most=4)
+    assume(len(transactions) >= 2)
+    cut = data.draw(st.integers(1, len(transactions) - 1))
+    now, following = transactions[:cut], transactions[cut:]
+    seen = data.draw(st.integers(1, len(following)))
+    name = KEYED.qualified_name
+    net = collapse(Batch(now).tables(lambda table: ZERO)[name])
+    assert isinstance(net, KeyedNet)
+    net.commits = tuple((int(t.end_lsn), t.commit_time) for t in now)  # as the applier sets
+    view = View().ready(KEYED)
+    forming = Forming(view)
+    for transaction in following[:seen]:
+        forming.add(transaction)
+    taken = forming.take_table(name, KEYED)
+    assert taken is not None and taken.transactions == tuple(following[:seen])
+    assert forming.pending() == (None, tuple(following[:seen]))  # nothing left of the table
+    apply.batching.forming.fold_taken(net, taken, len(now))
+    together = Batch(now + following[:seen])
+    assert net.rows == collapse(together.tables(lambda table: ZERO)[name]).rows
+    assert net.commits == tuple((int(t.end_lsn), t.commit_time) for t in together.transactions)
+    for transaction in following[seen:]:
+        forming.add(transaction)
+    rest = Batch(following)
+    formed = forming.take(rest)
+    assert formed is not None
+    view.applied[name] = following[seen - 1].end_lsn  # the taking write's commit
+    at_turn = rest.tables(lambda table: view.applied[table])
+    assert formed.works == at_turn
+    if at_turn:
+        assert formed.nets[name] == collapse(at_turn[name])
+
+
+def test_only_a_keyed_table_formed_so_far_is_taken_and_what_is_left_stays_pending() -> None:
+    view = View(split_only={OTHER.qualified_name}).ready(T, OTHER, BAG)
+    first = tx(ins(OTHER, 1, "x"), end=200)
+    second = tx(ins(T, 1, "a"), ins(BAG, 1, 2), end=300)
+    third = tx(upd(T, 1, "b"), end=400)
+    forming = Forming(view)
+    for transaction in (first, second, third):
+        forming.add(transaction)
+    assert forming.take_table(OTHER.qualified_name, OTHER) is None  # kept as history
+    assert forming.take_table(BAG.qualified_name, BAG) is None  # no key
+    assert forming.take_table(T.qualified_name, relation("id", "v", "w")) is None  # columns
+    assert forming.pending() == (0, (first, second, third))
+    taken = forming.take_table(T.qualified_name, T)
+    assert taken is not None
+    assert [(c.tx, c.change) for c in taken.changes] == [
+        (1, second.changes[0]),
+        (2, third.changes[0]),
+    ]
+    assert forming.take_table(T.qualified_name, T) is None  # taken once
+    assert forming.pending()[0] == 0  # the history table's change waits for the turn
+    view.states += 1  # a table handed over meanwhile: nothing more is taken
+    forming.add(tx(ins(T, 2, "c"), end=500))
+    assert forming.take_table(T.qualified_name, T) is None
+    forming.add(
+        tx(MessageChange(Lsn(0x250), True, "p", b"x"), end=600)
+    )  # abandoned: all of it pending
+    assert forming.take_table(T.qualified_name, T) is None
+    assert forming.pending()[0] == 0  # all of it pending

@@ -472,3 +472,119 @@ def test_a_backlog_longer_than_a_run_is_batched_to_its_bounds_in_commit_order() 
     assert harness.tables.keys() == list(range(1, 601))
     marks = [mark.lsn for _, mark in harness.tables.commits]
     assert marks[0] == Lsn(25_000) and marks[-1] == Lsn(60_000) and marks == sorted(marks)
+
+
+U = relation("id", "v", oid=16390, name="u")
+
+
+class GatedWrites(MemoryTables):
+    """One writer; a table's write waits at its gate, if it has one, once it started."""
+
+    writers = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: dict[str, threading.Event] = {}
+        self.writing: dict[str, threading.Event] = {}
+
+    def write(self, schema: TargetSchema, net: Net, mark: CommitMark, *args: Any) -> WriteResult:
+        gate = self.gates.get(schema.table)
+        if gate is not None:
+            self.writing.setdefault(schema.table, threading.Event()).set()
+            assert gate.wait(10)
+        return super().write(schema, net, mark, *args)
+
+    def started(self, table: str) -> bool:
+        return self.writing.setdefault(table, threading.Event()).wait(10)
+
+
+def _errors(worker: ApplyWorker, stopping: threading.Event) -> list[BaseException]:
+    """Run ``worker`` until ``stopping``; the error it ended with, if any."""
+    try:
+        worker.run(stopping)
+    except BaseException as exc:
+        return [exc]
+    return []
+
+
+def _until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_tables_write_takes_what_arrived_for_it_and_the_flush_moves_before_the_batch_ends() -> (
+    None
+):
+    """Batch 1 writes t, then u (one writer). While t is written, changes of both arrive
+    for batch 2: u's write, starting after them, takes u's and commits u at their last
+    transaction; t's, started before, leaves t's to batch 2. The flush moves as each write
+    ends durable - to the last transaction before the first change still unwritten - not at
+    the batch's end; no checkpoint row is recorded at a batch whose commits ran ahead."""
+    tables = GatedWrites()
+    harness = Harness(tables, max_delay=0.0, checkpoint_interval=3600)
+    stopping = threading.Event()
+    thread = threading.Thread(target=harness.worker.run, args=(stopping,))
+    a, b = threading.Event(), threading.Event()
+    try:
+        assert harness.queue.put(tx(ins(T, 0, "z"), ins(U, 0, "z"), end=50), timeout=1)
+        thread.start()
+        _until(lambda: harness.progress.flushed >= Lsn(50))  # both tables known, a row made
+        assert harness.checkpoints.recorded == [Lsn(50)]
+        tables.gates.update({"public.t": a, "public.u": b})
+        assert harness.queue.put_all([tx(ins(T, 1, "a"), end=100), tx(ins(U, 1, "a"), end=200)], 1)
+        assert tables.started("public.t")
+        harness.queue.put_all([tx(upd(T, 1, "b"), end=300), tx(ins(U, 2, "c"), end=400)], 1)
+        _until(lambda: not len(harness.queue))  # in the forming batch 2
+        a.set()
+        assert tables.started("public.u")  # u's write took its change of batch 2
+        _until(lambda: harness.progress.flushed >= Lsn(100))
+        time.sleep(0.2)
+        assert harness.progress.flushed == Lsn(100)  # u's changes from LSN 200 are unwritten
+        b.set()
+        _until(lambda: harness.progress.flushed >= Lsn(400))
+    finally:
+        a.set()
+        b.set()
+        stopping.set()
+        thread.join()
+    commits = [(table, mark.lsn) for table, mark in tables.commits]
+    assert commits == [
+        ("public.t", Lsn(50)),
+        ("public.u", Lsn(50)),
+        ("public.t", Lsn(200)),  # at batch 1's end
+        ("public.u", Lsn(400)),  # batch 1's change and the one it took of batch 2
+        ("public.t", Lsn(400)),  # batch 2: t's change only
+    ]
+    assert tables.rows["public.t"] == {b"0": (b"0", b"z"), b"1": (b"1", b"b")}
+    assert tables.rows["public.u"] == {b"0": (b"0", b"z"), b"1": (b"1", b"a"), b"2": (b"2", b"c")}
+    # No row at 200 (u's version held 400's change); batch 2 took nothing: its row, on stop.
+    assert harness.checkpoints.recorded == [Lsn(50), Lsn(400)]
+
+
+def test_a_conflict_in_a_change_taken_ahead_names_its_own_transaction() -> None:
+    tables = GatedWrites()
+    harness = Harness(tables, max_delay=0.0, checkpoint_interval=3600)
+    stopping, failed = threading.Event(), []
+    a = threading.Event()
+    thread = threading.Thread(target=lambda: failed.extend(_errors(harness.worker, stopping)))
+    try:
+        assert harness.queue.put(tx(ins(T, 0, "z"), ins(U, 0, "z"), end=50), timeout=1)
+        thread.start()
+        _until(lambda: harness.progress.flushed >= Lsn(50))
+        tables.gates["public.t"] = a
+        assert harness.queue.put_all([tx(ins(T, 1, "a"), end=100), tx(ins(U, 1, "a"), end=200)], 1)
+        assert tables.started("public.t")
+        harness.queue.put_all([tx(ins(U, 0, "again"), end=300, xid=733)], 1)
+        _until(lambda: not len(harness.queue))
+        a.set()
+        _until(lambda: bool(failed))
+    finally:
+        a.set()
+        stopping.set()
+        thread.join()
+    error = failed[0]
+    assert isinstance(error, TransactionError)
+    assert error.tx is not None and error.tx.xid == 733 and error.finish_lsn == Lsn(300 - 8)
+    assert harness.progress.flushed == Lsn(100)  # t's write ended; u's failed: not past it
