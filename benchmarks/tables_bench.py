@@ -202,7 +202,10 @@ def run_pgsub(
     figures.notes.append(f"max_sync_workers {args.sync_workers}, as the native subscriber's")
     figures.notes.append(f"history: {args.history}; warehouse: {warehouse.location}")
     figures.notes.append(f"batch.max_delay: {args.max_delay} s")
-    figures.notes.append(f"checkpoint_interval: {args.checkpoint_interval:g} s")
+    settings: dict[str, Any] = {}
+    if args.checkpoint_interval is not None:
+        figures.notes.append(f"checkpoint_interval: {args.checkpoint_interval:g} s")
+        settings["checkpoint_interval"] = args.checkpoint_interval
     with PgsubRun(
         spark,
         warehouse=warehouse,
@@ -213,12 +216,12 @@ def run_pgsub(
         max_sync_workers=args.sync_workers,
         history={"mode": args.history},
         batch={"max_delay": args.max_delay},
-        checkpoint_interval=args.checkpoint_interval,
         maintenance=(
             MaintenanceConfig(interval=args.maintenance_interval, retention=3600)
             if args.maintenance_interval
             else None
         ),
+        **settings,
     ) as run:
         started = time.monotonic()
         run.start()
@@ -261,8 +264,8 @@ def main() -> None:
     parser.add_argument(
         "--checkpoint-interval",
         type=float,
-        default=10.0,
-        help="pgsub's checkpoint_interval (s): a batch that takes nothing ahead at each",
+        default=None,
+        help="pgsub's checkpoint_interval (s; default: pgsub's): a batch takes nothing ahead",
     )
     parser.add_argument(
         "--history",
