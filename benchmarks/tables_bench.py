@@ -291,9 +291,9 @@ def main() -> None:
     args = parser.parse_args()
     stop_on_sigterm()
     publisher = publisher_with_tables(args)
-    kinds = args.warehouse_in.split(",")
-    warehouses = [BenchWarehouse(kind) for kind in kinds]
-    try:
+    warehouses: list[BenchWarehouse] = []
+    try:  # a warehouse that cannot start (versitygw not built) stops the publisher too
+        warehouses.extend(BenchWarehouse(kind) for kind in args.warehouse_in.split(","))
         native = run_native(publisher, args)
         print(json.dumps(asdict(native), indent=2), flush=True)
         conf = next((w.spark_conf for w in warehouses if w.spark_conf), {})
