@@ -189,7 +189,7 @@ class BatchResult:
     end_lsn: Lsn
     tables: tuple[TableResult, ...]
     formed: bool = False  # split and collapsed as it formed (``apply.batching.forming``)
-    # The tables whose commit took changes of the next batch (``apply.worker.applier.Ahead``):
+    # The tables whose commit took changes of the next batch (``apply.worker.writes_ahead.Ahead``):
     # their versions hold transactions past ``end_lsn``, so no checkpoint row is recorded at it.
     ahead: int = 0
 

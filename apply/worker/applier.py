@@ -22,9 +22,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +35,7 @@ from apply.arrival.spool import SpooledTransaction
 from apply.batching.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.batching.conflict_handling import ConflictHandling
 from apply.batching.error_context import TransactionError
-from apply.batching.forming import Formed, Forming, Taken, fold_taken
+from apply.batching.forming import Formed, Forming, fold_taken
 from apply.columns.schema import TargetSchema, target_schema
 from apply.columns.typemap import TypeLookup, resolve
 from apply.core.batch import Batch, TableFilter, TableWork
@@ -59,6 +58,14 @@ from apply.plans.tables import Tables
 from apply.schema_changes.ddl import SchemaChange, renamed_work
 from apply.schema_changes.schema_follower import SchemaFollower, guess_renames
 from apply.worker.whole import WholeTransactions
+from apply.worker.writes_ahead import (
+    Ahead,
+    Settling,
+    TableWrite,
+    TakenAhead,
+    WhileWriting,
+    meanwhile,
+)
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Column, Relation
 
@@ -66,23 +73,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 log = structlog.get_logger(__name__)
-
-
-# Called every ``FORM_EVERY`` seconds while a batch's tables are written: it takes what has
-# arrived for the next batch. False: it takes no more now.
-WhileWriting = Callable[[], bool]
-FORM_EVERY = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class Ahead:
-    """A formed batch whose writes run ahead (docs/apply.md, "A table's write takes what has
-    arrived for it"): each table's write, as it starts, takes the table's changes that have
-    arrived for the next batch (``Forming.take_table``), and ``confirm`` is told, as the
-    writes end, the end LSN through which every transaction is durable in every table it
-    changes - before the batch's last table is written."""
-
-    confirm: Callable[[Lsn], None]
 
 
 class BatchApplier:
@@ -112,16 +102,13 @@ class BatchApplier:
         self._within: dict[str, Within | None] = {}
         self._schemas: dict[str, tuple[Relation, TargetSchema]] = {}
         self._followed: set[str] = set()  # tables whose schema change this batch followed
-        # Of the batch being written: the tables whose write ended durable (``_settle``), and
-        # their commits, read back then (``verify`` reads no commit twice).
-        self._settled: set[str] = set()
-        self._verified: set[tuple[str, int]] = set()
         self._ddl = SchemaFollower(subscription, tables, types, self._applies, self.applied_lsn)
         self._keeps_messages = messages  # messages: true (else only DDL ones arrive)
         self._pool = ThreadPoolExecutor(max_workers=tables.writers, thread_name_prefix="merge")
         # What ``should_apply`` answers from (None: it never changes its answers).
         self._table_states = None if applies is None else applies.states
         self.forming = Forming(self)  # the open batch, split and collapsed as it forms
+        self._settling = Settling(tables, self.forming)  # a batch's writes that ended durable
         self._whole = WholeTransactions(
             self,
             tables,
@@ -266,16 +253,17 @@ class BatchApplier:
         for name, change in followed.items():
             if name in work:  # images sent before the change, read under the new names
                 work[name] = renamed_work(work[name], change)
-        self._settled.clear()
-        self._verified.clear()
+        self._settling.begin()
         messages = self._messages(batch)
         if while_writing is None or followed or messages is not None:
             ahead = None  # the messages table is written last: nothing is confirmed before
         with self._tables.written_together():
             writes = self._submit(batch, work, formed, ahead is not None)
             if while_writing is not None:
-                settle = None if ahead is None else partial(self._settle, batch, writes, ahead)
-                _meanwhile([write.future for write in writes], while_writing, settle)
+                settle = (
+                    None if ahead is None else partial(self._settling.settle, batch, writes, ahead)
+                )
+                meanwhile([write.future for write in writes], while_writing, settle)
             results = self._collect(batch, writes)
             if messages is not None:
                 results.append(self._write_messages(batch, messages))
@@ -284,7 +272,7 @@ class BatchApplier:
 
     def _submit(
         self, batch: Batch, work: dict[str, TableWork], formed: Formed | None, ahead: bool
-    ) -> list[_Write]:
+    ) -> list[TableWrite]:
         """Each table's write of ``batch``, started on the pool; ``ahead``: a keyed table's
         takes what has arrived for it as it starts (``_taking``)."""
         commits = tuple((int(tx.end_lsn), tx.commit_time) for tx in batch.transactions)
@@ -303,11 +291,13 @@ class BatchApplier:
                 cause = as_apply_error(exc)
                 raise TransactionError(cause, self.subscription, name, None, batch) from exc
             first = table_work.changes[0].tx if table_work.changes else 0
-            taken: list[_Taken] = []
+            taken: list[TakenAhead] = []
             if ahead and isinstance(net, KeyedNet) and mark.within is None:
                 write = partial(self._taking, table_work.relation, schema, net, mark, batch, taken)
             future = self._pool.submit(copy_context().run, self._timed, write)
-            writes.append(_Write(name, schema, mark, len(table_work.changes), future, first, taken))
+            writes.append(
+                TableWrite(name, schema, mark, len(table_work.changes), future, first, taken)
+            )
         return writes
 
     def _plainly_written(self, table: str, schema: TargetSchema) -> bool:
@@ -321,7 +311,7 @@ class BatchApplier:
         net: Net,
         mark: CommitMark,
         batch: Batch,
-        taken: list[_Taken],
+        taken: list[TakenAhead],
     ) -> WriteResult:
         """A keyed table's write of ``batch`` (on the pool) with the table's changes that have
         arrived for the next batch, taken as it starts: its commit brings the table to the
@@ -332,42 +322,10 @@ class BatchApplier:
             fold_taken(net, took, len(batch.transactions))
             last = took.transactions[-1]
             mark = CommitMark(self.subscription, last.end_lsn, last.commit_time)
-            taken.append(_Taken(took, mark, Batch([*batch.transactions, *took.transactions])))
+            taken.append(TakenAhead(took, mark, Batch([*batch.transactions, *took.transactions])))
         return self._tables.write(schema, net, mark, self._resolutions)
 
-    def _settle(self, batch: Batch, writes: list[_Write], ahead: Ahead) -> None:
-        """While ``batch`` is written: the writes that ended made durable (their folders
-        fsynced, each commit read back as ``verify`` does), then ``ahead.confirm`` told how
-        far every transaction of this batch and of the forming one is: up to the first with
-        a change not yet durable in its table."""
-        settled = self._settled
-        ended = [w for w in writes if w.name not in settled and w.future.done()]
-        ended = [w for w in ended if w.future.exception() is None]
-        if ended:
-            self._tables.names_durable()
-            for write in ended:
-                written, _ = write.future.result()
-                mark = write.taken[0].mark if write.taken else write.mark
-                version = written.version
-                if version is not None:
-                    if not self._tables.holds_commit(write.name, version, mark):
-                        return  # replaced by another engine: ``verify`` fails the batch
-                    self._verified.add((write.name, version))
-                settled.add(write.name)
-        txs = batch.transactions
-        first = min((w.first for w in writes if w.name not in settled), default=None)
-        forming_first, forming = self.forming.pending()
-        if first is None and forming_first is not None:
-            first = len(txs) + forming_first
-        if first == 0:
-            return
-        if first is None:
-            last = forming[-1] if forming else txs[-1]
-        else:
-            last = txs[first - 1] if first <= len(txs) else forming[first - 1 - len(txs)]
-        ahead.confirm(last.end_lsn)
-
-    def _collect(self, batch: Batch, writes: list[_Write]) -> list[TableResult]:
+    def _collect(self, batch: Batch, writes: list[TableWrite]) -> list[TableResult]:
         """Each table's commit, once every write ended; the first failure is raised."""
         results = []
         failure: TransactionError | None = None
@@ -376,7 +334,7 @@ class BatchApplier:
             # A write that took the table's changes of the next batch: their transactions too.
             took = write.taken[0] if write.taken else None
             context = batch if took is None else took.batch
-            mark = write.mark if took is None else took.mark
+            mark = write.committed_mark
             try:
                 written, seconds = write.future.result()
             except ConflictError as exc:
@@ -471,11 +429,11 @@ class BatchApplier:
         """Before ``result`` is confirmed: each commit it made is still in its table's log
         (``Tables.verify_commit``); one another engine replaced fails the batch, which is
         applied again on the table as it is now."""
-        verified, self._verified = self._verified, set()
+        verified = self._settling.verified()
         for table in result.tables:
             if table.write.version is None or table.mark is None:
                 continue
-            if (table.table, table.write.version) in verified:  # read back by ``_settle``
+            if (table.table, table.write.version) in verified:  # read back by ``Settling``
                 continue
             try:
                 self._tables.verify_commit(table.table, table.write.version, table.mark)
@@ -511,50 +469,6 @@ class BatchApplier:
         result = write()
         failpoint("apply.after_table_write")
         return result, time.monotonic() - started
-
-
-@dataclass(frozen=True, slots=True)
-class _Taken:
-    """What a write took of the next batch (``BatchApplier._taking``)."""
-
-    taken: Taken
-    mark: CommitMark  # the commit's: the forming batch's last transaction
-    batch: Batch  # the batch's transactions, then those the take saw: what errors name
-
-
-@dataclass(frozen=True, slots=True)
-class _Write:
-    """One table's write of a batch, running on the pool."""
-
-    name: str
-    schema: TargetSchema
-    mark: CommitMark
-    changes: int
-    future: Future[tuple[WriteResult, float]]
-    first: int = 0  # the index of the first transaction with a change of the table
-    taken: list[_Taken] = field(default_factory=list)  # set by the write, read once it ended
-
-
-def _meanwhile(
-    writes: list[Future[tuple[WriteResult, float]]],
-    call: WhileWriting,
-    settle: Callable[[], None] | None = None,
-) -> None:
-    """Call ``call`` every ``FORM_EVERY`` seconds until ``writes`` are done or it takes no
-    more, and ``settle`` until they are done. What arrived is taken in bursts, not woken
-    for one transaction at a time: the receiver, which shares Python's lock, is
-    interrupted as little as it was before."""
-    pending = set(writes)
-    taking = True
-    while True:
-        pending = wait(pending, timeout=FORM_EVERY)[1]
-        if settle is not None:
-            settle()
-        if not pending:
-            return
-        taking = taking and call()
-        if not taking and settle is None:
-            return
 
 
 def _nothing_to_do(net: Net) -> bool:

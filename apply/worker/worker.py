@@ -51,8 +51,9 @@ from apply.core.transactions import (
     TruncateChange,
     operation,
 )
-from apply.worker.applier import Ahead, BatchApplier, WhileWriting
+from apply.worker.applier import BatchApplier
 from apply.worker.worker_hooks import WorkerHooks
+from apply.worker.writes_ahead import Ahead, WhileWriting
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
 

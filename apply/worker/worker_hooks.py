@@ -74,7 +74,7 @@ class WorkerHooks(Protocol):
     @property
     def runs_ahead(self) -> bool:
         """Whether a batch's writes may take what arrives for their tables meanwhile
-        (``apply.worker.applier.Ahead``)."""
+        (``apply.worker.writes_ahead.Ahead``)."""
         ...
 
     @property
