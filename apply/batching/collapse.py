@@ -89,7 +89,7 @@ class KeyedNet:
     truncate_tx: int = -1  # index of the last TRUNCATE's transaction in the batch
     # Each transaction of the batch by index: (commit LSN, commit time), set by the applier
     # for tables that record which change last wrote a row (``apply.history.stamps``).
-    commits: tuple[tuple[int, int], ...] = ()
+    commits: Sequence[tuple[int, int]] = ()
 
     def key_is_binary(self, position: int) -> bool:
         return self.key_kinds is not None and self.key_kinds[position] == BINARY

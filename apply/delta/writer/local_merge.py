@@ -319,12 +319,13 @@ class LocalMerges:
         """Whether the batch would rewrite far more than it writes with deletion vectors
         (``apply.core.features.write_gain``); if so they are turned on now, by pgsub's own commit
         (``apply.delta.writer.protocol``), and the batch is theirs to write."""
-        table = open_table.table
         if self.features.deletion_vectors is not FeatureMode.AUTO:
             return False
         if done is not None and done >= mark.txn[1]:
             return False  # committed before: nothing to write
-        if not vectors_allowed(table, schema) or not delta_rs_writes(table.protocol()):
+        if not open_table.fact(
+            ("vectors_may_pay", schema.key), partial(_vectors_may, schema=schema)
+        ):
             return False
         types = table_types(open_table, schema)
         if types is None or lookup_keys(types, schema.key) is None:
@@ -485,6 +486,13 @@ class LocalMerges:
             self._open[store.location] = open_table
             self._vectors.pop(store.location, None)
         return open_table
+
+
+def _vectors_may(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
+    """Whether ``table``'s protocol and properties let its batches be written with deletion
+    vectors once they are on, by pgsub's own writer (``vectors_allowed``, ``delta_rs_writes``):
+    asked at every batch of a table they do not pay for yet, so kept as a fact of its snapshot."""
+    return vectors_allowed(table, schema) and delta_rs_writes(table.protocol())
 
 
 def merge_locally(

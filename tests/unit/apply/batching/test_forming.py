@@ -223,7 +223,12 @@ def test_a_table_taken_ahead_lands_as_its_two_batches_would_have(
     apply.batching.forming.fold_taken(net, taken, len(now))
     together = Batch(now + following[:seen])
     assert net.rows == collapse(together.tables(lambda table: ZERO)[name]).rows
-    assert net.commits == tuple((int(t.end_lsn), t.commit_time) for t in together.transactions)
+    commits = [(int(t.end_lsn), t.commit_time) for t in together.transactions]
+    assert [net.commits[at] for at in range(len(net.commits))] == commits  # as stamps ask
+    assert list(net.commits) == commits and net.commits[-1] == commits[-1]
+    assert list(net.commits[1:]) == commits[1:]
+    with pytest.raises(IndexError):
+        net.commits[len(commits)]
     for transaction in following[seen:]:
         forming.add(transaction)
     rest = Batch(following)
