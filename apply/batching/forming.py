@@ -15,7 +15,13 @@ make them differ, and ``take`` checks at the turn what could have changed
 since:
 
 - a table the applier has not written yet in this run (its applied LSN is
-  read from Delta at its first batch, and its schema made ready there);
+  read from Delta at its first batch, and its schema made ready there).
+  This one leaves only that table to the turn (``unformed``): the batch is
+  split and collapsed at its turn, but the other tables are still formed
+  and a write of the batch before may take theirs (``take_table``) - after
+  a start or an initial sync, a table's first batch comes at a different
+  batch for each of 1,000 tables, and every batch until the last had taken
+  nothing;
 - a TRUNCATE, a logical decoding message (schema changes arrive as
   messages), a piece of a spooled transaction;
 - a table whose columns change within the batch;
@@ -102,6 +108,12 @@ class Forming:
 
     view: FormingView
     abandoned: str | None = None  # why (None: formed so far)
+    # Why the batch is split and collapsed at its turn though its other tables are formed
+    # and may be taken (None: formed so far); the tables left to the turn, and the index of
+    # the first transaction with a change of one.
+    unformed: str | None = None
+    _left: set[str] = field(default_factory=set)
+    _left_first: int | None = None
     _txs: list[RemoteTransaction] = field(default_factory=list)
     _states: object = None
     _tables: dict[str, _Table] = field(default_factory=dict)
@@ -143,9 +155,12 @@ class Forming:
         name = relation.qualified_name
         if not self.view.applies(relation, tx):
             return
+        if name in self._left:
+            self._leave(name, index, self.unformed or "")
+            return
         applied = self.view.known_applied_lsn(name)
         if applied is None:
-            self._abandon(f"{name}: its first batch in this run")
+            self._leave(name, index, f"{name}: its first batch in this run")
             return
         if tx.end_lsn <= applied:
             return
@@ -153,7 +168,7 @@ class Forming:
         if table is None:
             formable = self.view.formable(relation)
             if formable is None:
-                self._abandon(f"{name}: its target schema is not ready for these columns")
+                self._leave(name, index, f"{name}: its target schema is not ready for them")
                 return
             net = _empty_net(relation) if formable and is_keyed(relation) else None
             table = self._tables[name] = _Table(TableWork(relation), net)
@@ -168,6 +183,20 @@ class Forming:
         self.abandoned = why
         self._tables = {}
 
+    def _leave(self, name: str, index: int, why: str) -> None:
+        """The table's changes in this batch, from the transaction ``index`` on and any
+        formed before, left to the batch's turn, which splits and collapses the batch whole
+        (``why``); the other tables' are still formed and may be taken. A table left is
+        never taken: its changes are not all here, and a take brings its table to the
+        forming batch's last transaction."""
+        self.unformed = self.unformed or why
+        self._left.add(name)
+        formed = self._tables.pop(name, None)
+        firsts = [index] if formed is None else [index, formed.work.changes[0].tx]
+        if self._left_first is not None:
+            firsts.append(self._left_first)
+        self._left_first = min(firsts)
+
     def take(self, batch: Batch) -> Formed | None:
         """The formed work when it is ``batch``'s, as ``Batch.tables`` and ``collapse`` would
         make it now; None: split and collapse ``batch`` at its turn. The next batch forms
@@ -178,6 +207,7 @@ class Forming:
             except Exception:  # noqa: BLE001 - met again at the batch's turn, and raised
                 formed = None
             self.abandoned, self._txs, self._states = None, [], None
+            self.unformed, self._left, self._left_first = None, set(), None
             self._tables = {}
         return formed
 
@@ -207,11 +237,13 @@ class Forming:
             txs = tuple(self._txs)
             if self.abandoned is not None:
                 return (0 if txs else None), txs
-            first = min((table.work.changes[0].tx for table in self._tables.values()), default=None)
-            return first, txs
+            firsts = [table.work.changes[0].tx for table in self._tables.values()]
+            if self._left_first is not None:
+                firsts.append(self._left_first)
+            return min(firsts, default=None), txs
 
     def _formed(self, batch: Batch) -> Formed | None:
-        if self.abandoned is not None or not batch.transactions:
+        if self.abandoned is not None or self.unformed is not None or not batch.transactions:
             return None
         txs = self._txs
         if len(txs) != len(batch.transactions) or txs[-1] is not batch.transactions[-1]:

@@ -157,7 +157,7 @@ def test_a_table_without_a_key_or_kept_as_history_is_split_ahead_and_collapsed_a
 )
 def test_what_the_turn_could_make_otherwise_is_left_to_the_turn(batch: Batch, view: View) -> None:
     forming = formed_at_turn(view, batch)
-    assert forming.abandoned is not None
+    assert forming.abandoned is not None or forming.unformed is not None
     assert forming.take(batch) is None
 
 
@@ -269,3 +269,40 @@ def test_only_a_keyed_table_formed_so_far_is_taken_and_what_is_left_stays_pendin
     )  # abandoned: all of it pending
     assert forming.take_table(T.qualified_name, T) is None
     assert forming.pending()[0] == 0  # all of it pending
+
+
+def test_a_table_at_its_first_batch_is_left_to_the_turn_and_the_others_are_still_taken() -> None:
+    """After a start, each table's first batch in the run comes at its own batch: a table
+    whose applied LSN or target schema is not known yet is left to the turn, which splits
+    the batch whole, while the other tables are formed and taken; the left table is never
+    taken, stays left once its LSN is known (a take would bring it past its changes left
+    behind), and keeps the batch's flush before its first change."""
+    view = View().ready(T)
+    forming = Forming(view)
+    first = tx(ins(T, 1, "a"), end=200)
+    new_table = tx(ins(OTHER, 1, "x"), end=300)
+    forming.add(first)
+    forming.add(new_table)
+    assert forming.abandoned is None and forming.unformed is not None
+    assert "its first batch in this run" in forming.unformed
+    assert forming.pending() == (0, (first, new_table))
+    view.ready(OTHER)  # its first batch, written meanwhile, made it known
+    later = tx(ins(OTHER, 2, "y"), ins(T, 2, "b"), end=400)
+    forming.add(later)
+    assert forming.take_table(OTHER.qualified_name, OTHER) is None  # its first change is not here
+    taken = forming.take_table(T.qualified_name, T)
+    assert taken is not None
+    assert [c.change for c in taken.changes] == [first.changes[0], later.changes[1]]
+    assert forming.pending() == (1, (first, new_table, later))  # OTHER's first change
+    assert forming.take(Batch([first, new_table, later])) is None  # split at its turn
+    assert forming.unformed is None and forming.pending() == (None, ())  # the next forms anew
+
+
+def test_a_table_formed_then_left_leaves_its_earlier_changes_to_the_turn_too() -> None:
+    view = View().ready(T)
+    forming = Forming(view)
+    forming.add(tx(ins(T, 1, "a"), end=200))
+    del view.applied[T.qualified_name]  # handed to a sync worker and back: read anew
+    forming.add(tx(ins(T, 2, "b"), end=300))
+    assert forming.take_table(T.qualified_name, T) is None
+    assert forming.pending()[0] == 0
