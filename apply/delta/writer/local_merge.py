@@ -48,11 +48,11 @@ delta-rs would write differently, multiset tables, large tables.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -83,8 +83,9 @@ from apply.delta.writer.overwrite import (
     hand_appendable,
     keep_log,
 )
-from apply.delta.writer.protocol import vectors_on, warn_gained
+from apply.delta.writer.protocol import vectors_on_actions, warn_gained
 from apply.delta.writer.vector_write import (
+    VectorsOn,
     VectorTable,
     vector_writable,
     vectors_allowed,
@@ -272,8 +273,16 @@ class LocalMerges:
             ("vector_writable", schema.key), partial(vector_writable, schema=schema)
         ):
             return self._write_by_vectors(open_table, schema, source, mark, done)
-        if not stamping.stamps and self._vectors_pay(open_table, schema, source, done, mark):
-            return self._write_by_vectors(open_table, schema, source, mark, done)
+        gained = (
+            None if stamping.stamps else self._vectors_pay(open_table, schema, source, done, mark)
+        )
+        if gained is not None:
+            written = self._write_by_vectors(
+                open_table, schema, source, mark, done, vectors_on=gained
+            )
+            if written is not None:
+                warn_gained(schema.table, gained.gain)
+            return written
         if by_positions and not stamping.stamps and self._positions_fit(open_table, schema):
             written = self._write_by_vectors(
                 open_table, schema, source, mark, done, copy_on_write=True
@@ -315,21 +324,21 @@ class LocalMerges:
         source: KeyedSource,
         done: int | None,
         mark: CommitMark,
-    ) -> bool:
+    ) -> VectorsOn | None:
         """Whether the batch would rewrite far more than it writes with deletion vectors
-        (``apply.core.features.write_gain``); if so they are turned on now, by pgsub's own commit
-        (``apply.delta.writer.protocol``), and the batch is theirs to write."""
+        (``apply.core.features.write_gain``); if so, what turns them on in the batch's own
+        commit (``apply.delta.writer.protocol``), which writes it with them."""
         if self.features.deletion_vectors is not FeatureMode.AUTO:
-            return False
+            return None
         if done is not None and done >= mark.txn[1]:
-            return False  # committed before: nothing to write
+            return None  # committed before: nothing to write
         if not open_table.fact(
             ("vectors_may_pay", schema.key), partial(_vectors_may, schema=schema)
         ):
-            return False
+            return None
         types = table_types(open_table, schema)
         if types is None or lookup_keys(types, schema.key) is None:
-            return False  # the vector path could not look its keys up
+            return None  # the vector path could not look its keys up
         files = open_table.files()
         size = sum(f.size for f in files)
         rows = sum(f.rows or 0 for f in files)
@@ -343,14 +352,19 @@ class LocalMerges:
         properties = open_table.configuration
         gain = write_gain(properties, rewrite, written, per_row, self.features)
         if gain is None:
-            return False
+            return None
         # The snapshot's protocol, schema and properties are current even when it has not
-        # read pgsub's own last commit (``OpenTable``): the version is the open table's.
-        open_table.confirm_latest()
-        vectors_on(open_table.store, open_table.table, open_table.version)
-        open_table.synced()
-        warn_gained(schema.table, gain)
-        return True
+        # read pgsub's own last commit (``OpenTable``).
+        actions = vectors_on_actions(open_table.table)
+        metadata = actions[-1]["metaData"]
+        assert isinstance(metadata, dict)
+        facts: dict[Hashable, Any] = {
+            "arrow_schema": open_table.arrow_schema,  # the schema stays
+            ("table_types", schema.columns): types,
+            "configuration": dict(metadata["configuration"]),
+            ("vector_writable", schema.key): True,
+        }
+        return VectorsOn(actions, facts, gain)
 
     def _write_by_vectors(
         self,
@@ -361,10 +375,12 @@ class LocalMerges:
         done: int | None,
         *,
         copy_on_write: bool = False,
+        vectors_on: VectorsOn | None = None,
     ) -> WriteResult | None:
-        """A batch into a table with deletion vectors on (``apply.delta.writer.vector_write``);
-        with ``copy_on_write``, into one without them, its key index made for this batch
-        alone (kept, it would hold 9 bytes a row of a table no later batch may need)."""
+        """A batch into a table with deletion vectors on (``apply.delta.writer.vector_write``),
+        or turned on by its commit (``vectors_on``); with ``copy_on_write``, into one without
+        them, its key index made for this batch alone (kept, it would hold 9 bytes a row of a
+        table no later batch may need)."""
         if done is not None and done >= mark.txn[1]:
             return WriteResult(schema.table, None)  # committed before: Delta's txn says so
         try:
@@ -372,7 +388,13 @@ class LocalMerges:
             if state is None:
                 return None
             return write_by_vectors(
-                open_table, state, schema, source, mark, copy_on_write=copy_on_write
+                open_table,
+                state,
+                schema,
+                source,
+                mark,
+                copy_on_write=copy_on_write,
+                vectors_on=vectors_on,
             )
         except pa.ArrowException:  # a key type pyarrow cannot look up
             return None

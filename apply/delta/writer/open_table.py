@@ -63,7 +63,8 @@ class OpenTable:
 
     def __init__(self, store: TableStore, table: deltalake.DeltaTable) -> None:
         self.store = store
-        self.table = table  # protocol, schema, properties: current; files: see ``files``
+        self._table = table  # protocol, schema, properties: current; files: see ``files``
+        self._stale = False  # pgsub's own commit changed its protocol or properties: ``table``
         self._own: _Own | None = None
         self._marks: dict[str, int] = {}  # app id -> its batch version, as of _marks_at
         self._marks_at = -1
@@ -73,6 +74,15 @@ class OpenTable:
         # (``apply.delta.writer.checkpoint``); None: not known here.
         self.since: LogSince | None = None
         self._read_anew = False  # ``synced`` reads the snapshot from the latest checkpoint
+
+    @property
+    def table(self) -> deltalake.DeltaTable:
+        """delta-rs's snapshot: its protocol, schema and properties are the table's (read
+        again first if pgsub's own commit changed them: ``moved_on``); its files, see
+        ``files``."""
+        if self._stale:
+            return self.synced()
+        return self._table
 
     @property
     def version(self) -> int:
@@ -137,10 +147,20 @@ class OpenTable:
         """delta-rs's snapshot, brought up to the log's latest commit."""
         if self._read_anew:
             return self.reopened()
-        self.table.update_incremental()
+        self._table.update_incremental()
         self._own = None
+        self._stale = False
         self._facts.clear()
-        return self.table
+        return self._table
+
+    def moved_on(self, facts: dict[Hashable, Any]) -> None:
+        """pgsub's own last commit changed the table's protocol or properties (deletion
+        vectors turned on in a batch's commit: ``apply.delta.writer.protocol``): the snapshot
+        is read again when something next asks for it (``table``), and until then ``fact``
+        answers ``facts`` - what the committer knows of the table as it is now - without
+        that read (in an object store, a listing and a GET a table)."""
+        self._stale = True
+        self._facts = dict(facts)
 
     def checkpointed(self) -> None:
         """pgsub wrote the table's checkpoint at its latest commit: delta-rs's snapshot,
@@ -156,11 +176,12 @@ class OpenTable:
         import deltalake
 
         options = dict(self.store.options) or None
-        self.table = deltalake.DeltaTable(self.store.location, storage_options=options)
+        self._table = deltalake.DeltaTable(self.store.location, storage_options=options)
         self._read_anew = False
         self._own = None
+        self._stale = False
         self._facts.clear()
-        return self.table
+        return self._table
 
     def current(self) -> deltalake.DeltaTable:
         """delta-rs's snapshot as of the latest commit ``latest`` saw: as it is, unless

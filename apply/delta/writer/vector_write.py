@@ -45,9 +45,10 @@ import math
 import time
 import uuid
 import zlib
+from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +58,7 @@ import pyarrow.parquet as pq
 
 from apply.batching.source import FIRST, PRESENT, KeyedSource
 from apply.core.errors import CommitRacedError
+from apply.core.features import Gain
 from apply.core.maintenance_policy import PURGE_ABOVE
 from apply.delta.files.store import TableStore
 from apply.delta.writer import deletion_vectors
@@ -158,6 +160,17 @@ class VectorTable:
     index: KeyIndex
 
 
+@dataclass(frozen=True, slots=True)
+class VectorsOn:
+    """Deletion vectors turned on by the batch's own commit: its ``protocol`` and
+    ``metaData`` actions (``apply.delta.writer.protocol.vectors_on_actions``), what the open
+    table's facts are once it is made (``OpenTable.moved_on``), and why (``write_gain``)."""
+
+    actions: list[dict[str, object]]
+    facts: dict[Hashable, Any]
+    gain: Gain
+
+
 def write_by_vectors(
     open_table: OpenTable,
     state: VectorTable,
@@ -166,9 +179,12 @@ def write_by_vectors(
     mark: CommitMark,
     *,
     copy_on_write: bool = False,
+    vectors_on: VectorsOn | None = None,
 ) -> WriteResult | None:
     """The batch ``source`` written into the open table with deletion vectors, in one
-    commit carrying ``mark``; None: a conflict or a duplicate key (Spark's path). With
+    commit carrying ``mark`` (and ``vectors_on``'s actions, which turn them on: the batch
+    is the table's first with them); None: a conflict or a duplicate key (Spark's path,
+    nothing written, vectors not turned on). With
     ``copy_on_write``, no vector: each file the batch touches is rewritten without the
     rows it replaces or deletes (folded into the batch's file, as small files are), so
     the table needs no deletion vectors - a large transaction's way into a table without
@@ -209,7 +225,14 @@ def write_by_vectors(
     version = open_table.version + 1
     counts = expected_counts(rows)
     written = _write(
-        open_table.store, state.index, matches, new_rows, mark, counts=counts, folded=folded
+        open_table.store,
+        state.index,
+        matches,
+        new_rows,
+        mark,
+        counts=counts,
+        folded=folded,
+        opening=[] if vectors_on is None else vectors_on.actions,
     )
     try:
         open_table.confirm_latest()  # the log as read, asked while the files were written
@@ -226,6 +249,8 @@ def write_by_vectors(
     if written.new_file is not None:
         state.index.added(written.new_file, new_rows)
     open_table.wrote(app_id, batch_version, by_own=True, actions=written.actions)
+    if vectors_on is not None:
+        open_table.moved_on(vectors_on.facts)
     keep_log_of(open_table)
     return WriteResult(schema.table, version, *counts, written_bytes=size, durable=True)
 
@@ -248,10 +273,12 @@ def _write(
     *,
     counts: tuple[int, int, int],
     folded: list[VectorFile],
+    opening: list[dict[str, object]],
 ) -> _Written:
     """The batch's files (its rows, its vectors) and the actions of its commit, whose
-    metrics are named as a Spark MERGE's (``counts``: rows inserted, updated, deleted).
-    ``folded`` files are removed: ``rows`` holds what is alive of them."""
+    metrics are named as a Spark MERGE's (``counts``: rows inserted, updated, deleted),
+    ``opening`` after its ``commitInfo`` and ``txn``. ``folded`` files are removed:
+    ``rows`` holds what is alive of them."""
     now = int(time.time() * 1000)
     files: list[str] = []
     gone = {file.name for file in folded}
@@ -310,7 +337,7 @@ def _write(
         "numTargetDeletionVectorsUpdated": str(min(was_vector, len(kept))),
     }
     predicate = {"predicate": "pgsub: the batch's keys, looked up in memory"}
-    actions = opening_actions("MERGE", predicate, metrics, mark, now) + changes
+    actions = opening_actions("MERGE", predicate, metrics, mark, now) + opening + changes
     return _Written(actions, files, vectors, new_file, size + vector_bytes)
 
 

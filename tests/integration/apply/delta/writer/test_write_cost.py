@@ -44,9 +44,13 @@ def _tables(spark: Any, warehouse: Path, vectors: FeatureMode) -> DeltaTables:
     return tables
 
 
+def _commits(folder: Path) -> list[Path]:
+    return sorted((folder / "_delta_log").glob("*.json"))
+
+
 def _protocol(folder: Path) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for commit in sorted((folder / "_delta_log").glob("*.json")):
+    for commit in _commits(folder):
         for line in commit.read_text().splitlines():
             found = json.loads(line).get("protocol", found)
     return found
@@ -73,8 +77,20 @@ def test_ten_updates_of_a_large_table_write_their_rows_not_the_table(
     assert ten.written_bytes < 16_384, ten  # its rows, a vector file, its commit
     assert 0 < ten.changed_bytes < 200
     assert _protocol(folder)["readerFeatures"] == ["deletionVectors"]
-    assert writers(folder)[-2:] == ["pgsub", "pgsub"]  # vectors on, then the batch
-    assert operations(folder)[-2:] == ["SET TBLPROPERTIES", "MERGE"]
+    # Turned on by the batch's own commit, the first that writes vectors: one version.
+    assert writers(folder)[-1] == "pgsub" and operations(folder)[-2:] == ["WRITE", "MERGE"]
+    last = [json.loads(line) for line in _commits(folder)[-1].read_text().splitlines()]
+    assert [a["protocol"]["minReaderVersion"] for a in last if "protocol" in a] == [3]
+    assert any("deletionVector" in a.get("add", {}) for a in last)
+    # The next batch writes with them, its snapshot read again only when asked for.
+    again = tables.write(
+        SCHEMA,
+        _net(*(upd(T, i, "again") for i in range(5, 200_000, 40_000))),
+        CommitMark("sub1", Lsn(300), 0),
+    )
+    assert again.updated == 5 and again.written_bytes < 16_384, again
+    protocols = [c for c in _commits(folder) if '"protocol"' in c.read_text()]
+    assert len(protocols) == 2  # the table's creation, then the first batch with vectors
     (gained,) = [e for e in logs if e["event"] == "target table gains a reader feature"]
     assert gained["feature"] == "deletionVectors" and "rewrite_factor" in gained["reason"]
     assert "to_pyarrow_table" in gained["excludes"]
@@ -82,6 +98,7 @@ def test_ten_updates_of_a_large_table_write_their_rows_not_the_table(
     rows = spark.read.format("delta").load(str(folder)).where("v = 'changed'").count()
     assert rows == 10
     assert pl.read_delta(str(folder)).filter(pl.col("v") == "changed").height == 10
+    assert pl.read_delta(str(folder)).filter(pl.col("v") == "again").height == 5
     assert spark.read.format("delta").load(str(folder)).count() == 200_000
 
 
