@@ -48,24 +48,22 @@ delta-rs would write differently, multiset tables, large tables.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import structlog
 
 from apply.batching.collapse import KeyedNet
-from apply.batching.source import PRESENT, KeyedSource, keyed_source
+from apply.batching.source import KeyedSource, keyed_source
 from apply.core.errors import CommitRacedError, TargetTableError
-from apply.core.features import PORTABLE, FeatureMode, TableFeatures, write_gain
+from apply.core.features import PORTABLE, TableFeatures
 from apply.core.records import CommitMark, WriteResult
 from apply.delta.files.local_store import LocalStore
 from apply.delta.files.store import TableStore, table_store
-from apply.delta.writer import delta_rs_merge
 from apply.delta.writer.deletion_vectors import DeletionVectorError
 from apply.delta.writer.delta_rs_merge import (
     LOCAL_MERGE_MAX_BYTES,
@@ -83,15 +81,14 @@ from apply.delta.writer.overwrite import (
     hand_appendable,
     keep_log,
 )
-from apply.delta.writer.protocol import vectors_on_actions, warn_gained
+from apply.delta.writer.protocol import VectorsOn, warn_gained
 from apply.delta.writer.vector_write import (
-    VectorsOn,
     VectorTable,
     vector_writable,
     vectors_allowed,
     write_by_vectors,
 )
-from apply.delta.writer.write_cost import DEFAULT_ROW_BYTES, rewrite_bytes
+from apply.delta.writer.vectors_pay import vectors_pay
 from apply.history.stamps import Stamping, stamped
 from apply.plans.staging import StagedSource
 
@@ -273,9 +270,9 @@ class LocalMerges:
             ("vector_writable", schema.key), partial(vector_writable, schema=schema)
         ):
             return self._write_by_vectors(open_table, schema, source, mark, done)
-        gained = (
-            None if stamping.stamps else self._vectors_pay(open_table, schema, source, done, mark)
-        )
+        gained = None
+        if not stamping.stamps and (done is None or done < mark.txn[1]):
+            gained = vectors_pay(open_table, schema, source, self.features)
         if gained is not None:
             written = self._write_by_vectors(
                 open_table, schema, source, mark, done, vectors_on=gained
@@ -316,55 +313,6 @@ class LocalMerges:
         except (deltalake.exceptions.DeltaError, OSError) as exc:
             self.forget(path)
             raise TargetTableError(f"{what} through delta-rs failed: {exc}") from exc
-
-    def _vectors_pay(
-        self,
-        open_table: OpenTable,
-        schema: TargetSchema,
-        source: KeyedSource,
-        done: int | None,
-        mark: CommitMark,
-    ) -> VectorsOn | None:
-        """Whether the batch would rewrite far more than it writes with deletion vectors
-        (``apply.core.features.write_gain``); if so, what turns them on in the batch's own
-        commit (``apply.delta.writer.protocol``), which writes it with them."""
-        if self.features.deletion_vectors is not FeatureMode.AUTO:
-            return None
-        if done is not None and done >= mark.txn[1]:
-            return None  # committed before: nothing to write
-        if not open_table.fact(
-            ("vectors_may_pay", schema.key), partial(_vectors_may, schema=schema)
-        ):
-            return None
-        types = table_types(open_table, schema)
-        if types is None or lookup_keys(types, schema.key) is None:
-            return None  # the vector path could not look its keys up
-        files = open_table.files()
-        size = sum(f.size for f in files)
-        rows = sum(f.rows or 0 for f in files)
-        if size <= delta_rs_merge.REWRITE_MAX_BYTES:  # read at the call: tests lower it
-            rewrite = size  # rewritten whole
-        else:
-            first = schema.key[0]
-            rewrite = rewrite_bytes(open_table.synced(), first, source.table[first])
-        written = pc.sum(pc.cast(source.table[PRESENT], pa.int64())).as_py() or 0
-        per_row = size // rows if rows else DEFAULT_ROW_BYTES
-        properties = open_table.configuration
-        gain = write_gain(properties, rewrite, written, per_row, self.features)
-        if gain is None:
-            return None
-        # The snapshot's protocol, schema and properties are current even when it has not
-        # read pgsub's own last commit (``OpenTable``).
-        actions = vectors_on_actions(open_table.table)
-        metadata = actions[-1]["metaData"]
-        assert isinstance(metadata, dict)
-        facts: dict[Hashable, Any] = {
-            "arrow_schema": open_table.arrow_schema,  # the schema stays
-            ("table_types", schema.columns): types,
-            "configuration": dict(metadata["configuration"]),
-            ("vector_writable", schema.key): True,
-        }
-        return VectorsOn(actions, facts, gain)
 
     def _write_by_vectors(
         self,
@@ -508,13 +456,6 @@ class LocalMerges:
             self._open[store.location] = open_table
             self._vectors.pop(store.location, None)
         return open_table
-
-
-def _vectors_may(table: deltalake.DeltaTable, schema: TargetSchema) -> bool:
-    """Whether ``table``'s protocol and properties let its batches be written with deletion
-    vectors once they are on, by pgsub's own writer (``vectors_allowed``, ``delta_rs_writes``):
-    asked at every batch of a table they do not pay for yet, so kept as a fact of its snapshot."""
-    return vectors_allowed(table, schema) and delta_rs_writes(table.protocol())
 
 
 def merge_locally(

@@ -22,7 +22,9 @@ commit and a read of the log more for each of its tables (the first batch of
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Final
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
@@ -38,6 +40,17 @@ log = structlog.get_logger(__name__)
 
 # The writer features a legacy writer version implies (Delta's protocol, "Table Features").
 _IMPLIED: Final = {1: (), 2: ("appendOnly", "invariants")}
+
+
+@dataclass(frozen=True, slots=True)
+class VectorsOn:
+    """Deletion vectors turned on by the batch's own commit: its ``protocol`` and
+    ``metaData`` actions (``vectors_on_actions``), what the open
+    table's facts are once it is made (``OpenTable.moved_on``), and why (``write_gain``)."""
+
+    actions: list[dict[str, object]]
+    facts: dict[Hashable, Any]
+    gain: Gain
 
 
 def vectors_on(store: TableStore, table: deltalake.DeltaTable, version: int) -> None:

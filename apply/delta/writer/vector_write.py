@@ -45,10 +45,9 @@ import math
 import time
 import uuid
 import zlib
-from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -58,7 +57,6 @@ import pyarrow.parquet as pq
 
 from apply.batching.source import FIRST, PRESENT, KeyedSource
 from apply.core.errors import CommitRacedError
-from apply.core.features import Gain
 from apply.core.maintenance_policy import PURGE_ABOVE
 from apply.delta.files.store import TableStore
 from apply.delta.writer import deletion_vectors
@@ -72,6 +70,7 @@ from apply.delta.writer.overwrite import (
     commit,
     opening_actions,
 )
+from apply.delta.writer.protocol import VectorsOn
 from apply.plans.merge_plan import expected_counts
 from apply.plans.rewrite import found_as_expected, kept_values
 
@@ -158,17 +157,6 @@ class VectorTable:
 
     files: LiveFiles
     index: KeyIndex
-
-
-@dataclass(frozen=True, slots=True)
-class VectorsOn:
-    """Deletion vectors turned on by the batch's own commit: its ``protocol`` and
-    ``metaData`` actions (``apply.delta.writer.protocol.vectors_on_actions``), what the open
-    table's facts are once it is made (``OpenTable.moved_on``), and why (``write_gain``)."""
-
-    actions: list[dict[str, object]]
-    facts: dict[Hashable, Any]
-    gain: Gain
 
 
 def write_by_vectors(
