@@ -273,9 +273,10 @@ def fold_taken(net: KeyedNet, taken: Taken, before: int) -> None:
 class CommitsTaken(Sequence[tuple[int, int]]):
     """A batch's commits (``KeyedNet.commits``) followed by those of the transactions a take
     saw, each made when asked: a take is a table's, and the forming batch holds about a
-    second's transactions - made for each of 200 tables a batch, they were 14% of the
-    Python a 1,000-table batch ran (docs/performance.md, "Writes that take what has
-    arrived"), and only a stamped table or a TRUNCATE asks for any."""
+    second's transactions - made for each table that took ahead (about 500 a batch at
+    1,000 tables), they were 14% of the samples holding Python's lock (docs/performance.md,
+    "Many tables after a start: the first batches"), and only a stamped table or a
+    TRUNCATE asks for any."""
 
     def __init__(
         self, before: Sequence[tuple[int, int]], taken: Sequence[RemoteTransaction]
