@@ -11,7 +11,10 @@ delta-rs's snapshot forward only when something else needs it (``synced``:
 a MERGE, a checkpoint) or another writer committed (``latest``: the next
 version's file is there). The
 protocol, schema and properties of the snapshot stay true meanwhile: an
-overwrite does not change them. What a batch reads of them (``fact``: the
+overwrite does not change them. The one own commit that does - the batch
+that turns deletion vectors on (``apply.delta.writer.protocol``) - says
+what they are now (``moved_on``), and the snapshot is read again only when
+something asks for it. What a batch reads of them (``fact``: the
 table's Arrow schema, its properties, whether a path may write it) is kept
 until the snapshot moves: asked of delta-rs at every batch, it was a few
 percent of a 200-table batch's Python. The actions of pgsub's own commits
