@@ -53,8 +53,8 @@ def frames(transactions: int) -> list[bytes]:
 def receive(data: list[bytes]) -> int:
     """What the receiver thread does with each frame; the transactions assembled."""
     progress = Progress()
-    runs = RunDecoder(PgOutputDecoder(3))
     tracker = TransactionTracker(progress)
+    runs = RunDecoder(PgOutputDecoder(3), held=tracker.held)
     assembler = TransactionAssembler()
     assembled = 0
     for frame in data:

@@ -10,6 +10,10 @@ commit order:
   (``apply.arrival.spool``): every streamed transaction (``streaming = on``), and a
   transaction sent whole that grew past ``spill_after`` changes.
 
+A small transaction the receiver hands on whole (``WholeTransaction``: a
+Begin, a few row changes and a Commit as one item) is made in one step,
+without a message at a time.
+
 Streamed blocks of several transactions interleave with each other and
 with whole transactions. A Relation message inside a streamed block
 describes the relation for that transaction only until it commits, as
@@ -55,7 +59,6 @@ from subscriber.replication.messages import (
     Delete,
     Insert,
     LogicalMessage,
-    Message,
     Origin,
     Relation,
     RollbackPrepared,
@@ -71,6 +74,7 @@ from subscriber.replication.messages import (
 from subscriber.replication.messages import (
     Prepare as PrepareMessage,
 )
+from subscriber.replication.runs import Decoded, WholeTransaction
 from subscriber.replication.tuples import DELETE, INSERT, UPDATE, RowChanges
 from subscriber.replication.wire import pg_now
 
@@ -157,8 +161,10 @@ class TransactionAssembler:
         self._block = None
 
     # One case per pgoutput message, in the protocol's own list: a dispatch, not a decision.
-    def feed(self, message: Message | RowChanges) -> AssembledTransaction | None:  # noqa: PLR0912
+    def feed(self, message: Decoded) -> AssembledTransaction | None:  # noqa: PLR0912
         match message:
+            case WholeTransaction():
+                return self._whole(message)
             case RowChanges():
                 self._add_rows(message)
             case Begin():
@@ -237,6 +243,39 @@ class TransactionAssembler:
             if own is not None:
                 return own
         return self.relations[oid]
+
+    def _whole(self, whole: WholeTransaction) -> AssembledTransaction | None:
+        """A small transaction in one step: what its messages one at a time would make."""
+        if self._open is not None or self._block is not None:
+            made = None  # a Begin where none may be: as its messages would
+            for message in whole.messages():
+                made = self.feed(message)
+            return made
+        relations = self.relations
+        changes: list[Change] = []
+        for message in whole.changes:
+            relation = relations[message.relation_oid]
+            if type(message) is Update:
+                changes.append(RowChange(relation, Op.UPDATE, message.new, message.old))
+            elif type(message) is Insert:
+                changes.append(RowChange(relation, Op.INSERT, message.new, None))
+            else:
+                changes.append(RowChange(relation, Op.DELETE, None, cast(Delete, message).old))
+        size = sum(map(change_size, changes))
+        begin, commit, bound = whole.begin, whole.commit, self._spill_after
+        if bound is not None and (len(changes) > bound.changes or size > bound.size):
+            self._open = _Open(begin)  # past the bounds: into a spool, as one at a time
+            for change in changes:
+                self._add(change, None)
+            return self._commit(commit)
+        return RemoteTransaction(
+            xid=begin.xid,
+            final_lsn=commit.commit_lsn,
+            end_lsn=commit.end_lsn,
+            commit_time=commit.commit_time,
+            changes=tuple(changes),
+            size=size,
+        )
 
     def _add(self, change: Change, xid: int | None) -> None:
         if self._block is not None:

@@ -40,11 +40,11 @@ from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
 from subscriber.replication.commands import StreamOptions
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import Message, Relation
+from subscriber.replication.messages import Relation
 from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver, StreamHooks
+from subscriber.replication.runs import Decoded
 from subscriber.replication.stream_policy import StreamTiming
-from subscriber.replication.tuples import RowChanges
 from subscriber.replication.wire import XLogData
 
 
@@ -174,7 +174,7 @@ class ApplyPipeline:
         )
         self._threads: list[threading.Thread] = []
 
-    def _deliver(self, message: Message | RowChanges, data: XLogData) -> None:
+    def _deliver(self, message: Decoded, data: XLogData) -> None:
         tx = self._assembler.feed(message)
         if tx is None:
             return  # not complete yet

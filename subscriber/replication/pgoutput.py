@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 
@@ -56,6 +56,8 @@ from subscriber.replication.tuples import ChangeGroup, RowChanges, RunBuffer, wa
 
 _BEGIN: Final = struct.Struct("!QqI")
 _COMMIT: Final = struct.Struct("!BQQq")
+_BEGIN_SIZE: Final = 1 + _BEGIN.size  # the whole message, its type byte included
+_COMMIT_SIZE: Final = 1 + _COMMIT.size
 _STREAM_COMMIT: Final = struct.Struct("!IBQQq")
 _PREPARE_HEAD: Final = struct.Struct("!BQQqI")
 _BEGIN_PREPARE_HEAD: Final = struct.Struct("!QQqI")
@@ -146,6 +148,26 @@ class PgOutputDecoder:
                 str(exc), msg_type=chr(payload[0]), offset=reader.pos, lsn=lsn
             ) from exc
         return message
+
+    def decode_begin(self, payload: bytes, lsn: Lsn | None = None) -> Begin:
+        """``decode`` of a Begin message, without a reader when it is well formed and
+        may come here; otherwise ``decode`` itself, for its error."""
+        if len(payload) != _BEGIN_SIZE or self._open is not None or self._stream_xid is not None:
+            return cast(Begin, self.decode(payload, lsn))
+        final_lsn, commit_time, xid = _BEGIN.unpack_from(payload, 1)
+        begin = self._open = Begin(unpacked(final_lsn), commit_time, xid)
+        return begin
+
+    def decode_commit(self, payload: bytes, lsn: Lsn | None = None) -> Commit:
+        """``decode`` of a Commit message, as ``decode_begin`` is of a Begin."""
+        open_ = self._open
+        if len(payload) != _COMMIT_SIZE or not isinstance(open_, Begin):
+            return cast(Commit, self.decode(payload, lsn))
+        flags, commit_lsn, end_lsn, commit_time = _COMMIT.unpack_from(payload, 1)
+        if commit_lsn != open_.final_lsn:
+            return cast(Commit, self.decode(payload, lsn))
+        self._open = None
+        return Commit(flags, unpacked(commit_lsn), unpacked(end_lsn), commit_time)
 
     def decode_changes(self, payloads: Sequence[bytes], lsns: Sequence[Lsn]) -> RowChanges:
         """Consecutive Insert/Update/Delete messages, decoded together.

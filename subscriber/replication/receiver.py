@@ -5,7 +5,8 @@ durable at the target - so a lost connection loses nothing, and nothing at or
 below the flush point is decoded twice. Decoded messages go to ``deliver``
 in stream order, on the receiver's thread; consecutive row changes go as
 one ``RowChanges`` run when there are enough of them to decode a column at
-a time (``subscriber.replication.runs``). The receiver also keeps the pending-work
+a time, and a small transaction as one ``WholeTransaction``
+(``subscriber.replication.runs``). The receiver also keeps the pending-work
 bookkeeping of ``Progress`` (which transactions are open, which were
 handed on), since it sees every transaction boundary.
 """
@@ -38,7 +39,7 @@ from subscriber.replication.messages import (
 )
 from subscriber.replication.pgoutput import PgOutputDecoder
 from subscriber.replication.progress import Progress
-from subscriber.replication.runs import Decoded, RunDecoder
+from subscriber.replication.runs import Decoded, RunDecoder, WholeTransaction
 from subscriber.replication.stream import ReplicationConnection, ReplicationStream
 from subscriber.replication.stream_policy import DEFAULT_TIMING, StreamTiming
 from subscriber.replication.wire import XLogData
@@ -70,14 +71,26 @@ class TransactionTracker:
     def __init__(self, progress: Progress) -> None:
         self._progress = progress
         self._streamed: set[int] = set()
+        self._holding = False  # a Begin held for a whole transaction counts as open
 
     def reset(self) -> None:
         self._streamed.clear()
+        self._holding = False
         self._progress.reset_open()
+
+    def held(self) -> None:
+        """A Begin is held for a whole transaction (``RunDecoder``): open from here."""
+        self._progress.open_transaction()
+        self._holding = True
 
     def observe(self, message: Decoded) -> None:
         progress = self._progress
         match message:
+            case WholeTransaction(commit=commit):
+                self._holding = False
+                progress.close_transaction(commit.end_lsn)
+            case Begin() if self._holding:
+                self._holding = False  # held, then handed on as it was: opened already
             case Begin() | BeginPrepare():
                 progress.open_transaction()
             case Commit(end_lsn=end) | Prepare(end_lsn=end):
@@ -225,7 +238,7 @@ class Receiver:
         self.connections += 1
         self.streaming.set()
         self._stream = stream
-        runs = RunDecoder(decoder)
+        runs = RunDecoder(decoder, held=self._tracker.held)
         try:
             while not self._stopping.is_set():
                 data = stream.read(timeout=0)

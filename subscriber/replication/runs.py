@@ -7,22 +7,52 @@ not a row change - a transaction's run always ends at its Commit, a
 streamed block's at its Stream Stop - or until it reaches ``max_messages``
 or ``max_bytes``, so holding it delays nothing that could be applied and
 bounds the memory it takes.
+
+A small transaction - a Begin, at most ``WHOLE_AT_MOST`` row changes, a
+Commit, nothing else between - is handed on as one ``WholeTransaction`` at
+its Commit, where it would otherwise be handed on as three or more
+messages: a backlog of single-row transactions is bound by the receiver's
+Python per message (docs/performance.md, "Small transactions handed on
+whole"). Anything else in it (a Relation, an Origin, a Truncate, a
+message, more changes) hands on what was held as the messages it decoded
+to, in order, and goes on one message at a time. The caller learns when a
+Begin is held (``held``), so that the transaction counts as open from its
+Begin, as when the Begin is handed on at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, cast
 
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import Message
+from subscriber.replication.messages import Begin, Commit, Delete, Insert, Message, Update
 from subscriber.replication.pgoutput import CHANGE_TYPES, WALK_AT_LEAST, PgOutputDecoder
 from subscriber.replication.tuples import RowChanges
 
 RUN_MESSAGES: Final = 8192
 RUN_BYTES: Final = 32 << 20
+# The row changes a transaction may hold to be handed on whole.
+WHOLE_AT_MOST: Final = 8
+_BEGIN: Final = ord("B")
+_COMMIT: Final = ord("C")
 
-Decoded = Message | RowChanges
+
+@dataclass(frozen=True, slots=True)
+class WholeTransaction:
+    """A small transaction decoded to its Commit: the messages it was, as one item."""
+
+    begin: Begin
+    changes: tuple[Insert | Update | Delete, ...]
+    commit: Commit
+
+    def messages(self) -> list[Message]:
+        """The messages it was, in stream order."""
+        return [self.begin, *self.changes, self.commit]
+
+
+Decoded = Message | RowChanges | WholeTransaction
 
 
 class RunDecoder:
@@ -33,13 +63,20 @@ class RunDecoder:
         decoder: PgOutputDecoder,
         max_messages: int = RUN_MESSAGES,
         max_bytes: int = RUN_BYTES,
+        *,
+        held: Callable[[], None] | None = None,
     ) -> None:
+        """``held``: called as a Begin is held for a whole transaction; None: every
+        message is handed on as soon as it can be, a small transaction's too."""
         self.decoder = decoder
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._payloads: list[bytes] = []
         self._lsns: list[Lsn] = []
         self._held = 0
+        self._on_held = held
+        self._begin: Begin | None = None  # the Begin of a transaction that may be whole
+        self._whole: list[Insert | Update | Delete] = []
 
     @property
     def holding(self) -> int:
@@ -47,6 +84,27 @@ class RunDecoder:
         return len(self._payloads)
 
     def push(self, payload: bytes, lsn: Lsn) -> Sequence[Decoded]:
+        kind = payload[0] if payload else -1
+        begin = self._begin
+        if begin is not None:
+            if kind in CHANGE_TYPES and len(self._whole) < WHOLE_AT_MOST:
+                change = self.decoder.decode(payload, lsn)
+                self._whole.append(cast(Insert | Update | Delete, change))
+                return ()
+            whole, self._begin, self._whole = self._whole, None, []
+            if kind == _COMMIT:
+                commit = self.decoder.decode_commit(payload, lsn)
+                return (WholeTransaction(begin, tuple(whole), commit),)
+            released: list[Decoded] = [begin, *whole]
+            released.extend(self._push(payload, lsn))
+            return released
+        if kind == _BEGIN and self._on_held is not None and not self._payloads:
+            self._begin = self.decoder.decode_begin(payload, lsn)
+            self._on_held()
+            return ()
+        return self._push(payload, lsn)
+
+    def _push(self, payload: bytes, lsn: Lsn) -> Sequence[Decoded]:
         if payload and payload[0] in CHANGE_TYPES:
             held = self._payloads
             held.append(payload)

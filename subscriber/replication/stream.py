@@ -34,7 +34,7 @@ from subscriber.replication.commands import (
     start_replication_command,
 )
 from subscriber.replication.errors import ConnectionLostError, ProtocolError, ReplicationError
-from subscriber.replication.lsn import Lsn
+from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.progress import Feedback, Progress
 from subscriber.replication.stream_policy import Silence, StreamPolicy
 from subscriber.replication.wire import Keepalive, XLogData, parse_frame, status_update
@@ -280,6 +280,7 @@ class ReplicationStream:
         )
         self.last_server_time = 0
         self.last_wal_end: Lsn | None = None  # the server's WAL end, as last reported
+        self._noted = ZERO  # the highest position this stream told ``progress`` it received
         self.last_message_time: float | None = None  # Unix time of any frame, keepalives too
         self.ended = False
 
@@ -302,7 +303,11 @@ class ReplicationStream:
                     if message.reply_requested:
                         self.send_status(force=True)
                     continue
-                self._progress.note_received(max(message.data_start, message.wal_end))
+                # Told only when it moves: frames of a burst mostly carry one WAL end.
+                received = max(message.data_start, message.wal_end)
+                if received > self._noted:
+                    self._noted = received
+                    self._progress.note_received(received)
                 return message
             # Nothing buffered: a good moment to report progress, then wait.
             self.send_status()

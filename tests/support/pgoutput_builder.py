@@ -94,3 +94,7 @@ def stream_abort(xid: int, subxid: int) -> bytes:
 
 def stream_commit(xid: int, commit_lsn: int, end_lsn: int, commit_time: int = 0) -> bytes:
     return b"c" + struct.pack("!IBQQq", xid, 0, commit_lsn, end_lsn, commit_time)
+
+
+def origin(origin_lsn: int, name: str) -> bytes:
+    return b"O" + struct.pack("!Q", origin_lsn) + cstr(name)

@@ -10,7 +10,9 @@ from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Message
 from subscriber.replication.pgoutput import PgOutputDecoder
 from subscriber.replication.progress import Progress
+from subscriber.replication.runs import Decoded, WholeTransaction
 from subscriber.replication.stream import ReplicationConnection
+from subscriber.replication.tuples import RowChanges
 from tests.support.pgdatabase import PgDatabase
 
 
@@ -52,3 +54,14 @@ def read_stream(
 def create_slot(db: PgDatabase, slot: str, **kwargs: bool) -> Lsn:
     with ReplicationConnection(db.replication_dsn) as connection:
         return connection.create_slot(slot, **kwargs).consistent_point  # type: ignore[arg-type]
+
+
+def as_messages(decoded: Sequence[Decoded]) -> list[Message]:
+    """What a run decoder handed on, as the messages it was, in stream order."""
+    out: list[Message] = []
+    for item in decoded:
+        if isinstance(item, RowChanges | WholeTransaction):
+            out.extend(item.messages())
+        else:
+            out.append(item)
+    return out

@@ -15,10 +15,10 @@ from subscriber.replication.commands import Streaming, StreamOptions, proto_vers
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import BINARY, UNCHANGED, Commit, Message, StreamCommit, Update
 from subscriber.replication.pgoutput import PgOutputDecoder
-from subscriber.replication.runs import RunDecoder
+from subscriber.replication.runs import RunDecoder, WholeTransaction
 from subscriber.replication.tuples import RowChanges
 from tests.support.pgdatabase import PgDatabase
-from tests.support.streaming import create_slot, read_stream
+from tests.support.streaming import as_messages, create_slot, read_stream
 
 pytestmark = pytest.mark.integration
 
@@ -32,6 +32,9 @@ WORKLOAD = [
     "UPDATE f SET y = y || '!'",
     "DELETE FROM f",
     "DELETE FROM c WHERE id > 250 AND id < 1000",
+    "UPDATE c SET n = 0 WHERE id = 105",  # small transactions: handed on whole
+    "INSERT INTO f VALUES (1, 'one'), (2, 'two')",
+    "DELETE FROM c WHERE id = 107",
     "BEGIN;"
     " INSERT INTO c SELECT g, 'streamed', NULL, g, now() FROM generate_series(2001, 2400) g;"
     " SAVEPOINT s;"
@@ -66,10 +69,10 @@ def test_runs_of_a_real_workload_decode_as_one_by_one(
     one_by_one = read_stream(db, "runs", options, _end, raw=raw)
 
     proto = proto_version_for(db.cluster.major * 10_000)
-    runs = RunDecoder(PgOutputDecoder(proto), max_messages=200)
+    runs = RunDecoder(PgOutputDecoder(proto), max_messages=200, held=lambda: None)
     decoded = [d for payload, lsn in raw for d in runs.push(payload, lsn)]
-    flat = [m for d in decoded for m in (d.messages() if isinstance(d, RowChanges) else [d])]
-    assert flat == one_by_one
+    assert as_messages(decoded) == one_by_one
+    assert any(isinstance(d, WholeTransaction) for d in decoded)  # the small ones
 
     walked = [g for d in decoded if isinstance(d, RowChanges) for g in d.groups if g.walked]
     assert len(walked) >= 10

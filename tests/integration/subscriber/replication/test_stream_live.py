@@ -17,6 +17,7 @@ from subscriber.replication.messages import Begin, Commit, Insert, LogicalMessag
 from subscriber.replication.pgoutput import PgOutputDecoder
 from subscriber.replication.progress import HeldProgress, Progress
 from subscriber.replication.receiver import Backoff, Receiver
+from subscriber.replication.runs import Decoded, WholeTransaction
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.replication.stream_policy import WRITE_REPORT_DELAY, StreamTiming
 from subscriber.replication.tuples import RowChanges
@@ -128,8 +129,12 @@ def test_flush_is_held_back_until_confirmed(publisher: PgDatabase) -> None:
     received: list[Message | RowChanges] = []
     progress = Progress()
 
-    def deliver(message: Message | RowChanges, data: XLogData) -> None:
-        received.append(message)
+    def deliver(message: Decoded, data: XLogData) -> None:
+        # A small transaction arrives whole: its Commit counts as open until then.
+        if isinstance(message, WholeTransaction):
+            received.extend(message.messages())
+        else:
+            received.append(message)
 
     receiver = Receiver(
         db.replication_dsn,
@@ -176,7 +181,13 @@ def test_cut_connection_resumes_from_flushed_position(
     state: dict[str, object] = {}
     progress = Progress()
 
-    def deliver(message: Message | RowChanges, data: XLogData) -> None:
+    def deliver(decoded: Decoded, data: XLogData) -> None:
+        # A small transaction arrives whole: its messages, in order.
+        messages = decoded.messages() if isinstance(decoded, WholeTransaction) else [decoded]
+        for message in messages:
+            take(message)
+
+    def take(message: Decoded) -> None:
         if isinstance(message, Begin):
             state["pending"] = None
         elif isinstance(message, Insert):

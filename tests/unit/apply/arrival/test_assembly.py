@@ -41,7 +41,7 @@ from subscriber.replication.messages import (
     StreamStop,
 )
 from subscriber.replication.pgoutput import PgOutputDecoder
-from subscriber.replication.runs import RunDecoder
+from subscriber.replication.runs import RunDecoder, WholeTransaction
 from tests.support import pgoutput_builder as pgb
 from tests.unit.apply.builders import row
 
@@ -434,3 +434,56 @@ def test_messages_join_their_transaction_or_stand_alone(spools: SpoolDirectory) 
     spool.append(tx.changes[1])
     spool.close()
     assert list(read_changes(spool.path)) == [tx.changes[1]]
+
+
+def test_small_transactions_handed_on_whole_assemble_as_their_messages(
+    spools: SpoolDirectory,
+) -> None:
+    """A ``WholeTransaction`` makes the transaction its messages make one at a time: the
+    same xid, LSNs, commit time, changes and size; spooled past the bounds; its Origin
+    (which hands it on as messages) kept."""
+    rng = random.Random(3)
+    origin = pgb.origin(0x77, "node")
+    stream = [pgb.relation(OID, "public", "t", [("id", 23, True), ("v", 25, False)])]
+    for n in range(60):
+        final = 0x1000 + 0x100 * n
+        body = []
+        for _ in range(rng.randint(0, 8)):
+            key = str(rng.randint(0, 9)).encode()
+            pick = rng.randrange(3)
+            if pick == 0:
+                body.append(pgb.insert(OID, [key, b"v" * rng.randint(0, 90)]))
+            elif pick == 1:
+                body.append(pgb.update(OID, [key, b"u"], [key, None], key=True))
+            else:
+                body.append(pgb.delete(OID, [key, None]))
+        if n % 7 == 0:
+            body.insert(0, origin)
+        stream += [pgb.begin(final, 900 + n, commit_time=n), *body]
+        stream.append(pgb.commit(final, final + 0x10, commit_time=n))
+
+    def assembled(held: bool) -> tuple[list[object], int]:
+        decoder = PgOutputDecoder(2)
+        runs = RunDecoder(decoder, held=(lambda: None) if held else None)
+        assembler = TransactionAssembler(spools, spill_after=Bounds(5, size=200))
+        made: list[object] = []
+        whole = 0
+        for at, payload in enumerate(stream):
+            for message in runs.push(payload, Lsn(0x10 + at)):
+                whole += isinstance(message, WholeTransaction)
+                tx = assembler.feed(message)
+                if isinstance(tx, SpooledTransaction):
+                    changes = [c for piece in tx.pieces(Bounds(1_000)) for c in piece.changes]
+                    made.append(("spooled", tx.head, changes))
+                    tx.discard()
+                elif tx is not None:
+                    made.append(tx)
+        return made, whole
+
+    by_messages, none_whole = assembled(held=False)
+    by_whole, whole = assembled(held=True)
+    assert none_whole == 0 and whole > 30
+    assert by_whole == by_messages
+    assert len(by_whole) == 60
+    assert any(isinstance(tx, tuple) for tx in by_whole)  # past the bounds: spooled
+    assert any(isinstance(tx, RemoteTransaction) and tx.origin == "node" for tx in by_whole)

@@ -2,8 +2,11 @@ import pytest
 
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, StreamAbort, StreamCommit, StreamStart
+from subscriber.replication.pgoutput import PgOutputDecoder
 from subscriber.replication.progress import Progress, ProgressError
 from subscriber.replication.receiver import Backoff, TransactionTracker
+from subscriber.replication.runs import RunDecoder, WholeTransaction
+from tests.support import pgoutput_builder as b
 
 
 def test_flush_only_moves_forward() -> None:
@@ -70,3 +73,27 @@ def test_backoff_is_capped_exponential() -> None:
     assert delays[-1] >= 6.4
     backoff.reset()
     assert backoff.next_delay() <= 1.0
+
+
+def test_a_transaction_held_to_be_whole_holds_flush_back_from_its_begin() -> None:
+    """The receiver holds a small transaction's Begin until its Commit (``RunDecoder``):
+    the slot's flush stays put from the Begin, whether the transaction is then handed on
+    whole or as its messages, and counts it open once."""
+    relation = b.relation(16384, "public", "t", [("id", 23, True)])
+    for between in ([], [relation]):  # whole; a Relation inside: handed on as messages
+        progress = Progress(Lsn(100))
+        tracker = TransactionTracker(progress)
+        runs = RunDecoder(PgOutputDecoder(2), held=tracker.held)
+        runs.decoder.decode(relation)
+        stream = [b.begin(0x300, 7), *between, b.insert(16384, [b"1"]), b.commit(0x300, 0x310)]
+        handed: list[object] = []
+        for at, payload in enumerate(stream):
+            for decoded in runs.push(payload, Lsn(0x200 + at)):
+                tracker.observe(decoded)
+                handed.append(decoded)
+            progress.note_received(Lsn(0x500))  # the server's WAL end, past the commit
+            if at < len(stream) - 1:
+                assert progress.feedback().flush == Lsn(100), (between, at)
+        assert isinstance(handed[0], WholeTransaction) is (not between)
+        progress.confirm_flushed(Lsn(0x310))
+        assert progress.feedback().flush == Lsn(0x500)  # idle: opened once, closed once

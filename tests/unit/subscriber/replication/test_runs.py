@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Sequence
 
 import pytest
@@ -11,11 +12,12 @@ from hypothesis import strategies as st
 
 from subscriber.replication.errors import ProtocolError
 from subscriber.replication.lsn import Lsn
-from subscriber.replication.messages import Commit, Delete, Insert, Update
+from subscriber.replication.messages import Commit, Delete, Insert, Message, Update
 from subscriber.replication.pgoutput import WALK_AT_LEAST, PgOutputDecoder
-from subscriber.replication.runs import RunDecoder
+from subscriber.replication.runs import WHOLE_AT_MOST, Decoded, RunDecoder, WholeTransaction
 from subscriber.replication.tuples import RowChanges
 from tests.support import pgoutput_builder as b
+from tests.support.streaming import as_messages
 
 # (oid, column count) of the relations the runs change.
 RELATIONS = {16384: 3, 16390: 2, 4_000_000_000: 4}
@@ -73,6 +75,22 @@ def lsns(payloads: Sequence[bytes]) -> list[Lsn]:
 
 def one_by_one(decoder: PgOutputDecoder, payloads: Sequence[bytes]) -> list[object]:
     return [decoder.decode(p, lsn) for p, lsn in zip(payloads, lsns(payloads), strict=True)]
+
+
+def mutate(payloads: list[bytes], mutations: Sequence[tuple[int, int, int]]) -> None:
+    """Each mutation (which message, where, byte) sets that byte, or cuts the message
+    there when the byte is negative."""
+    for which, where, byte in mutations:
+        index = which % len(payloads)
+        payload = bytearray(payloads[index])
+        if not payload:
+            continue
+        at = where % len(payload)
+        if byte < 0:
+            del payload[at:]
+        else:
+            payload[at] = byte
+        payloads[index] = bytes(payload)
 
 
 def outcome(decode: object) -> object:
@@ -199,17 +217,7 @@ def test_any_run_decodes_as_one_by_one(
     payloads = run_of(rng, dict(zip(RELATIONS, counts, strict=True)))
     if not payloads:
         return
-    for which, where, byte in mutations:
-        index = which % len(payloads)
-        payload = bytearray(payloads[index])
-        if not payload:
-            continue
-        at = where % len(payload)
-        if byte < 0:
-            del payload[at:]
-        else:
-            payload[at] = byte
-        payloads[index] = bytes(payload)
+    mutate(payloads, mutations)
     decoder = session()
     expected = outcome(lambda: one_by_one(decoder, payloads))
     got = outcome(lambda: decoder.decode_changes(payloads, lsns(payloads)).messages())
@@ -237,3 +245,64 @@ def test_run_decoder_bounds_a_run_by_bytes() -> None:
     released = [runs.push(big, Lsn(1)) for _ in range(4)]
     assert [len(r) for r in released] == [0, 0, 0, 4]
     assert runs.holding == 0
+
+
+def transactions(rng: random.Random, count: int) -> tuple[list[bytes], int]:
+    """Transactions of 0-12 changes, some with an Origin, a Relation or a logical
+    message inside; and how many of them a run decoder may hand on whole."""
+    origin = b.origin(0x77, "node")
+    message = b"M" + struct.pack("!BQ", 1, 0x88) + b"app\0" + struct.pack("!i", 2) + b"hi"
+    relation = b.relation(16390, "public", "t16390", [("c0", 25, True), ("c1", 25, False)])
+    out: list[bytes] = []
+    whole = 0
+    for n in range(count):
+        final = 0x10_000 + 0x100 * n
+        body = run_of(rng, {16384: rng.randint(0, 6), 16390: rng.randint(0, 6)})
+        inside = rng.choice([None, None, None, origin, message, relation])
+        if inside is not None:
+            body.insert(rng.randint(0, len(body)), inside)
+        elif len(body) <= WHOLE_AT_MOST:
+            whole += 1
+        out += [b.begin(final, 700 + n, commit_time=n), *body]
+        out.append(b.commit(final, final + 0x10, commit_time=n))
+    return out, whole
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32),
+    mutations=st.lists(
+        st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(-1, 255)),
+        max_size=2,
+    ),
+)
+def test_small_transactions_handed_on_whole_are_the_messages_one_by_one(
+    seed: int, mutations: list[tuple[int, int, int]]
+) -> None:
+    """Random streams of transactions, some bytes changed or cut: a run decoder that hands
+    small transactions on whole hands on the same messages, or raises the same error, as
+    decoding one by one; and each transaction it held was counted open once."""
+    rng = random.Random(seed)
+    payloads, whole = transactions(rng, 30)
+    mutate(payloads, mutations)
+    expected = outcome(lambda: one_by_one(session_outside(), payloads))
+    held: list[int] = []
+    runs = RunDecoder(session_outside(), max_messages=16, held=lambda: held.append(1))
+    handed: list[Decoded] = []
+
+    def decode_all() -> list[Message]:
+        for payload, lsn in zip(payloads, lsns(payloads), strict=True):
+            handed.extend(runs.push(payload, lsn))
+        return as_messages(handed)
+
+    assert outcome(decode_all) == expected
+    if not mutations:
+        assert sum(isinstance(d, WholeTransaction) for d in handed) == whole
+        assert len(held) == 30  # every Begin was held; those not whole went on as messages
+
+
+def session_outside() -> PgOutputDecoder:
+    """A session that knows the relations, outside any transaction."""
+    decoder = session()
+    decoder.decode(b.commit(0x5000, 0x5008))
+    return decoder
