@@ -45,7 +45,6 @@ from subscriber.replication.progress import Progress
 from subscriber.replication.receiver import Receiver, StreamHooks
 from subscriber.replication.runs import Decoded
 from subscriber.replication.stream_policy import StreamTiming
-from subscriber.replication.wire import XLogData
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +173,7 @@ class ApplyPipeline:
         )
         self._threads: list[threading.Thread] = []
 
-    def _deliver(self, message: Decoded, data: XLogData) -> None:
+    def _deliver(self, message: Decoded) -> None:
         tx = self._assembler.feed(message)
         if tx is None:
             return  # not complete yet

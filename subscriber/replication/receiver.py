@@ -42,7 +42,6 @@ from subscriber.replication.progress import Progress
 from subscriber.replication.runs import Decoded, RunDecoder, WholeTransaction
 from subscriber.replication.stream import ReplicationConnection, ReplicationStream
 from subscriber.replication.stream_policy import DEFAULT_TIMING, StreamTiming
-from subscriber.replication.wire import XLogData
 
 log = structlog.get_logger(__name__)
 
@@ -113,8 +112,8 @@ class TransactionTracker:
                 pass
 
 
-# A decoded message, or a run of row changes, with the frame that completed it.
-Deliver = Callable[[Decoded, XLogData], None]
+# A decoded message, a run of row changes or a small transaction, in stream order.
+Deliver = Callable[[Decoded], None]
 
 
 def _nothing() -> None:
@@ -241,16 +240,17 @@ class Receiver:
         runs = RunDecoder(decoder, held=self._tracker.held)
         try:
             while not self._stopping.is_set():
-                data = stream.read(timeout=0)
-                if data is None:
+                frames = stream.read_all(timeout=0)
+                if not frames:
                     self._hooks.drained()
-                    data = stream.read()
-                    if data is None:
+                    frames = stream.read_all()
+                    if not frames:
                         continue
-                for decoded in runs.push(data.payload, data.data_start):
-                    self._backoff.reset()
-                    self._tracker.observe(decoded)
-                    self._deliver(decoded, data)
+                self._backoff.reset()
+                for start, payload in frames:
+                    for decoded in runs.push(payload, start):
+                        self._tracker.observe(decoded)
+                        self._deliver(decoded)
         finally:
             self.streaming.clear()
             self._last_receipt = stream.last_message_time or self._last_receipt

@@ -34,10 +34,17 @@ from subscriber.replication.commands import (
     start_replication_command,
 )
 from subscriber.replication.errors import ConnectionLostError, ProtocolError, ReplicationError
-from subscriber.replication.lsn import ZERO, Lsn
+from subscriber.replication.lsn import ZERO, Lsn, unpacked
 from subscriber.replication.progress import Feedback, Progress
 from subscriber.replication.stream_policy import Silence, StreamPolicy
-from subscriber.replication.wire import Keepalive, XLogData, parse_frame, status_update
+from subscriber.replication.wire import (
+    XLOG_PAYLOAD,
+    Keepalive,
+    XLogData,
+    parse_frame,
+    status_update,
+    xlog_header,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -293,21 +300,14 @@ class ReplicationStream:
         while True:
             frame = self._next_frame()
             if frame is not None:
-                self._policy.received(self._clock())
-                self.last_message_time = time.time()
+                self._arrived()
                 message = parse_frame(frame)
                 self.last_server_time = message.send_time
                 self.last_wal_end = message.wal_end
                 if isinstance(message, Keepalive):
-                    self._progress.note_received(message.wal_end)
-                    if message.reply_requested:
-                        self.send_status(force=True)
+                    self._keepalive(message)
                     continue
-                # Told only when it moves: frames of a burst mostly carry one WAL end.
-                received = max(message.data_start, message.wal_end)
-                if received > self._noted:
-                    self._noted = received
-                    self._progress.note_received(received)
+                self._note_received(max(message.data_start, message.wal_end))
                 return message
             # Nothing buffered: a good moment to report progress, then wait.
             self.send_status()
@@ -331,6 +331,53 @@ class ReplicationStream:
                 self._consume()
             if not ready and deadline is not None and self._clock() >= deadline:
                 return None  # the socket too has nothing (``timeout=0``: nothing waits)
+
+    def read_all(self, timeout: float | None = None) -> list[tuple[Lsn, bytes]]:
+        """Every XLogData libpq holds, as (WAL start, payload) in stream order: at least
+        one, waited for as ``read`` waits, or none when ``timeout`` passes first.
+
+        The receiver's path: past the first frame, one clock reading and one progress
+        note for the lot, and no ``XLogData`` made for each frame.
+        """
+        first = self.read(timeout)
+        if first is None:
+            return []
+        out = [(first.data_start, first.payload)]
+        received = end = sent = 0
+        while (frame := self._next_frame()) is not None:
+            header = xlog_header(frame)
+            if header is None:  # a keepalive; ``parse_frame`` refuses what is no frame
+                message = parse_frame(frame)
+                assert isinstance(message, Keepalive)  # an XLogData has a header
+                self._keepalive(message)
+                continue
+            start, end, sent = header
+            out.append((unpacked(start), frame[XLOG_PAYLOAD:]))
+            received = max(received, start, end)
+        if len(out) > 1:
+            self._arrived()
+            if sent:  # a keepalive among them may have told more already
+                self.last_server_time = max(self.last_server_time, sent)
+                self.last_wal_end = unpacked(max(self.last_wal_end or 0, end))
+            self._note_received(unpacked(received))
+        return out
+
+    def _arrived(self) -> None:
+        self._policy.received(self._clock())
+        self.last_message_time = time.time()
+
+    def _keepalive(self, message: Keepalive) -> None:
+        self.last_server_time = message.send_time
+        self.last_wal_end = message.wal_end
+        self._progress.note_received(message.wal_end)
+        if message.reply_requested:
+            self.send_status(force=True)
+
+    def _note_received(self, received: Lsn) -> None:
+        # Told only when it moves: frames of a burst mostly carry one WAL end.
+        if received > self._noted:
+            self._noted = received
+            self._progress.note_received(received)
 
     def hold(self) -> None:
         """Keep the connection alive while the consumer cannot take more (backpressure).

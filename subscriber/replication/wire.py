@@ -50,6 +50,18 @@ class Keepalive:
     reply_requested: bool
 
 
+# Where an XLogData frame's payload begins: its type byte, then the header.
+XLOG_PAYLOAD: Final = 1 + _XLOG_HEADER.size
+
+
+def xlog_header(frame: bytes) -> tuple[int, int, int] | None:
+    """An XLogData frame's WAL start, WAL end and send time; None for any other frame
+    (``parse_frame`` says what it is, or why it is none)."""
+    if len(frame) >= XLOG_PAYLOAD and frame[0] == 0x77:  # 'w'
+        return _XLOG_HEADER.unpack_from(frame, 1)
+    return None
+
+
 def parse_frame(frame: bytes) -> XLogData | Keepalive:
     """One CopyData payload from the walsender."""
     if not frame:

@@ -21,7 +21,6 @@ from subscriber.replication.runs import Decoded, WholeTransaction
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.replication.stream_policy import WRITE_REPORT_DELAY, StreamTiming
 from subscriber.replication.tuples import RowChanges
-from subscriber.replication.wire import XLogData
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
 from tests.support.streaming import create_slot, read_stream
@@ -129,7 +128,7 @@ def test_flush_is_held_back_until_confirmed(publisher: PgDatabase) -> None:
     received: list[Message | RowChanges] = []
     progress = Progress()
 
-    def deliver(message: Decoded, data: XLogData) -> None:
+    def deliver(message: Decoded) -> None:
         # A small transaction arrives whole: its Commit counts as open until then.
         if isinstance(message, WholeTransaction):
             received.extend(message.messages())
@@ -181,7 +180,7 @@ def test_cut_connection_resumes_from_flushed_position(
     state: dict[str, object] = {}
     progress = Progress()
 
-    def deliver(decoded: Decoded, data: XLogData) -> None:
+    def deliver(decoded: Decoded) -> None:
         # A small transaction arrives whole: its messages, in order.
         messages = decoded.messages() if isinstance(decoded, WholeTransaction) else [decoded]
         for message in messages:
@@ -309,3 +308,45 @@ def test_mutated_captured_messages_raise_only_protocol_error(
         decoder.decode(bytes(payload), captured[index][1])
     except ProtocolError as exc:
         assert "LSN" in str(exc)
+
+
+def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
+    publisher: PgDatabase,
+) -> None:
+    """A backlog of small transactions, read twice from one slot that nothing confirms:
+    ``read_all``'s frames, in bursts, are ``read``'s, and the received position is
+    noted for the burst."""
+    db = publisher
+    db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
+    create_slot(db, "s1")
+    with db.connect() as conn:
+        for i in range(2000):
+            conn.execute("INSERT INTO t VALUES (%s)", [i])
+    wanted = 3 * 2000  # Begin, Insert, Commit each (and one Relation)
+
+    def frames(in_bursts: bool) -> tuple[list[tuple[Lsn, bytes]], int, Progress]:
+        progress = HeldProgress()
+        connection = ReplicationConnection(db.replication_dsn)
+        stream = connection.start_replication("s1", Lsn(0), StreamOptions(("p",)), progress)
+        got: list[tuple[Lsn, bytes]] = []
+        largest = 0
+        try:
+            while len(got) < wanted:
+                if in_bursts:
+                    burst = stream.read_all(timeout=30)
+                    assert burst, "nothing in 30 s"
+                    largest = max(largest, len(burst))
+                    got.extend(burst)
+                else:
+                    data = stream.read(timeout=30)
+                    assert data is not None, "nothing in 30 s"
+                    got.append((data.data_start, data.payload))
+        finally:
+            stream.stop()
+        return got, largest, progress
+
+    one_at_a_time, _, _ = frames(in_bursts=False)
+    in_bursts, largest, progress = frames(in_bursts=True)
+    assert in_bursts[:wanted] == one_at_a_time[:wanted]
+    assert largest > 1
+    assert progress.received >= max(start for start, _ in in_bursts)
