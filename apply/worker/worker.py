@@ -53,7 +53,7 @@ from apply.core.transactions import (
 )
 from apply.worker.applier import BatchApplier
 from apply.worker.worker_hooks import WorkerHooks
-from apply.worker.writes_ahead import Ahead, WhileWriting
+from apply.worker.writes_ahead import FORM_EVERY, Ahead, WhileWriting
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.progress import Progress
 
@@ -174,18 +174,26 @@ class ApplyWorker:
 
     def _take_arrived(self) -> bool:
         """While a batch is written: the transactions queued since the last look join the
-        next batch (``apply.batching.forming``). False: the next batch takes no more now - it is
-        full,
-        the queue's next transaction is spooled or prepared, or batches are being isolated."""
+        next batch (``apply.batching.forming``), for ``FORM_EVERY`` seconds at most a look, so
+        that a batch whose writes are done is finished then - confirmed, and the next one
+        written - and not once a backlog queued meanwhile is formed. False: the next batch
+        takes no more now - it is full, the queue's next transaction is spooled or prepared,
+        or batches are being isolated."""
         if self._isolate_through is not None:
             return False
-        self._add_waiting(None)
-        return not (self._batcher.full() or len(self._queue))
+        until = time.monotonic() + FORM_EVERY
+        self._add_waiting(None, until)
+        if self._batcher.full():
+            return False
+        return not len(self._queue) or time.monotonic() >= until  # out of time: more later
 
-    def _add_waiting(self, tx: AssembledTransaction | None) -> AssembledTransaction | None:
+    def _add_waiting(
+        self, tx: AssembledTransaction | None, until: float | None = None
+    ) -> AssembledTransaction | None:
         """Adds the queued transactions held in memory to the open batch, until it is full or
-        one to isolate is in it; the last one added (``tx`` if none). They are taken by runs:
-        one lock, not one a transaction (a backlog of single-row ones is 200,000 of them)."""
+        one to isolate is in it, or (a monotonic time) ``until``; the last one added (``tx``
+        if none). They are taken by runs: one lock, not one a transaction (a backlog of
+        single-row ones is 200,000 of them)."""
         while True:
             run = self._queue.take(RUN, accept=in_memory_transaction)
             for n, queued in enumerate(run):
@@ -194,7 +202,7 @@ class ApplyWorker:
                     return tx
                 self._add(queued)
                 tx = queued.tx
-            if len(run) < RUN:
+            if len(run) < RUN or (until is not None and time.monotonic() >= until):
                 return tx
 
     def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:

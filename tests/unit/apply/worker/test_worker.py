@@ -442,6 +442,44 @@ def test_the_next_batch_forms_while_one_is_written_and_lands_as_it_would_have() 
     assert [(e["transactions"], e["formed_ahead"]) for e in batches] == [(1, False), (2, True)]
 
 
+def test_a_batch_whose_writes_are_done_is_confirmed_before_a_backlog_queued_meanwhile_is_formed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a batch is written, 1,000 transactions queue, each 2 ms to form: once the
+    write is done, the batch is confirmed after a look or two (``FORM_EVERY``), not once
+    all of them have joined the next batch (2 s), and every row lands."""
+    tables = HeldWrites()
+    harness = Harness(tables, bounds=Bounds(100_000), max_delay=0.0)
+    formed: list[Lsn] = []
+    add = harness.worker._add
+
+    def slow_add(queued: Any) -> Any:
+        formed.append(queued.tx.end_lsn)
+        time.sleep(0.002)
+        return add(queued)
+
+    monkeypatch.setattr(harness.worker, "_add", slow_add)
+    stopping = threading.Event()
+    thread = threading.Thread(target=harness.worker.run, args=(stopping,))
+    assert harness.queue.put(tx(ins(T, 1, "a"), end=100), timeout=1)
+    thread.start()
+    try:
+        assert tables.writing.wait(10)
+        backlog = [tx(ins(T, n, "v"), end=100 * n) for n in range(2, 1002)]
+        assert harness.queue.put_all(backlog, timeout=1) == len(backlog)
+        _until(lambda: len(formed) > 2)  # the backlog is being formed: the write ends now
+        tables.release.set()
+        _until(lambda: harness.progress.flushed >= Lsn(100))
+        formed_when_confirmed = len(formed)
+        _until(lambda: harness.progress.flushed >= Lsn(100_100))
+    finally:
+        tables.release.set()
+        stopping.set()
+        thread.join()
+    assert formed_when_confirmed < 500, formed_when_confirmed
+    assert harness.tables.keys() == list(range(1, 1002))
+
+
 def test_a_run_is_queued_as_far_as_there_is_room_and_taken_back_in_order() -> None:
     """``put_all`` queues a run up to the bounds (the first always, into an empty queue);
     ``take`` hands a run on under one lock, and what ``give_back`` returns comes first
