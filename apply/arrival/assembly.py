@@ -347,7 +347,7 @@ class TransactionAssembler:
         if bound is not None and (len(open_.changes) > bound.changes or open_.size > bound.size):
             assert self._spools is not None
             spool = self._spools.open(f"tx-{open_.begin.xid}", open_.begin.xid, prestaged=True)
-            _spool_held(spool, open_.changes)
+            spool.append_held(open_.changes)
             open_.changes = []
             open_.size = 0
             open_.spool = spool
@@ -476,27 +476,6 @@ class TransactionAssembler:
     def _discard(self, spool: Spool) -> None:
         assert self._spools is not None
         self._spools.discard(spool)
-
-
-def _spool_held(spool: Spool, changes: list[Change]) -> None:
-    """What a transaction held in memory, spooled as what followed it will be: each run of
-    one relation's row changes as columns, so that its pieces are staged from columns too
-    (``apply.batching.columns_net``); anything else as it is."""
-    start = 0
-    while start < len(changes):
-        first = changes[start]
-        end = start + 1
-        if isinstance(first, RowChange) and first.relation.columns:
-            while end < len(changes):
-                following = changes[end]
-                if not isinstance(following, RowChange) or following.relation is not first.relation:
-                    break
-                end += 1
-            run = cast(list[RowChange], changes[start:end])
-            spool.append_columns(ChangeColumns.of(first.relation, run))
-        else:
-            spool.append(first)
-        start = end
 
 
 def _column_bytes(columns: tuple[pa.BinaryArray, ...]) -> int:

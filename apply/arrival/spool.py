@@ -47,7 +47,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast
 
 import pyarrow as pa
 
@@ -58,6 +58,7 @@ from apply.core.transactions import (
     Bounds,
     Change,
     RemoteTransaction,
+    RowChange,
     change_size,
 )
 from subscriber.replication.lsn import Lsn
@@ -143,6 +144,27 @@ class Spool:
         self.changes += changes.rows
         if self.prestage is not None:
             self.prestage.columns(changes)
+
+    def append_held(self, changes: list[Change]) -> None:
+        """What a transaction held in memory, spooled as what followed it will be: each run
+        of one relation's row changes as columns, so that its pieces are staged from
+        columns too (``apply.batching.columns_net``); anything else as it is."""
+        start = 0
+        while start < len(changes):
+            first = changes[start]
+            end = start + 1
+            relation = first.relation if isinstance(first, RowChange) else None
+            if relation is not None and relation.columns:
+                while end < len(changes):
+                    following = changes[end]
+                    if not isinstance(following, RowChange) or following.relation is not relation:
+                        break
+                    end += 1
+                run = cast(list[RowChange], changes[start:end])
+                self.append_columns(ChangeColumns.of(relation, run))
+            else:
+                self.append(first)
+            start = end
 
     def flush(self) -> None:
         if not self._pending:
