@@ -302,11 +302,11 @@ class ReplicationStream:
             if frame is not None:
                 self._arrived()
                 message = parse_frame(frame)
-                self.last_server_time = message.send_time
-                self.last_wal_end = message.wal_end
                 if isinstance(message, Keepalive):
                     self._keepalive(message)
                     continue
+                self.last_server_time = message.send_time
+                self.last_wal_end = message.wal_end
                 self._note_received(max(message.data_start, message.wal_end))
                 return message
             # Nothing buffered: a good moment to report progress, then wait.
