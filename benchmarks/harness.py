@@ -357,7 +357,7 @@ class PgsubRun:
         progress = self.runner.progress
         if progress is None:
             return Lsn(0)
-        return progress.received if progress.idle else progress.flushed
+        return progress.done_through
 
     def __enter__(self) -> PgsubRun:
         return self

@@ -288,7 +288,7 @@ class SyncWorker:
         reached = False
         try:
             while not (stopping.is_set() or pipeline.done.is_set()):
-                if progress.flushed >= target or (progress.idle and progress.received >= target):
+                if progress.done_through >= target:
                     reached = True
                     break
                 pipeline.done.wait(0.1)

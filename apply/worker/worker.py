@@ -130,9 +130,8 @@ class ApplyWorker:
             if len(batcher) and (batcher.due() or self._isolating(tx)):
                 self._apply_formed(forming_next=True)
             elif tx is None and not len(batcher):
-                progress = self._progress
                 # Idle: the position is everything received (PostgreSQL's last_received).
-                self._hooks.idle(progress.received if progress.idle else progress.flushed)
+                self._hooks.idle(self._progress.done_through)
         self._hooks.record_checkpoint()  # a clean stop: the next start resumes exactly here
 
     def _add(self, queued: Queued) -> None:

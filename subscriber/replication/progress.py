@@ -84,16 +84,24 @@ class Progress:
 
     @property
     def idle(self) -> bool:
+        with self._lock:
+            return self._idle()
+
+    def _idle(self) -> bool:
         return self._open == 0 and self._flushed >= self._handed_out
 
     def feedback(self) -> Feedback:
         with self._lock:
-            flush = max(self._flushed, self._received) if self.idle else self._flushed
+            flush = max(self._flushed, self._received) if self._idle() else self._flushed
             return Feedback(write=self._received, flush=flush, apply=flush)
 
     @property
     def done_through(self) -> Lsn:
-        """Everything of the stream up to here is applied (idle: all that was received)."""
+        """Everything of the stream up to here is applied (idle: all that was received).
+
+        Read in one step: another thread asking "applied up to a target?" asks this, not
+        ``idle`` then ``received``, between which a transaction may arrive and open.
+        """
         return self.feedback().flush
 
 

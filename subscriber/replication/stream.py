@@ -288,6 +288,9 @@ class ReplicationStream:
         self.last_server_time = 0
         self.last_wal_end: Lsn | None = None  # the server's WAL end, as last reported
         self._noted = ZERO  # the highest position this stream told ``progress`` it received
+        # The highest position of the frames handed out: told to ``progress`` only when the
+        # consumer comes back for more, having taken them in (opened their transactions).
+        self._handed = ZERO
         self.last_message_time: float | None = None  # Unix time of any frame, keepalives too
         self.ended = False
 
@@ -297,6 +300,7 @@ class ReplicationStream:
         Keepalives are handled here; status updates go out as they fall due.
         """
         deadline = None if timeout is None else self._clock() + timeout
+        self._note_received(self._handed)  # the consumer is back: it took in what it was handed
         while True:
             frame = self._next_frame()
             if frame is not None:
@@ -307,7 +311,7 @@ class ReplicationStream:
                     continue
                 self.last_server_time = message.send_time
                 self.last_wal_end = message.wal_end
-                self._note_received(max(message.data_start, message.wal_end))
+                self._handed = max(self._handed, message.data_start, message.wal_end)
                 return message
             # Nothing buffered: a good moment to report progress, then wait.
             self.send_status()
@@ -336,8 +340,9 @@ class ReplicationStream:
         """Every XLogData libpq holds, as (WAL start, payload) in stream order: at least
         one, waited for as ``read`` waits, or none when ``timeout`` passes first.
 
-        The receiver's path: past the first frame, one clock reading and one progress
-        note for the lot, and no ``XLogData`` made for each frame.
+        The receiver's path: past the first frame, one clock reading for the lot, and no
+        ``XLogData`` made for each frame. As with ``read``, ``progress`` counts the lot
+        received when the consumer comes back for more.
         """
         first = self.read(timeout)
         if first is None:
@@ -349,7 +354,8 @@ class ReplicationStream:
             if header is None:  # a keepalive; ``parse_frame`` refuses what is no frame
                 message = parse_frame(frame)
                 assert isinstance(message, Keepalive)  # an XLogData has a header
-                self._keepalive(message)
+                # Its WAL end covers the frames before it, not yet taken in: told later.
+                self._keepalive(message, taken_in=False)
                 continue
             start, end, sent = header
             out.append((unpacked(start), frame[XLOG_PAYLOAD:]))
@@ -359,22 +365,28 @@ class ReplicationStream:
             if sent:  # a keepalive among them may have told more already
                 self.last_server_time = max(self.last_server_time, sent)
                 self.last_wal_end = unpacked(max(self.last_wal_end or 0, end))
-            self._note_received(unpacked(received))
+            self._handed = max(self._handed, unpacked(received))
         return out
 
     def _arrived(self) -> None:
         self._policy.received(self._clock())
         self.last_message_time = time.time()
 
-    def _keepalive(self, message: Keepalive) -> None:
+    def _keepalive(self, message: Keepalive, *, taken_in: bool = True) -> None:
+        """``taken_in``: every frame handed out before it was taken in by the consumer."""
         self.last_server_time = message.send_time
         self.last_wal_end = message.wal_end
-        self._progress.note_received(message.wal_end)
+        if taken_in:
+            self._progress.note_received(message.wal_end)
+        else:
+            self._handed = max(self._handed, message.wal_end)
         if message.reply_requested:
             self.send_status(force=True)
 
     def _note_received(self, received: Lsn) -> None:
-        # Told only when it moves: frames of a burst mostly carry one WAL end.
+        # Told only when it moves: frames of a burst mostly carry one WAL end. Told only for
+        # frames the consumer took in: another thread reads ``progress.done_through``, and a
+        # frame counted received before its transaction is opened would count as applied.
         if received > self._noted:
             self._noted = received
             self._progress.note_received(received)

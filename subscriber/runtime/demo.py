@@ -129,7 +129,7 @@ def _catch_up(daemon: Daemon, dsn: str, timeout: float = 300) -> None:
         synced = runner is not None and all(
             s.state is TableState.READY for s in runner.coordinator.statuses
         )
-        if progress is not None and synced and progress.idle and progress.received >= target:
+        if progress is not None and synced and progress.done_through >= target:
             return
         time.sleep(0.5)
 

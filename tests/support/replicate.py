@@ -105,7 +105,7 @@ class Replication:
             progress = runner.progress
             if runner.status.state == "error" and runner.status.error_count > 20:
                 raise AssertionError(f"subscription keeps failing: {runner.status.last_error}")
-            return progress is not None and progress.idle and progress.received >= target
+            return progress is not None and progress.done_through >= target
 
         wait_until(
             done, timeout=timeout, interval=0.2, what=f"the subscriber to apply up to {target}"

@@ -99,6 +99,7 @@ def test_a_reader_faster_than_the_server_does_not_answer_every_frame(
     stream._pgconn = counting  # type: ignore[assignment]
     started = time.monotonic()
     frames = commits = 0
+    taken_in = Lsn(0)  # the frames before the last, taken in by coming back for more
     try:
         while True:
             data = stream.read(timeout=30)
@@ -107,12 +108,13 @@ def test_a_reader_faster_than_the_server_does_not_answer_every_frame(
             commits += data.payload[:1] == b"C"
             if commits == TRANSACTIONS:
                 break
+            taken_in = data.data_start
     finally:
         elapsed = time.monotonic() - started
         stream._pgconn = counting._pgconn  # type: ignore[assignment]
         stream.stop()
     assert frames == 3 * TRANSACTIONS + 1  # Begin, Insert, Commit each; one Relation
-    assert progress.received >= data.data_start
+    assert progress.received >= taken_in
     # Before: one update each time the socket ran dry - hundreds here.
     assert counting.status_updates <= elapsed / WRITE_REPORT_DELAY + 3
 
@@ -341,6 +343,7 @@ def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
                     data = stream.read(timeout=30)
                     assert data is not None, "nothing in 30 s"
                     got.append((data.data_start, data.payload))
+            stream.read(timeout=0)  # back for more: what was handed out counts received
         finally:
             stream.stop()
         return got, largest, progress
@@ -350,3 +353,42 @@ def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
     assert in_bursts[:wanted] == one_at_a_time[:wanted]
     assert largest > 1
     assert progress.received >= max(start for start, _ in in_bursts)
+
+
+def test_a_frame_counts_received_only_once_its_consumer_comes_back_for_more(
+    publisher: PgDatabase,
+) -> None:
+    """Other threads ask ``done_through`` whether the stream is applied up to a target
+    (the tests' and the demo's catch-up, a table's sync catch-up, the apply thread's idle
+    position). A frame handed out is not yet taken in - its transaction not opened - so
+    it must not count as received, or, with nothing open, as applied: only once the
+    consumer calls ``read`` or ``read_all`` again."""
+    db = publisher
+    db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
+    create_slot(db, "s1")
+    with db.connect() as conn:
+        for i in range(500):
+            conn.execute("INSERT INTO t VALUES (%s)", [i])
+    progress = Progress()  # nothing opens here: done_through is the received position
+    connection = ReplicationConnection(db.replication_dsn)
+    stream = connection.start_replication("s1", Lsn(0), StreamOptions(("p",)), progress)
+    commits = calls = 0
+    handed_out = Lsn(0)
+    try:
+        while commits < 500:
+            if calls % 2:
+                burst = stream.read_all(timeout=30)
+            else:
+                data = stream.read(timeout=30)
+                burst = [] if data is None else [(data.data_start, data.payload)]
+            calls += 1
+            assert burst, "nothing in 30 s"
+            assert progress.done_through >= handed_out  # the frames before were taken in
+            ends = [start for start, payload in burst if payload[:1] == b"C"]  # end_lsn
+            # A Commit handed out: its transaction is not applied until taken in.
+            assert not ends or progress.done_through < min(ends)
+            commits += len(ends)
+            handed_out = max(start for start, _ in burst)
+    finally:
+        stream.stop()
+    assert calls > 2
