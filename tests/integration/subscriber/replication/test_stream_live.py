@@ -312,6 +312,15 @@ def test_mutated_captured_messages_raise_only_protocol_error(
         assert "LSN" in str(exc)
 
 
+def _single_row_backlog(db: PgDatabase, transactions: int) -> None:
+    """Slot s1 over publication p, then ``transactions`` single-row INSERTs into t."""
+    db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
+    create_slot(db, "s1")
+    with db.connect() as conn:
+        for i in range(transactions):
+            conn.execute("INSERT INTO t VALUES (%s)", [i])
+
+
 def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
     publisher: PgDatabase,
 ) -> None:
@@ -319,11 +328,7 @@ def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
     ``read_all``'s frames, in bursts, are ``read``'s, and the received position is
     noted for the burst."""
     db = publisher
-    db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
-    create_slot(db, "s1")
-    with db.connect() as conn:
-        for i in range(2000):
-            conn.execute("INSERT INTO t VALUES (%s)", [i])
+    _single_row_backlog(db, 2000)
     wanted = 3 * 2000  # Begin, Insert, Commit each (and one Relation)
 
     def frames(in_bursts: bool) -> tuple[list[tuple[Lsn, bytes]], int, Progress]:
@@ -364,11 +369,7 @@ def test_a_frame_counts_received_only_once_its_consumer_comes_back_for_more(
     it must not count as received, or, with nothing open, as applied: only once the
     consumer calls ``read`` or ``read_all`` again."""
     db = publisher
-    db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
-    create_slot(db, "s1")
-    with db.connect() as conn:
-        for i in range(500):
-            conn.execute("INSERT INTO t VALUES (%s)", [i])
+    _single_row_backlog(db, 500)
     progress = Progress()  # nothing opens here: done_through is the received position
     connection = ReplicationConnection(db.replication_dsn)
     stream = connection.start_replication("s1", Lsn(0), StreamOptions(("p",)), progress)
