@@ -7,15 +7,9 @@ true as long as the log says the file is live; it reads a file only when
 the file is new to it, and a vector only when another writer changed it.
 
 Integer keys are kept sorted and found by binary search; any other key by
-an Arrow set lookup. A table's small files (each batch adds one) are also
-looked up together, in one sorted array of their keys (``_Together``):
-one binary search for all of them, where a search a file made the lookup
-grow with the files a table gathers between maintenance rounds (0.74 ms a
-table's batch at 130 files, 1.5 ms at 270: docs/performance.md, "The key
-lookup over a table's small files"). A key of several columns is kept as one string a row,
+an Arrow set lookup. A key of several columns is kept as one string a row,
 the columns' text forms joined by NUL (``KeyIndex.key_of``). The price is
-memory: the key's width plus five bytes a row, and the key's width plus eight
-bytes a row of a small file (docs/operations.md, "Scale").
+memory: the key's width plus five bytes a row (docs/operations.md, "Scale").
 """
 
 from __future__ import annotations
@@ -45,13 +39,6 @@ READERS: Final = min(4, os.cpu_count() or 1)
 # A composite key's columns as text, joined by NUL: no PostgreSQL text value holds one, so
 # two joined keys are equal exactly when their columns are.
 _JOIN: Final = "\x00"
-# A file of at most this many rows is looked up with the table's other small files, in one
-# sorted array (``_Together``): a batch's file, a small table's copy. A larger file is
-# searched on its own, so the array stays small beside a big table.
-TOGETHER_ROWS: Final = 16_384
-# The small files searched one by one before they are put together with the others:
-# the array is made again once they are this many, or a quarter of those together.
-APART_AT_MOST: Final = 8
 
 
 def lookup_keys(types: pa.Schema, keys: tuple[str, ...]) -> pa.Schema | None:
@@ -102,28 +89,18 @@ class _Keys:
     def find(self, wanted: pa.Array, numbers: npt.NDArray[np.generic] | None) -> _Found:
         """The rows holding a key of ``wanted`` (``numbers``: the same, integer keys)."""
         if self.ordered is not None and self.order is not None and numbers is not None:
-            at = _spans(self.ordered, numbers)
-            if at is None:  # most of a table's files hold none of a small batch's keys
+            low = np.searchsorted(self.ordered, numbers, side="left")
+            counts = np.searchsorted(self.ordered, numbers, side="right") - low
+            if not counts.any():  # most of a table's files hold none of a small batch's keys
                 return _Found(_NO_ROWS, _no_keys(self.ordered.dtype))
+            starts = np.repeat(low, counts)
+            steps = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            at = starts + steps
             return _Found(self.order[at].astype(np.int64), pa.array(self.ordered[at]))
         assert self.keys is not None
         hits = pc.is_in(self.keys, value_set=wanted).to_numpy(zero_copy_only=False)
         positions = np.flatnonzero(hits)
         return _Found(positions, self.keys.take(pa.array(positions)))
-
-
-def _spans(
-    ordered: npt.NDArray[np.generic], numbers: npt.NDArray[np.generic]
-) -> npt.NDArray[np.int64] | None:
-    """Where in ``ordered`` (sorted) each of ``numbers`` is, every place of each; None: none
-    is."""
-    low = np.searchsorted(ordered, numbers, side="left")
-    counts = np.searchsorted(ordered, numbers, side="right") - low
-    if not counts.any():
-        return None
-    steps = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    at: npt.NDArray[np.int64] = np.repeat(low, counts) + steps
-    return at
 
 
 _NO_ROWS: Final = np.empty(0, dtype=np.int64)
@@ -146,38 +123,6 @@ class Match:
     positions: npt.NDArray[np.int64]  # the alive rows holding a key of the batch
 
 
-@dataclass(frozen=True, slots=True)
-class _Together:
-    """The integer keys of several small files in one sorted array: where each is, which
-    file (its index in ``names``) and which row of it."""
-
-    names: tuple[str, ...]
-    ordered: npt.NDArray[np.generic]
-    slot: npt.NDArray[np.int32]
-    row: npt.NDArray[np.int32]
-
-    @classmethod
-    def of(cls, files: dict[str, _Keys], names: list[str]) -> _Together:
-        parts = [files[name] for name in names]
-        ordered = np.concatenate([part.ordered for part in parts if part.ordered is not None])
-        rows = np.concatenate([part.order for part in parts if part.order is not None])
-        slots = np.repeat(np.arange(len(parts), dtype=np.int32), [part.rows for part in parts])
-        sort = np.argsort(ordered, kind="stable")
-        return cls(tuple(names), ordered[sort], slots[sort], rows[sort])
-
-    def find(self, numbers: npt.NDArray[np.generic]) -> dict[str, _Found]:
-        """The rows of each file holding a key of ``numbers`` (a file holding none: absent)."""
-        at = _spans(self.ordered, numbers)
-        if at is None:
-            return {}
-        slots, rows, keys = self.slot[at], self.row[at], self.ordered[at]
-        found = {}
-        for slot in np.unique(slots):
-            mine = slots == slot
-            found[self.names[slot]] = _Found(rows[mine].astype(np.int64), pa.array(keys[mine]))
-        return found
-
-
 class KeyIndex:
     """The key of each row of each live file of a table, and which of its rows are alive.
     ``keys``: the key columns (``lookup_keys``)."""
@@ -187,7 +132,6 @@ class KeyIndex:
         self.keys = keys
         self.key_type = keys.field(0).type if len(keys) == 1 else pa.string()
         self._files: dict[str, _Keys] = {}
-        self._together: _Together | None = None
 
     def key_of(self, rows: pa.Table) -> pa.Array:
         """Each row's key: its key column, or its key columns' text forms joined by NUL."""
@@ -233,18 +177,10 @@ class KeyIndex:
     def find(self, files: list[VectorFile], wanted: pa.Array) -> tuple[list[Match], pa.Array]:
         """The alive rows whose key is in ``wanted``, by file, and their keys."""
         numbers = wanted.to_numpy() if pa.types.is_integer(wanted.type) else None
-        together = None if numbers is None else self._put_together(files)
-        in_together = set() if together is None else set(together.names)
-        found_together = {} if together is None or numbers is None else together.find(numbers)
         matches, found = [], []
         for file in files:
             known = self._files[file.name]
-            if file.name in in_together:
-                hits = found_together.get(file.name)
-                if hits is None:
-                    continue  # most of a table's files hold none of a small batch's keys
-            else:
-                hits = known.find(wanted, numbers)
+            hits = known.find(wanted, numbers)
             alive = known.alive[hits.positions]
             positions = hits.positions[alive]
             if positions.size:
@@ -254,28 +190,6 @@ class KeyIndex:
         if not found:
             return [], pa.array([], type=self.key_type)
         return matches, pa.concat_arrays([k.cast(self.key_type) for k in found])
-
-    def _put_together(self, files: list[VectorFile]) -> _Together | None:
-        """The small files of ``files`` in one sorted array, made again once the small files
-        outside it are more than ``APART_AT_MOST`` and a quarter of those in it, or once one
-        in it is no longer live; None: too few small files to pay."""
-        small = [
-            file.name
-            for file in files
-            if (known := self._files[file.name]).ordered is not None and known.rows <= TOGETHER_ROWS
-        ]
-        together = self._together
-        if together is not None:
-            live = set(small)
-            if all(name in live for name in together.names):
-                apart = len(live) - len(together.names)
-                if apart <= max(APART_AT_MOST, len(together.names) // 4):
-                    return together
-        if len(small) <= APART_AT_MOST:
-            self._together = None
-            return None
-        self._together = _Together.of(self._files, small)
-        return self._together
 
     def deleted(self, name: str, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
         """Every row of the file ``name`` deleted once ``positions`` are."""

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
-from unittest.mock import patch
 
-import numpy as np
 import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from apply.delta.files.local_store import LocalStore
 from apply.delta.writer.key_index import KeyIndex, lookup_keys
-from apply.delta.writer.live_files import VectorFile
 
 TYPES = pa.schema(
     [
@@ -82,87 +79,3 @@ def test_a_one_column_key_is_the_column_itself() -> None:
     assert fields is not None
     rows = pa.table({"id": pa.array([3, 1], pa.int32()), "v": ["a", "b"]})
     assert KeyIndex(LocalStore("unused"), fields).key_of(rows).equals(pa.array([3, 1], pa.int64()))
-
-
-# A table's history of files: each step adds a file of these keys, or removes the file at
-# this index of those live, or deletes the alive row at this index of a file.
-STEPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("add"), st.lists(st.integers(-40, 40), max_size=12)),
-        st.tuples(st.just("remove"), st.integers(0, 50)),
-        st.tuples(st.just("delete"), st.integers(0, 50), st.integers(0, 50)),
-        st.tuples(st.just("find"), st.lists(st.integers(-45, 45), min_size=1, max_size=8)),
-    ),
-    max_size=60,
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(STEPS, st.booleans())
-def test_small_files_looked_up_together_find_what_each_file_holds(
-    steps: list[tuple[object, ...]], large: bool
-) -> None:
-    """The small files are found through one sorted array, made again as files come and
-    go; each find answers what a search of every live file's alive rows answers, in the
-    files' order (``large``: a first file too large to be put together)."""
-    from apply.delta.writer import key_index
-
-    with patch.object(key_index, "APART_AT_MOST", 2):  # put together from three small files
-        _replay(steps, large)
-
-
-def test_small_files_are_searched_together_once_there_are_enough() -> None:
-    """Twenty small files: one array holds them, and a find answers from it."""
-
-    steps: list[tuple[object, ...]] = [("add", [i, i + 100]) for i in range(20)]
-    index = _replay([*steps, ("find", [3, 104, 7])], large=False)
-    assert index._together is not None and len(index._together.names) == 20
-
-
-def _replay(steps: list[tuple[object, ...]], large: bool) -> KeyIndex:
-    from apply.delta.writer import key_index
-
-    index = KeyIndex(LocalStore("unused"), pa.schema([("id", pa.int64())]))
-    live: dict[str, tuple[list[int], list[bool]]] = {}  # each file's keys and alive rows
-    made = 0
-
-    def add(keys: list[int]) -> None:
-        nonlocal made
-        made += 1
-        name = f"f{made}"
-        index.added(name, pa.table({"id": pa.array(keys, pa.int64())}))
-        live[name] = (keys, [True] * len(keys))
-
-    if large:
-        add(list(range(-20, key_index.TOGETHER_ROWS - 19)))
-    for step in steps:
-        names = list(live)
-        if step[0] == "add":
-            add(list(step[1]))  # type: ignore[call-overload]
-        elif step[0] == "remove" and names:
-            del live[names[int(step[1]) % len(names)]]  # type: ignore[call-overload]
-        elif step[0] == "delete" and names:
-            name = names[int(step[1]) % len(names)]  # type: ignore[call-overload]
-            alive = [i for i, up in enumerate(live[name][1]) if up]
-            if alive:
-                row = alive[int(step[2]) % len(alive)]  # type: ignore[call-overload]
-                live[name][1][row] = False
-                index.committed(name, np.array([row]), f"v{made}-{row}")
-        elif step[0] == "find":
-            wanted = set(step[1])  # type: ignore[call-overload]
-            files = [_file(name) for name in live]
-            matches, found = index.find(files, pa.array(sorted(wanted), pa.int64()))
-            expected = [
-                (name, [i for i, k in enumerate(keys) if k in wanted and alive[i]])
-                for name, (keys, alive) in live.items()
-            ]
-            expected = [(name, rows) for name, rows in expected if rows]
-            got = [(m.file.name, m.positions.tolist()) for m in matches]
-            assert got == expected
-            keys = [live[name][0][i] for name, rows in expected for i in rows]
-            assert found.to_pylist() == keys
-    return index
-
-
-def _file(name: str) -> VectorFile:
-    return VectorFile(name, name, 1, 0, None, None)
