@@ -100,19 +100,23 @@ def kept_copy(
     return KeptCopy(stamped, stamped_schema(schema, stamping), plan=plan)
 
 
-def copy_target(path: str) -> deltalake.DeltaTable | None:
-    """The table at ``path`` as delta-rs opens it, if a copy into it may be written in this
-    process (``write_once``): by pgsub's own commit, or, on a local folder, by delta-rs;
-    None otherwise. The copy's write, its size check and the first batch's key index go on
-    from this one opening of the log (each opened it again: about 1 ms each on a local
-    disk, a listing and a read of each commit in a bucket)."""
+def copy_target(
+    path: str, created: deltalake.DeltaTable | None = None
+) -> deltalake.DeltaTable | None:
+    """The table at ``path`` as delta-rs opens it (``created``: as its creation left it, just
+    before), if a copy into it may be written in this process (``write_once``): by pgsub's
+    own commit, or, on a local folder, by delta-rs; None otherwise. The copy's write, its
+    size check and the first batch's key index go on from this one opening of the log
+    (each opened it again: about 1 ms each on a local disk, a listing and a read of each
+    commit in a bucket). A commit another writer made after ``created``'s version is a
+    race the copy's own commit meets (``CommitRacedError``): nothing is committed."""
     import deltalake
 
     if is_object_store(path):
-        table = opened(path)
+        table = created or opened(path)
         return table if hand_appendable(table, nullable=True) else None
     try:
-        table = opened(path)
+        table = created or opened(path)
     except (deltalake.exceptions.DeltaError, OSError):
         return None
     return table if delta_rs_writes(table.protocol()) else None

@@ -103,6 +103,7 @@ from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
 
 if TYPE_CHECKING:
+    import deltalake
     from pyspark.sql import SparkSession
 
 HISTORY_PEEK: Final = 100
@@ -292,9 +293,10 @@ class DeltaTables:
                     hint="give the table a primary key, then `pgsub resync` it; or keep it as "
                     "a mirror in history.tables to silence this",
                 )
-            self._definition.create(
+            made = self._definition.create(
                 self.session(), schema, path, keeping.mode, by_spark=created_before
             )
+            self._local.created = (path, made)  # for this thread's copy into it, next
             self._placed.forget(schema.table, path)
             self._appends.forget(path)
             self._durability.forget(path)
@@ -662,7 +664,7 @@ class DeltaTables:
         with self.exclusive(schema.table):
             table = None
             if self._placed.writes_itself(target.session) and plan is None:
-                table = copy_target(target.path)
+                table = copy_target(target.path, self._just_created(target.path))
             if table is not None:
                 copied_rows: tuple[int, int | None] = (
                     write_once(target, table, schema, source.blocks(), mark, mode=mode),
@@ -684,6 +686,15 @@ class DeltaTables:
                 )
             self._durability.settle(target.path, self._latest_version(target.path))
             return copied_rows
+
+    def _just_created(self, path: str) -> deltalake.DeltaTable | None:
+        """The table at ``path`` as delta-rs opened it when this thread created it, if that
+        was this thread's last creation: the copy into it goes on from it, not from the log
+        opened again (a listing and a read of its commit in a bucket). Kept for one table a
+        thread, so a table created without a copy holds no store client."""
+        made: tuple[str, deltalake.DeltaTable | None] | None = getattr(self._local, "created", None)
+        self._local.created = None
+        return made[1] if made is not None and made[0] == path else None
 
     def _holds_rows(self, target: TargetTable) -> bool:
         """Whether the table has data files (a table copied before: a resync)."""

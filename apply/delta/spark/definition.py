@@ -46,6 +46,7 @@ from apply.history.changelog import PREFIX, HistoryMode
 from apply.history.versions import VALID_FROM
 
 if TYPE_CHECKING:
+    import deltalake
     from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
@@ -79,9 +80,10 @@ class TableDefinition:
         history: HistoryMode = HistoryMode.MIRROR,
         *,
         by_spark: bool = False,
-    ) -> None:
+    ) -> deltalake.DeltaTable | None:
         """Create the table, kept as ``history`` says, with the reader features and properties
-        it needs (``by_spark``: never by delta-rs)."""
+        it needs (``by_spark``: never by delta-rs). The table as delta-rs opened it after
+        creating it; None when pgsub's own commit or Spark created it."""
         properties, needed = creation_properties(
             [c.name for c in schema.columns], self.features, schema.table
         )
@@ -95,12 +97,17 @@ class TableDefinition:
         if self.track_origin:
             properties[ROW_TRACKING] = "true"
         if self.local and not by_spark and delta_rs_creates(properties):
-            # No table feature to enable: delta-rs writes the same first commit as Spark in
-            # milliseconds, where Spark's is seconds (the first job of a cold JVM).
-            create_table(path, arrow_schema(schema.columns), properties)
+            # No table feature to enable: pgsub (or delta-rs, for a column that needs one)
+            # writes the same first commit as Spark in milliseconds, where Spark's is
+            # seconds (the first job of a cold JVM).
+            made: deltalake.DeltaTable | None = create_table(
+                path, arrow_schema(schema.columns), properties
+            )
         else:
             _create_by_spark(session, schema, path, properties)
+            made = None
         log.info("target table created", table=schema.table, path=path, key=list(schema.key))
+        return made
 
     def evolve(
         self,

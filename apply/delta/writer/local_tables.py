@@ -3,15 +3,19 @@
 What the state store reads and appends where pgsub reaches the warehouse, the test of
 when delta-rs may write a table at all (``delta_rs_can_write``; the initial
 copy uses it too), the creation of a target table that needs no table
-feature (``delta_rs_creates``), and a table's existence and commit marks
-read from its log.
+feature (``delta_rs_creates``; its first commit pgsub's own unless a column
+needs one, delta-rs's then), and a table's existence and commit marks read
+from its log.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
+import time
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,11 +23,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
-from apply.core.errors import TargetTableError
+from apply.core.errors import CommitRacedError, TargetTableError
 from apply.delta.files.local_store import LocalStore
 from apply.delta.files.storage import delta_rs_options, is_object_store
 from apply.delta.files.store import LOG, canonical, commit_name, table_store
 from apply.delta.writer.live_files import latest_version, make_durable, newest_commit
+from apply.delta.writer.overwrite import ENGINE, commit
 
 if TYPE_CHECKING:
     import deltalake
@@ -140,13 +145,26 @@ def delta_rs_creates(properties: Mapping[str, str]) -> bool:
     return all(not key.startswith("delta.") or key in DELTA_RS_CREATES for key in properties)
 
 
-def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+def create_table(
+    path: str, schema: pa.Schema, properties: Mapping[str, str]
+) -> deltalake.DeltaTable | None:
     """Create the table at ``path`` unless there is one (``CREATE TABLE IF NOT EXISTS``);
-    a ``_delta_log`` without a commit (a creation cut short) is created over."""
+    a ``_delta_log`` without a commit (a creation cut short) is created over.
+
+    pgsub's own first commit where the columns need no table feature (``_plain``): the
+    protocol and the schema delta-rs writes, in one put-if-absent. delta-rs's creation
+    read back the log it had just made three times (14 requests in a bucket, 9 ms a table
+    on a local disk, the first start's load of 200 tables waiting on it); None then, the
+    caller opens the table when it needs it. Else delta-rs's: the table as it opened it
+    after its creation."""
     import deltalake
 
+    columns = deltalake.Schema.from_arrow(schema).to_json()
+    if _plain(columns):
+        _first_commit(path, columns, properties)
+        return None
     try:
-        deltalake.DeltaTable.create(
+        return deltalake.DeltaTable.create(
             where(path),
             schema=schema,
             storage_options=delta_rs_options(path),
@@ -156,6 +174,53 @@ def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) ->
             raise_if_key_not_exists=False,
         )
     except (deltalake.exceptions.DeltaError, OSError) as exc:
+        raise TargetTableError(f"cannot create the Delta table at {path}: {exc}") from exc
+
+
+def _plain(columns: str) -> bool:
+    """Whether a table of ``columns`` (Delta's schema as JSON) needs no table feature: no
+    ``timestamp_ntz`` (the ``timestampNtz`` feature) and no column metadata (invariants,
+    generated or identity columns, column mapping). Either only sends the creation to
+    delta-rs, which decides the protocol."""
+    return "timestamp_ntz" not in columns and columns.count('"metadata":{}') == columns.count(
+        '"metadata":'
+    )
+
+
+def _first_commit(path: str, columns: str, properties: Mapping[str, str]) -> None:
+    """The table's version 0 as delta-rs writes it for ``columns`` that need no table
+    feature (reader 1, writer 2), committed by pgsub; nothing when there is one already."""
+    now = int(time.time() * 1000)
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
+    metadata: dict[str, object] = {
+        "id": str(uuid.uuid4()),
+        "name": None,
+        "description": None,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": columns,
+        "partitionColumns": [],
+        "createdTime": now,
+        "configuration": dict(properties),
+    }
+    info = {
+        "timestamp": now,
+        "operation": "CREATE TABLE",
+        "operationParameters": {
+            "protocol": json.dumps(protocol, separators=(",", ":")),
+            "metadata": json.dumps(metadata, separators=(",", ":")),
+            "mode": "Ignore",
+        },
+        "engineInfo": ENGINE,
+        "clientVersion": ENGINE,
+    }
+    store = table_store(path)
+    if isinstance(store, LocalStore):
+        os.makedirs(os.path.join(store.folder, LOG), exist_ok=True)
+    try:
+        commit(store, 0, [{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}])
+    except CommitRacedError:
+        return  # made meanwhile (IF NOT EXISTS)
+    except OSError as exc:
         raise TargetTableError(f"cannot create the Delta table at {path}: {exc}") from exc
 
 

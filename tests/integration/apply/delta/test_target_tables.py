@@ -311,9 +311,12 @@ def test_a_staged_copy_lands_fresh_parts_whole_and_stale_ones_without_keys_read_
     assert not list(staging.rglob("*.parquet"))
 
 
-def test_delta_rs_creates_the_table_spark_would_create(spark: Any, warehouse: Path) -> None:
-    """On a local warehouse a table that needs no table feature is created by delta-rs (no
-    Spark job): the same schema, protocol and properties as Spark's CREATE TABLE."""
+def test_pgsub_and_delta_rs_create_the_table_spark_would_create(
+    spark: Any, warehouse: Path
+) -> None:
+    """On a warehouse pgsub reaches, a table that needs no table feature is created without
+    Spark: by pgsub's own first commit, or by delta-rs where a column needs a feature
+    (``timestamp_ntz``) - the same schema, protocol and properties as Spark's CREATE TABLE."""
     from dataclasses import replace
 
     import deltalake
@@ -366,11 +369,19 @@ def test_delta_rs_creates_the_table_spark_would_create(spark: Any, warehouse: Pa
     assert made_by_rs[:3] + made_by_rs[4:] == made_by_spark[:3] + made_by_spark[4:]
     assert made_by_rs[4]["pgsub.key"] == '["c2"]'
 
-    plain = TargetSchema("public.plain", columns[:3], ("c2",))  # no timestamp: version 1/2
-    definition.create(spark, plain, f"{warehouse}/plain_rs")
-    replace(definition, local=False).create(spark, plain, f"{warehouse}/plain_spark")
-    assert described(f"{warehouse}/plain_rs") == described(f"{warehouse}/plain_spark")
-    assert described(f"{warehouse}/plain_rs")[1:3] == (1, 2)
+    # Every type but timestamp (without time zone, in arrays too): version 1/2, pgsub's.
+    plain = TargetSchema(
+        "public.plain", tuple(c for c in columns if c.type.oid != t.TIMESTAMP), ("c2",)
+    )
+    ours, theirs = f"{warehouse}/plain_ours", f"{warehouse}/plain_spark"
+    assert definition.create(spark, plain, ours) is None  # opened by whoever needs it
+    replace(definition, local=False).create(spark, plain, theirs)
+    definition.create(spark, plain, ours)  # IF NOT EXISTS: nothing happens
+    assert deltalake.DeltaTable(ours).version() == 0
+    assert deltalake.DeltaTable(ours).history()[0]["clientVersion"] == "pgsub"
+    assert described(ours) == described(theirs)
+    assert described(ours)[1:3] == (1, 2)
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").first()["operation"] == "CREATE TABLE"
 
 
 def test_a_restart_checks_an_unchanged_table_without_spark(spark: Any, warehouse: Path) -> None:

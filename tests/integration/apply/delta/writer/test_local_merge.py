@@ -143,7 +143,7 @@ def test_own_commits_are_read_by_spark_and_delta_rs_and_checkpointed(
             )
         applier.apply(batch(tx(dele(T, 1, None, None), end=300)))
         # The CREATE, the first batch, the ALTER, then the six batches.
-        assert writers(folder) == ["delta-rs", "pgsub", "Spark"] + ["pgsub"] * 6
+        assert writers(folder) == ["pgsub", "pgsub", "Spark"] + ["pgsub"] * 6
         want = [{"id": i, "v": f"u{i}", "big": "big"} for i in range(2, 6)] + [
             {"id": 10 + n, "v": "new", "big": "b"} for n in range(1, 6)
         ]
