@@ -37,7 +37,7 @@ from apply.columns.schema import TargetSchema
 from apply.core.errors import TargetTableError
 from apply.core.records import CommitMark
 from apply.delta.files.storage import is_object_store
-from apply.delta.files.store import table_store
+from apply.delta.files.store import commit_name, table_store
 from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.session import SparkErrors, runs_here, struct
 from apply.delta.writer.local_tables import (
@@ -108,10 +108,12 @@ def copy_target(
     own commit, or, on a local folder, by delta-rs; None otherwise. The copy's write, its
     size check and the first batch's key index go on from this one opening of the log
     (each opened it again: about 1 ms each on a local disk, a listing and a read of each
-    commit in a bucket). A commit another writer made after ``created``'s version is a
-    race the copy's own commit meets (``CommitRacedError``): nothing is committed."""
+    commit in a bucket). ``created`` is opened anew if the table has a commit after it
+    (one look for the next commit's name)."""
     import deltalake
 
+    if created is not None and table_store(path).exists(commit_name(created.version() + 1)):
+        created = None
     if is_object_store(path):
         table = created or opened(path)
         return table if hand_appendable(table, nullable=True) else None

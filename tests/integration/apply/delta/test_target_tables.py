@@ -384,6 +384,51 @@ def test_pgsub_and_delta_rs_create_the_table_spark_would_create(
     assert spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").first()["operation"] == "CREATE TABLE"
 
 
+@pytest.mark.parametrize("meanwhile", [False, True], ids=["", "another-commit-meanwhile"])
+def test_a_copy_goes_on_from_the_table_delta_rs_created(
+    spark: Any, warehouse: Path, tmp_path: Path, meanwhile: bool
+) -> None:
+    """A table with a ``timestamp`` column is created by delta-rs; its copy on the same
+    thread writes into the table delta-rs opened then. Another writer's commit in between
+    (``meanwhile``) is seen: the copy opens the table anew and lands over it."""
+    import datetime
+
+    import deltalake
+    import pyarrow as pa
+
+    from apply.batching.copy_source import CopySource
+    from apply.columns import typemap as t
+    from apply.columns.columnar import arrow_schema
+    from apply.columns.schema import TargetColumn, TargetSchema
+    from apply.core.records import CommitMark
+    from apply.delta.tables import DeltaTables
+    from subscriber.replication.lsn import Lsn
+
+    columns = (
+        TargetColumn("id", t.ColumnType(t.INT4)),
+        TargetColumn("at", t.ColumnType(t.TIMESTAMP)),
+    )
+    schema = TargetSchema("public.t", columns, ("id",))
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    tables.prepare(schema)
+    path = tables.path("public.t")
+    assert deltalake.DeltaTable(path).history()[0]["clientVersion"].startswith("delta-rs")
+    arrow = arrow_schema(columns)
+    when = datetime.datetime(2026, 12, 1, 2, 0)
+    if meanwhile:
+        theirs = pa.table({"id": [99], "at": [when]}).cast(arrow)
+        deltalake.write_deltalake(path, theirs, mode="append")
+    block = pa.table({"id": [1, 2], "at": [when, None]}).cast(arrow)
+    copied, _ = tables.copy_into(
+        schema, CopySource.in_memory([block]), CommitMark("sub1", Lsn(100), 0), tmp_path
+    )
+    assert copied == 2
+    rows = deltalake.DeltaTable(path).to_pyarrow_table().sort_by("id").to_pylist()
+    assert rows == [{"id": 1, "at": when}, {"id": 2, "at": None}]
+    assert tables.applied_lsn("public.t") == Lsn(100)
+    assert deltalake.DeltaTable(path).version() == (2 if meanwhile else 1)
+
+
 def test_a_restart_checks_an_unchanged_table_without_spark(spark: Any, warehouse: Path) -> None:
     """After a restart each table's first batch checks its schema and properties: read by
     delta-rs from a local table's log, with no Spark job, when nothing is to change; a
