@@ -132,9 +132,10 @@ def write_once(
     mark: CommitMark,
     *,
     mode: WriteMode = "overwrite",
-) -> int:
+) -> tuple[int, int | None]:
     """Replace the rows of ``table`` (``copy_target``'s) with ``blocks`` (``mode`` append:
-    add them) in one commit carrying ``mark``; the rows written; ``table`` is brought up to
+    add them) in one commit carrying ``mark``; the rows written, and the commit's version
+    if it is pgsub's own (durable already; None: delta-rs's); ``table`` is brought up to
     the commit. pgsub's own commit where the table's protocol
     allows (``apply.delta.writer.overwrite.append``: the blocks written as Parquet as they come,
     by this thread), else delta-rs's: it pulls the blocks from its own threads, calling back
@@ -144,6 +145,7 @@ def write_once(
 
     arrow = arrow_schema(schema.columns)
     written = [0]
+    own: int | None = None
 
     def batches(held: pa.Schema) -> Iterator[pa.RecordBatch]:
         for block in blocks:
@@ -156,7 +158,8 @@ def write_once(
         if hand_appendable(table, nullable=True):
             store = table_store(target.path)
             live = OpenTable(store, table).files() if mode == "overwrite" else None
-            append(store, table.version(), batches(held.schema), held.schema, mark, replacing=live)
+            own = table.version() + 1
+            append(store, own - 1, batches(held.schema), held.schema, mark, replacing=live)
         else:
             deltalake.write_deltalake(
                 table,
@@ -167,7 +170,7 @@ def write_once(
         table.update_incremental()
     except deltalake.exceptions.DeltaError as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
-    return written[0]
+    return written[0], own
 
 
 def copy_into(

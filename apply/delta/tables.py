@@ -296,10 +296,12 @@ class DeltaTables:
             made = self._definition.create(
                 self.session(), schema, path, keeping.mode, by_spark=created_before
             )
-            self._local.created = (path, made)  # for this thread's copy into it, next
+            self._local.created = (path, made.table)  # for this thread's copy into it, next
             self._placed.forget(schema.table, path)
             self._appends.forget(path)
             self._durability.forget(path)
+            if made.durable:  # pgsub's own first commit: not read back and fsynced again
+                self._durability.known(path, 0)
             with self._lock:
                 self._origins.pop(schema.table, None)
             if remember:
@@ -666,10 +668,10 @@ class DeltaTables:
             if self._placed.writes_itself(target.session) and plan is None:
                 table = copy_target(target.path, self._just_created(target.path))
             if table is not None:
-                copied_rows: tuple[int, int | None] = (
-                    write_once(target, table, schema, source.blocks(), mark, mode=mode),
-                    None,
-                )
+                rows, own = write_once(target, table, schema, source.blocks(), mark, mode=mode)
+                copied_rows: tuple[int, int | None] = (rows, None)
+                if own is not None:  # not read back and fsynced again
+                    self._durability.settle(target.path, own, made_durable=True)
                 # A big table gains deletion vectors now, before READY, and its key index is
                 # read: not in its first batch while its changes wait (seconds each).
                 gained = self._placed.check_size(target, log_detail(table))

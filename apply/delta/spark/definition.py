@@ -40,13 +40,12 @@ from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.detail import detail
 from apply.delta.spark.origins import ROW_TRACKING
 from apply.delta.spark.session import SparkErrors, struct
-from apply.delta.writer.local_tables import create_table, delta_rs_creates, described
+from apply.delta.writer.local_tables import Created, create_table, delta_rs_creates, described
 from apply.delta.writer.protocol import warn_gained
 from apply.history.changelog import PREFIX, HistoryMode
 from apply.history.versions import VALID_FROM
 
 if TYPE_CHECKING:
-    import deltalake
     from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
@@ -80,10 +79,10 @@ class TableDefinition:
         history: HistoryMode = HistoryMode.MIRROR,
         *,
         by_spark: bool = False,
-    ) -> deltalake.DeltaTable | None:
+    ) -> Created:
         """Create the table, kept as ``history`` says, with the reader features and properties
-        it needs (``by_spark``: never by delta-rs). The table as delta-rs opened it after
-        creating it; None when pgsub's own commit or Spark created it."""
+        it needs (``by_spark``: never by delta-rs): how (``Created``; nothing to say when
+        Spark created it)."""
         properties, needed = creation_properties(
             [c.name for c in schema.columns], self.features, schema.table
         )
@@ -100,12 +99,10 @@ class TableDefinition:
             # No table feature to enable: pgsub (or delta-rs, for a column that needs one)
             # writes the same first commit as Spark in milliseconds, where Spark's is
             # seconds (the first job of a cold JVM).
-            made: deltalake.DeltaTable | None = create_table(
-                path, arrow_schema(schema.columns), properties
-            )
+            made = create_table(path, arrow_schema(schema.columns), properties)
         else:
             _create_by_spark(session, schema, path, properties)
-            made = None
+            made = Created()
         log.info("target table created", table=schema.table, path=path, key=list(schema.key))
         return made
 

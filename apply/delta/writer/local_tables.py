@@ -145,9 +145,17 @@ def delta_rs_creates(properties: Mapping[str, str]) -> bool:
     return all(not key.startswith("delta.") or key in DELTA_RS_CREATES for key in properties)
 
 
-def create_table(
-    path: str, schema: pa.Schema, properties: Mapping[str, str]
-) -> deltalake.DeltaTable | None:
+@dataclass(frozen=True, slots=True)
+class Created:
+    """How ``create_table`` made a table: ``table``, delta-rs's opening of it after its
+    creation (None: not opened); ``durable``, its first commit pgsub's own, durable already
+    (delta-rs's is not fsynced)."""
+
+    table: deltalake.DeltaTable | None = None
+    durable: bool = False
+
+
+def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) -> Created:
     """Create the table at ``path`` unless there is one (``CREATE TABLE IF NOT EXISTS``);
     a ``_delta_log`` without a commit (a creation cut short) is created over.
 
@@ -156,15 +164,14 @@ def create_table(
     read back the log it had just made three times (14 requests in a bucket, 9 ms a table
     on a local disk, the first start's load of 200 tables waiting on it); None then, the
     caller opens the table when it needs it. Else delta-rs's: the table as it opened it
-    after its creation."""
+    after its creation. Either way ``Created`` says which."""
     import deltalake
 
     columns = deltalake.Schema.from_arrow(schema).to_json()
     if _plain(columns):
-        _first_commit(path, columns, properties)
-        return None
+        return Created(durable=_first_commit(path, columns, properties))
     try:
-        return deltalake.DeltaTable.create(
+        made = deltalake.DeltaTable.create(
             where(path),
             schema=schema,
             storage_options=delta_rs_options(path),
@@ -175,6 +182,7 @@ def create_table(
         )
     except (deltalake.exceptions.DeltaError, OSError) as exc:
         raise TargetTableError(f"cannot create the Delta table at {path}: {exc}") from exc
+    return Created(table=made)
 
 
 def _plain(columns: str) -> bool:
@@ -187,9 +195,10 @@ def _plain(columns: str) -> bool:
     )
 
 
-def _first_commit(path: str, columns: str, properties: Mapping[str, str]) -> None:
+def _first_commit(path: str, columns: str, properties: Mapping[str, str]) -> bool:
     """The table's version 0 as delta-rs writes it for ``columns`` that need no table
-    feature (reader 1, writer 2), committed by pgsub; nothing when there is one already."""
+    feature (reader 1, writer 2), committed by pgsub: whether it made it (False: there was
+    one already, another's)."""
     now = int(time.time() * 1000)
     protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
     metadata: dict[str, object] = {
@@ -219,9 +228,10 @@ def _first_commit(path: str, columns: str, properties: Mapping[str, str]) -> Non
     try:
         commit(store, 0, [{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}])
     except CommitRacedError:
-        return  # made meanwhile (IF NOT EXISTS)
+        return False  # made meanwhile (IF NOT EXISTS)
     except OSError as exc:
         raise TargetTableError(f"cannot create the Delta table at {path}: {exc}") from exc
+    return True
 
 
 def is_table(path: str) -> bool:

@@ -326,6 +326,7 @@ def test_pgsub_and_delta_rs_create_the_table_spark_would_create(
     from apply.core.features import PORTABLE
     from apply.core.maintenance_policy import DEFAULT_POLICY
     from apply.delta.spark.definition import TableDefinition
+    from apply.delta.writer.local_tables import Created
 
     scalars = [t.BOOL, t.INT2, t.INT4, t.INT8, t.FLOAT4, t.FLOAT8, t.BYTEA, t.DATE]
     scalars += [t.TIMESTAMP, t.TIMESTAMPTZ, t.TEXT, t.UUID, t.JSONB, t.INTERVAL, t.TIME]
@@ -374,7 +375,7 @@ def test_pgsub_and_delta_rs_create_the_table_spark_would_create(
         "public.plain", tuple(c for c in columns if c.type.oid != t.TIMESTAMP), ("c2",)
     )
     ours, theirs = f"{warehouse}/plain_ours", f"{warehouse}/plain_spark"
-    assert definition.create(spark, plain, ours) is None  # opened by whoever needs it
+    assert definition.create(spark, plain, ours) == Created(durable=True)  # not opened
     replace(definition, local=False).create(spark, plain, theirs)
     definition.create(spark, plain, ours)  # IF NOT EXISTS: nothing happens
     assert deltalake.DeltaTable(ours).version() == 0
@@ -427,6 +428,51 @@ def test_a_copy_goes_on_from_the_table_delta_rs_created(
     assert rows == [{"id": 1, "at": when}, {"id": 2, "at": None}]
     assert tables.applied_lsn("public.t") == Lsn(100)
     assert deltalake.DeltaTable(path).version() == (2 if meanwhile else 1)
+
+
+def test_a_created_and_copied_tables_own_commits_are_fsynced_once(
+    spark: Any, warehouse: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pgsub's own first commit and its copy's commit are each fsynced once, before their
+    names are linked, with the folders naming them; not read back and fsynced again as a
+    commit another engine made would be (``Durability.settle``)."""
+    import os
+
+    import pyarrow as pa
+
+    from apply.batching.copy_source import CopySource
+    from apply.columns import typemap as t
+    from apply.columns.columnar import arrow_schema
+    from apply.columns.schema import TargetColumn, TargetSchema
+    from apply.core.records import CommitMark
+    from apply.delta.tables import DeltaTables
+    from subscriber.replication.lsn import Lsn
+
+    columns = (TargetColumn("id", t.ColumnType(t.INT4)), TargetColumn("v", t.ColumnType(t.TEXT)))
+    schema = TargetSchema("public.t", columns, ("id",))
+    tables = DeltaTables(spark, str(warehouse), "sub1")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    tables.prepare(schema)
+    block = pa.table({"id": [1, 2], "v": ["a", "b"]}).cast(arrow_schema(columns))
+    tables.copy_into(
+        schema, CopySource.in_memory([block]), CommitMark("sub1", Lsn(100), 0), tmp_path
+    )
+    log = str(warehouse / "public" / "t" / "_delta_log")
+    for version in (0, 1):
+        name = f"{version:020d}.json"
+        assert sum(f.startswith(f"{log}/.{name}.") for f in synced) == 1, synced
+        assert f"{log}/{name}" not in synced, synced  # read back and fsynced again
+    data = [f for f in synced if f.endswith(".parquet")]
+    assert len(data) == 1, synced
+    assert log in synced and str(warehouse / "public" / "t") in synced
+    assert tables.applied_lsn("public.t") == Lsn(100)
 
 
 def test_a_restart_checks_an_unchanged_table_without_spark(spark: Any, warehouse: Path) -> None:
