@@ -436,7 +436,6 @@ def test_a_created_and_copied_tables_own_commits_are_fsynced_once(
     """pgsub's own first commit and its copy's commit are each fsynced once, before their
     names are linked, with the folders naming them; not read back and fsynced again as a
     commit another engine made would be (``Durability.settle``)."""
-    import os
 
     import pyarrow as pa
 
@@ -447,18 +446,12 @@ def test_a_created_and_copied_tables_own_commits_are_fsynced_once(
     from apply.core.records import CommitMark
     from apply.delta.tables import DeltaTables
     from subscriber.replication.lsn import Lsn
+    from tests.support.fsyncs import recorded_fsyncs
 
     columns = (TargetColumn("id", t.ColumnType(t.INT4)), TargetColumn("v", t.ColumnType(t.TEXT)))
     schema = TargetSchema("public.t", columns, ("id",))
     tables = DeltaTables(spark, str(warehouse), "sub1")
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(descriptor: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = recorded_fsyncs(monkeypatch)
     tables.prepare(schema)
     block = pa.table({"id": [1, 2], "v": ["a", "b"]}).cast(arrow_schema(columns))
     tables.copy_into(

@@ -4,7 +4,6 @@ put-if-absent, durable before they are named, and never a committed file removed
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from pathlib import Path
@@ -31,6 +30,7 @@ from apply.delta.writer.vector_write import (
     vector_writable,
 )
 from subscriber.replication.lsn import Lsn
+from tests.support.fsyncs import recorded_fsyncs
 
 MARK = CommitMark("sub1", Lsn(100), 0)
 ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
@@ -39,15 +39,7 @@ ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
 @pytest.fixture
 def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The files and folders fsynced, in order."""
-    done: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(descriptor: int) -> None:
-        done.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    return done
+    return recorded_fsyncs(monkeypatch)
 
 
 def _table(tmp_path: Path) -> Path:
