@@ -160,11 +160,11 @@ def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) ->
     a ``_delta_log`` without a commit (a creation cut short) is created over.
 
     pgsub's own first commit where the columns need no table feature (``_plain``): the
-    protocol and the schema delta-rs writes, in one put-if-absent. delta-rs's creation
-    read back the log it had just made three times (14 requests in a bucket, 9 ms a table
-    on a local disk, the first start's load of 200 tables waiting on it); None then, the
-    caller opens the table when it needs it. Else delta-rs's: the table as it opened it
-    after its creation. Either way ``Created`` says which."""
+    protocol and the schema delta-rs writes, in one put-if-absent, durable when it returns;
+    the caller opens the table when it needs it. delta-rs's creation read back the log it
+    had just made three times (14 requests in a bucket, 9 ms a table on a local disk, the
+    first start's load of 200 tables waiting on it). Else delta-rs's, with the table as
+    it opened it after its creation. ``Created`` says which."""
     import deltalake
 
     columns = deltalake.Schema.from_arrow(schema).to_json()
