@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import psycopg
-import pyarrow as pa
 import structlog
 from psycopg import sql
 
@@ -54,7 +53,7 @@ from apply.core.records import CommitMark
 from apply.worker.pipeline import ApplyContext
 from subscriber.replication import session
 from subscriber.replication.lsn import Lsn
-from tablesync.copy import BlockRange, CopySettings, RangeReader, arrow_blocks
+from tablesync.copy import BlockRange, CopySettings, RangeReader, copied_blocks
 from tablesync.publication import PublishedTable, describe
 from tablesync.state import TableState, TableStatus
 from tablesync.worker import CopyWatcher, watch_copy
@@ -264,10 +263,6 @@ class InitialLoad:
             whole = BlockRange(0, None)
             return CopySource(lambda: read(whole), [whole], read)
 
-        def blocks() -> Iterator[pa.Table]:
-            with conn.cursor().copy(table.copy_query()) as copy:
-                yield from arrow_blocks(copy, schema)
-
-        return CopySource.read_here(blocks).watched(
-            lambda rows: watch_copy(self._context, table, self._handoff, rows)
-        )
+        return CopySource.read_here(
+            lambda: copied_blocks(conn, table.copy_query(), schema)
+        ).watched(lambda rows: watch_copy(self._context, table, self._handoff, rows))

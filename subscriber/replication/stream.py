@@ -33,6 +33,7 @@ from subscriber.replication.commands import (
     drop_slot_command,
     start_replication_command,
 )
+from subscriber.replication.copy_out import copy_out
 from subscriber.replication.errors import ConnectionLostError, ProtocolError, ReplicationError
 from subscriber.replication.lsn import ZERO, Lsn, unpacked
 from subscriber.replication.progress import Feedback, Progress
@@ -152,35 +153,17 @@ class ReplicationConnection:
         return last
 
     def copy_out(self, command: str) -> Iterator[bytes]:
-        """Run ``COPY ... TO STDOUT`` and yield its rows as they arrive (one row each).
+        """Run ``COPY ... TO STDOUT`` and yield its rows as they arrive (one row each;
+        ``subscriber.replication.copy_out``).
 
         Waits on the socket, never inside libpq, so other threads keep running.
         """
-        result = self._run(command)
-        if result.status != pq.ExecStatus.COPY_OUT:
-            message = result.error_message.decode(errors="replace").strip()
-            raise ReplicationError(f"COPY failed: {message}")
-        pgconn = self.pgconn
         try:
-            with selectors.DefaultSelector() as selector:
-                selector.register(pgconn.socket, selectors.EVENT_READ)
-                while True:
-                    nbytes, data = pgconn.get_copy_data(1)
-                    if nbytes > 0:
-                        yield bytes(data)
-                    elif nbytes == 0:
-                        selector.select()
-                        pgconn.consume_input()
-                    else:
-                        break
-            final = pgconn.get_result()
-            while pgconn.get_result() is not None:
-                pass
+            yield from copy_out(self.pgconn, command)
         except psycopg.OperationalError as exc:
             raise ConnectionLostError(f"connection lost during COPY: {exc}") from exc
-        if final is not None and final.status != pq.ExecStatus.COMMAND_OK:
-            message = final.error_message.decode(errors="replace").strip()
-            raise ReplicationError(f"COPY failed: {message}")
+        except psycopg.Error as exc:
+            raise ReplicationError(f"COPY failed: {exc}") from exc
 
     def identify_system(self) -> SystemIdentity:
         row = self.execute("IDENTIFY_SYSTEM")[0]
