@@ -189,14 +189,27 @@ class RangeReader:
 _DONE: Final = object()
 
 
+def read_ahead(blocks: Callable[[], Iterator[pa.Table]]) -> Iterator[pa.Table]:
+    """``blocks()``, read by a thread one block ahead of the consumer: a large table's next
+    block is read and parsed while the last is written (Parquet's writer gives Python's
+    lock up while it encodes). At most three blocks are held: the one written, one
+    waiting, the one being read."""
+    return parallel(lambda _: blocks(), ["whole"], readers=1, waiting=1)
+
+
 def parallel(
-    read: Callable[[Part], Iterator[pa.Table]], parts: Sequence[Part], readers: int
+    read: Callable[[Part], Iterator[pa.Table]],
+    parts: Sequence[Part],
+    readers: int,
+    *,
+    waiting: int | None = None,
 ) -> Iterator[pa.Table]:
     """The blocks of every part, ``readers`` parts read at once by threads, in no set
-    order. A reader's error is raised here; closing the iterator stops the readers."""
+    order; at most ``waiting`` blocks read and not yet taken (default: two a reader). A
+    reader's error is raised here; closing the iterator stops the readers."""
     pending = iter(parts)
     taken = threading.Lock()
-    out: queue.Queue[object] = queue.Queue(maxsize=2 * readers)
+    out: queue.Queue[object] = queue.Queue(maxsize=waiting or 2 * readers)
     stop = threading.Event()
 
     def put(item: object) -> bool:

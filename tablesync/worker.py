@@ -49,6 +49,7 @@ from tablesync.copy import (
     RangeReader,
     arrow_blocks,
     parallel,
+    read_ahead,
     split,
 )
 from tablesync.publication import PublishedTable, describe
@@ -210,7 +211,9 @@ class SyncWorker:
                 connection.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
                 slot = connection.create_slot(self.slot, snapshot=SnapshotAction.USE)
                 rows = connection.copy_out(table.copy_query().as_string(None))
-                source = CopySource.read_here(lambda: arrow_blocks(rows, schema))
+                source = CopySource.read_here(
+                    lambda: read_ahead(lambda: arrow_blocks(rows, schema))
+                )
             else:
                 # The snapshot stays importable while this connection stays idle.
                 slot = connection.create_slot(self.slot, snapshot=SnapshotAction.EXPORT)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Generator, Iterator
 from typing import cast
 
 import pyarrow as pa
 import pytest
 
-from tablesync.copy import parallel
+from tablesync.copy import parallel, read_ahead
+from tests.support.pgcluster import wait_until
 
 
 def blocks_of(part: int) -> Iterator[pa.Table]:
@@ -56,3 +58,34 @@ def test_a_consumer_that_stops_early_ends_the_readers_and_closes_their_reads() -
     assert copy_threads() == []
     # Every read begun is closed; at most two began (two readers), the others never did.
     assert sorted(closed) == sorted(started) and 1 <= len(started) <= 2
+
+
+def test_read_ahead_hands_every_block_in_order_and_holds_one_waiting() -> None:
+    """A sync worker's one copy (``read_ahead``): every block, in the copy's order - a
+    falsy part must not end it - and the reader at most one block ahead of the consumer."""
+    made: list[int] = []
+
+    def copy() -> Iterator[pa.Table]:
+        for block in range(6):
+            made.append(block)
+            yield pa.table({"block": [block]})
+
+    blocks = cast("Generator[pa.Table, None, None]", read_ahead(copy))
+    first = next(blocks)
+    wait_until(lambda: len(made) >= 3, timeout=60, what="the reader to fill what may wait")
+    time.sleep(0.1)  # room for a fourth, were the reader to take one: it must not
+    # One block taken, one waiting, one read and held until there is room: never more.
+    assert len(made) == 3
+    rest = list(blocks)
+    assert [b.column("block")[0].as_py() for b in [first, *rest]] == list(range(6))
+    assert copy_threads() == []
+
+
+def test_read_ahead_raises_the_copys_error_to_the_consumer() -> None:
+    def copy() -> Iterator[pa.Table]:
+        yield pa.table({"block": [0]})
+        raise ConnectionError("the copy's connection was lost")
+
+    with pytest.raises(ConnectionError, match="lost"):
+        list(read_ahead(copy))
+    assert copy_threads() == []
