@@ -29,7 +29,6 @@ checkpoint in parts, V2 or in another schema - leaves the checkpoint to delta-rs
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import time
@@ -147,9 +146,9 @@ def _write(store: TableStore, since: LogSince, configuration: Mapping[str, str])
     table = pa.concat_tables([kept, pa.Table.from_pylist(rows, schema=SCHEMA)])
     if not _complete(table):
         return False
-    body = io.BytesIO()
+    body = pa.BufferOutputStream()  # Arrow's memory: no call into Python a page
     pq.write_table(table, body, compression="snappy")
-    data = body.getvalue()
+    data = body.getvalue().to_pybytes()
     store.replace(f"{LOG}/{since.version:020d}.checkpoint.parquet", data)
     adds = pc.sum(pc.is_valid(table.column("add"))).as_py() or 0
     last = {"version": since.version, "size": table.num_rows, "sizeInBytes": len(data)}

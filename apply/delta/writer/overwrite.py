@@ -47,13 +47,13 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import IO, TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from apply.core.errors import CommitRacedError
-from apply.delta.files.store import LOG, TableStore, commit_name
+from apply.delta.files.store import LOG, TableStore, arrow_stream, commit_name
 from apply.delta.writer.file_stats import FileStats
 from apply.delta.writer.open_table import LiveFile
 
@@ -132,27 +132,28 @@ def append(
     rows = size = 0
     with contextlib.ExitStack() as open_file:
         writer: pq.ParquetWriter | None = None
-        file: IO[bytes] | None = None
+        stream: pa.NativeFile | None = None
         stats = FileStats(schema)
         for batch in batches:
             if writer is None:
                 names.append(f"part-{len(names):05d}-{uuid.uuid4()}-c000.snappy.parquet")
                 file = open_file.enter_context(store.writing(names[-1]))
-                writer = pq.ParquetWriter(file, schema, compression="snappy")
+                stream = open_file.enter_context(arrow_stream(file))
+                writer = pq.ParquetWriter(stream, schema, compression="snappy")
             writer.write_batch(batch)
             stats.add(batch)
             if stats.rows >= file_rows:
                 writer.close()
-                assert file is not None
-                adds.append(_add(names[-1], file.tell(), stats))
-                size += file.tell()
-                open_file.close()  # the file durable
-                writer, file = None, None
+                assert stream is not None
+                adds.append(_add(names[-1], stream.tell(), stats))
+                size += stream.tell()
+                open_file.close()  # the file written to its end, then durable
+                writer, stream = None, None
                 rows, stats = rows + stats.rows, FileStats(schema)
-        if writer is not None and file is not None:
+        if writer is not None and stream is not None:
             writer.close()
-            adds.append(_add(names[-1], file.tell(), stats))
-            size += file.tell()
+            adds.append(_add(names[-1], stream.tell(), stats))
+            size += stream.tell()
             rows += stats.rows
     metrics = {
         "numFiles": str(len(adds)),
@@ -204,7 +205,8 @@ def overwrite(
     nothing committed)."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     with store.writing(name) as file:
-        pq.write_table(rows, file, compression="snappy")
+        with arrow_stream(file) as stream:
+            pq.write_table(rows, stream, compression="snappy")
         size = file.tell()
     now = int(time.time() * 1000)
     actions = opening_actions(

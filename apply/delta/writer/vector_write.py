@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 from apply.batching.source import FIRST, PRESENT, KeyedSource
 from apply.core.errors import CommitRacedError
 from apply.core.maintenance_policy import PURGE_ABOVE
-from apply.delta.files.store import TableStore
+from apply.delta.files.store import TableStore, arrow_stream
 from apply.delta.writer import deletion_vectors
 from apply.delta.writer.checkpoint import keep_log_of
 from apply.delta.writer.deletion_vectors import Descriptor
@@ -362,7 +362,8 @@ def _write_rows(store: TableStore, rows: pa.Table) -> tuple[str, int]:
     """``rows`` as one new Parquet file of the table: its name and size."""
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     with store.writing(name) as file:
-        pq.write_table(rows, file, compression="snappy")
+        with arrow_stream(file) as stream:
+            pq.write_table(rows, stream, compression="snappy")
         return name, file.tell()
 
 
