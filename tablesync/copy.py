@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import psycopg
 import pyarrow as pa
@@ -225,10 +225,10 @@ def parallel(
         try:
             while not stop.is_set():
                 with taken:
-                    part = next(pending, None)
-                if part is None:
+                    part = next(pending, _DONE)
+                if part is _DONE:
                     break
-                blocks = read(part)
+                blocks = read(cast("Part", part))
                 try:
                     for block in blocks:
                         if not put(block):

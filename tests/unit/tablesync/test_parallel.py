@@ -89,3 +89,16 @@ def test_read_ahead_raises_the_copys_error_to_the_consumer() -> None:
     with pytest.raises(ConnectionError, match="lost"):
         list(read_ahead(copy))
     assert copy_threads() == []
+
+
+def test_any_part_is_read_none_included() -> None:
+    """A part is what the caller says it is: ``None`` is one too, not the end of the parts."""
+    read: list[object] = []
+
+    def one(part: object) -> Iterator[pa.Table]:
+        read.append(part)
+        yield pa.table({"part": [str(part)]})
+
+    assert len(list(parallel(one, [None, 0, ""], readers=2))) == 3
+    assert sorted(map(str, read)) == ["", "0", "None"]
+    assert copy_threads() == []
