@@ -189,12 +189,34 @@ class RangeReader:
 _DONE: Final = object()
 
 
-def read_ahead(blocks: Callable[[], Iterator[pa.Table]]) -> Iterator[pa.Table]:
-    """``blocks()``, read by a thread one block ahead of the consumer: a large table's next
-    block is read and parsed while the last is written (Parquet's writer gives Python's
-    lock up while it encodes). At most three blocks are held: the one written, one
-    waiting, the one being read."""
-    return parallel(lambda _: blocks(), ["whole"], readers=1, waiting=1)
+def read_ahead(
+    rows: Iterable[Buffer],
+    parse: Callable[[bytes], pa.Table],
+    block_bytes: int = BLOCK_BYTES,
+) -> Iterator[pa.Table]:
+    """The copy's ``rows`` in ``blocks`` parsed by ``parse``, read and parsed by a thread
+    one block ahead of the consumer: a large table's next block is read and parsed while
+    the last is written (Parquet's writer gives Python's lock up while it encodes). At
+    most three blocks are held: the one written, one waiting, the one being read.
+
+    The first block is read here: shorter than ``block_bytes``, it is the whole copy (a
+    small table, most of them), parsed here, and no thread starts. In a busy daemon a
+    thread's start and each hand-over wait for Python's lock: about 10 ms a copy beside a
+    thread running Python, for nothing to read ahead."""
+    raw = blocks(rows, block_bytes)
+    first = next(raw, None)
+    if first is None:
+        return
+    if len(first) < block_bytes:
+        yield parse(first)
+        return
+
+    def read(_: object) -> Iterator[pa.Table]:
+        yield parse(first)
+        for block in raw:
+            yield parse(block)
+
+    yield from parallel(read, ["whole"], readers=1, waiting=1)
 
 
 def parallel(

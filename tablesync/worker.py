@@ -22,6 +22,7 @@ the sync slot, filtered to one table.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -47,8 +48,8 @@ from subscriber.replication.stream import ReplicationConnection
 from tablesync.copy import (
     CopySettings,
     RangeReader,
-    arrow_blocks,
     parallel,
+    parse_block,
     read_ahead,
     split,
 )
@@ -212,7 +213,7 @@ class SyncWorker:
                 slot = connection.create_slot(self.slot, snapshot=SnapshotAction.USE)
                 rows = connection.copy_out(table.copy_query().as_string(None))
                 source = CopySource.read_here(
-                    lambda: read_ahead(lambda: arrow_blocks(rows, schema))
+                    lambda: read_ahead(rows, functools.partial(parse_block, schema=schema))
                 )
             else:
                 # The snapshot stays importable while this connection stays idle.

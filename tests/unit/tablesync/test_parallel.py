@@ -60,17 +60,21 @@ def test_a_consumer_that_stops_early_ends_the_readers_and_closes_their_reads() -
     assert sorted(closed) == sorted(started) and 1 <= len(started) <= 2
 
 
+def one_row_a_block(block: bytes) -> pa.Table:
+    return pa.table({"block": [int(block.decode().split()[0])]})
+
+
 def test_read_ahead_hands_every_block_in_order_and_holds_one_waiting() -> None:
-    """A sync worker's one copy (``read_ahead``): every block, in the copy's order - a
-    falsy part must not end it - and the reader at most one block ahead of the consumer."""
+    """A sync worker's one copy (``read_ahead``): every block, in the copy's order, and
+    the reader at most one block ahead of the consumer."""
     made: list[int] = []
 
-    def copy() -> Iterator[pa.Table]:
+    def rows() -> Iterator[bytes]:
         for block in range(6):
             made.append(block)
-            yield pa.table({"block": [block]})
+            yield f"{block}\n".encode()
 
-    blocks = cast("Generator[pa.Table, None, None]", read_ahead(copy))
+    blocks = cast("Generator[pa.Table, None, None]", read_ahead(rows(), one_row_a_block, 2))
     first = next(blocks)
     wait_until(lambda: len(made) >= 3, timeout=60, what="the reader to fill what may wait")
     time.sleep(0.1)  # room for a fourth, were the reader to take one: it must not
@@ -81,13 +85,47 @@ def test_read_ahead_hands_every_block_in_order_and_holds_one_waiting() -> None:
     assert copy_threads() == []
 
 
+def test_read_ahead_starts_no_thread_for_a_copy_of_one_short_block() -> None:
+    """A small table's copy (shorter than a block) is read and parsed where it is
+    consumed: no thread, whose start and hand-over wait for Python's lock in a busy
+    daemon."""
+    seen: list[list[threading.Thread]] = []
+
+    def parse(block: bytes) -> pa.Table:
+        seen.append(copy_threads())
+        return pa.table({"rows": [block.count(b"\n")]})
+
+    copied = list(read_ahead((b"%d\n" % n for n in range(100)), parse, 1 << 20))
+    assert [b.column("rows")[0].as_py() for b in copied] == [100]
+    assert seen == [[]]
+    assert list(read_ahead(iter([]), parse)) == []
+
+
+def test_read_ahead_given_up_stops_its_reader() -> None:
+    made: list[int] = []
+
+    def rows() -> Iterator[bytes]:
+        for block in range(50):
+            made.append(block)
+            yield f"{block}\n".encode()
+
+    blocks = cast("Generator[pa.Table, None, None]", read_ahead(rows(), one_row_a_block, 2))
+    assert next(blocks).num_rows == 1
+    blocks.close()
+    assert copy_threads() == []
+    read = len(made)
+    time.sleep(0.1)
+    assert len(made) == read <= 3
+
+
 def test_read_ahead_raises_the_copys_error_to_the_consumer() -> None:
-    def copy() -> Iterator[pa.Table]:
-        yield pa.table({"block": [0]})
+    def rows() -> Iterator[bytes]:
+        yield b"0\n"
+        yield b"1\n"
         raise ConnectionError("the copy's connection was lost")
 
     with pytest.raises(ConnectionError, match="lost"):
-        list(read_ahead(copy))
+        list(read_ahead(rows(), one_row_a_block, 2))
     assert copy_threads() == []
 
 
