@@ -157,6 +157,20 @@ def arrow_stream(file: IO[bytes]) -> Iterator[pa.NativeFile]:
         stream.detach()  # what it holds written to ``file``, which it leaves open
 
 
+def parquet_file(store: TableStore, rows: pa.Table) -> tuple[str, int]:
+    """``rows`` as one new Parquet file of the table in ``store``, durable as the store
+    makes it: its name and size."""
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    with store.writing(name) as file:
+        with arrow_stream(file) as stream:
+            pq.write_table(rows, stream, compression="snappy")
+        return name, file.tell()
+
+
 def canonical(path: str, root: str) -> str:
     """A path as Delta's log spells it (a URI: relative to the table at ``root``, or
     absolute, percent-encoded) reduced to one spelling per file: decoded, relative to the

@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from apply.core.errors import CommitRacedError
-from apply.delta.files.store import LOG, TableStore, arrow_stream, commit_name
+from apply.delta.files.store import LOG, TableStore, arrow_stream, commit_name, parquet_file
 from apply.delta.writer.file_stats import FileStats
 from apply.delta.writer.open_table import LiveFile
 
@@ -203,11 +203,7 @@ def overwrite(
     (it and the commit) and the commit's actions. ``before_commit``: called once the file
     is written, before its commit (a ``CommitRacedError`` from it: the file deleted,
     nothing committed)."""
-    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    with store.writing(name) as file:
-        with arrow_stream(file) as stream:
-            pq.write_table(rows, stream, compression="snappy")
-        size = file.tell()
+    name, size = parquet_file(store, rows)
     now = int(time.time() * 1000)
     actions = opening_actions(
         "WRITE",

@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ import pyarrow.parquet as pq
 from apply.batching.source import FIRST, PRESENT, KeyedSource
 from apply.core.errors import CommitRacedError
 from apply.core.maintenance_policy import PURGE_ABOVE
-from apply.delta.files.store import TableStore, arrow_stream
+from apply.delta.files.store import TableStore, parquet_file
 from apply.delta.writer import deletion_vectors
 from apply.delta.writer.checkpoint import keep_log_of
 from apply.delta.writer.deletion_vectors import Descriptor
@@ -293,7 +292,7 @@ def _write(
     new_file, size = None, 0
     try:
         if rows.num_rows:
-            new_file, size = _write_rows(store, rows)
+            new_file, size = parquet_file(store, rows)
             files.append(new_file)
     finally:
         vector_bytes = vector_put.result() if vector_put is not None else 0
@@ -356,15 +355,6 @@ def _joined(rows: pa.Table, copies: list[pa.Table]) -> pa.Table:
         return rows
     joined = pa.concat_tables([rows, *copies])
     return joined.combine_chunks() if joined.nbytes <= LARGEST else joined
-
-
-def _write_rows(store: TableStore, rows: pa.Table) -> tuple[str, int]:
-    """``rows`` as one new Parquet file of the table: its name and size."""
-    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    with store.writing(name) as file:
-        with arrow_stream(file) as stream:
-            pq.write_table(rows, stream, compression="snappy")
-        return name, file.tell()
 
 
 def _names(matches: list[Match]) -> set[str]:
