@@ -143,11 +143,31 @@ def test_a_tables_write_takes_what_arrived_for_it_and_lands_as_the_publisher_has
         rep.assert_equal(*(f"public.{t}" for t in MANY[:5]), key=("id",), readers=(SPARK,))
     # Each checkpoint row is one consistent point: no table's version holds a transaction
     # past the row's LSN (each commit's idempotent-write version is the LSN it reached).
+    # And each table's version as of a row (its own, else an earlier row's) is its last
+    # that reached no further: no later commit of the subscription reached the row's LSN
+    # (a write of a row's batch commits at its end, then what it took: both recorded).
     rows = deltalake.DeltaTable(str(warehouse / "_pgsub" / "checkpoints")).to_pyarrow_table()
     assert rows.num_rows >= 2
-    for lsn, tables in zip(rows["lsn"].to_pylist(), rows["tables"].to_pylist(), strict=True):
-        for table, version in tables:
-            log = warehouse / table_folder(table) / "_delta_log"
-            actions = [json.loads(line) for line in (log / f"{version:020d}.json").open()]
-            reached = [a["txn"]["version"] for a in actions if "txn" in a]
-            assert reached and reached[0] <= lsn, (table, version, reached, lsn)
+    recorded: dict[str, int] = {}
+    commits: dict[str, dict[int, int]] = {}
+    by_lsn = sorted(zip(rows["lsn"].to_pylist(), rows["tables"].to_pylist(), strict=True))
+    for lsn, tables in by_lsn:
+        recorded.update(dict(tables))
+        for table, version in recorded.items():
+            if table not in commits:
+                commits[table] = _reached(warehouse, table)
+            reached = commits[table]
+            assert version in reached and reached[version] <= lsn, (table, version, lsn)
+            later = [v for v, at in reached.items() if v > version and at <= lsn]
+            assert not later, (table, version, lsn, later)
+
+
+def _reached(warehouse: Path, table: str) -> dict[int, int]:
+    """Each commit of ``table`` that carries an idempotent-write version: the LSN it reached."""
+    reached = {}
+    for commit in (warehouse / table_folder(table) / "_delta_log").glob("*.json"):
+        actions = [json.loads(line) for line in commit.open()]
+        txns = [a["txn"]["version"] for a in actions if "txn" in a]
+        if txns:
+            reached[int(commit.stem)] = txns[0]
+    return reached
