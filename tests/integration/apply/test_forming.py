@@ -145,7 +145,7 @@ def test_a_tables_write_takes_what_arrived_for_it_and_lands_as_the_publisher_has
     # past the row's LSN (each commit's idempotent-write version is the LSN it reached).
     # And each table's version as of a row (its own, else an earlier row's) is its last
     # that reached no further: no later commit of the subscription reached the row's LSN
-    # (a write of a row's batch commits at its end, then what it took: both recorded).
+    # (a version that took ahead, left out of the rows, would leave a stale one).
     rows = deltalake.DeltaTable(str(warehouse / "_pgsub" / "checkpoints")).to_pyarrow_table()
     assert rows.num_rows >= 2
     recorded: dict[str, int] = {}
