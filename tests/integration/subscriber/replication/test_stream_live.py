@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Iterator
@@ -98,22 +99,25 @@ def test_a_reader_faster_than_the_server_does_not_answer_every_frame(
     counting = _CountingPgconn(stream._pgconn)
     stream._pgconn = counting  # type: ignore[assignment]
     started = time.monotonic()
-    frames = commits = 0
+    kinds: collections.Counter[bytes] = collections.Counter()
     taken_in = Lsn(0)  # the frames before the last, taken in by coming back for more
     try:
         while True:
             data = stream.read(timeout=30)
             assert data is not None, "the transaction did not arrive"
-            frames += 1
-            commits += data.payload[:1] == b"C"
-            if commits == TRANSACTIONS:
+            kinds[data.payload[:1]] += 1
+            if kinds[b"C"] == TRANSACTIONS:
                 break
             taken_in = data.data_start
     finally:
         elapsed = time.monotonic() - started
         stream._pgconn = counting._pgconn  # type: ignore[assignment]
         stream.stop()
-    assert frames == 3 * TRANSACTIONS + 1  # Begin, Insert, Commit each; one Relation
+    # Begin, Insert, Commit each, and the Relation: sent again after an invalidation of the
+    # table's cache (autovacuum's ANALYZE of the 3,000 rows, on a busy machine: 9,002 frames).
+    relations = kinds.pop(b"R")
+    assert kinds == {b"B": TRANSACTIONS, b"I": TRANSACTIONS, b"C": TRANSACTIONS}
+    assert 1 <= relations <= 3
     assert progress.received >= taken_in
     # Before: one update each time the socket ran dry - hundreds here.
     assert counting.status_updates <= elapsed / WRITE_REPORT_DELAY + 3
