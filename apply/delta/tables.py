@@ -19,23 +19,21 @@ are session configuration and must not leak between tables. The Delta
 operations this module runs itself go through ``apply.delta.spark.sql``, the form
 both a classic session and a Spark Connect session take.
 
-Why one module of about 700 lines: ``DeltaTables`` is the ``apply.plans.tables.Tables`` seam,
-one method per thing the worker asks, and each method is the dispatch of that one ask to
-the room that does it (``placement`` picks delta-rs, pgsub's writer or Spark; the
-writers live in ``writer`` and ``spark``). What it keeps across those methods - the
-subscription's options, each table's open state, the reachable store, the per-table
-locks - is the class's state; split by method, every part would need all of it back.
+``DeltaTables`` is the ``apply.plans.tables.Tables`` seam: one method per thing the worker
+asks, each the dispatch of that one ask to the room that does it (``placement`` picks
+delta-rs, pgsub's writer or Spark; the writers live in ``writer`` and ``spark``). What the
+asks share - the subscription's options, each table's open state, the reachable store, the
+per-table locks - and the helpers over it are ``apply.delta.tables_state.TablesState``,
+which it extends.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import pyarrow as pa
 import structlog
@@ -44,7 +42,6 @@ from apply.batching.collapse import KeyedNet, Net, net_bytes
 from apply.batching.copy_source import CopySource
 from apply.columns.schema import Evolution, TargetSchema
 from apply.core.errors import CommitRacedError, ConflictError, TargetTableError
-from apply.core.features import FeatureMode, TableFeatures
 from apply.core.maintenance_policy import MaintenancePolicy
 from apply.core.records import (
     MESSAGES_TABLE,
@@ -54,47 +51,25 @@ from apply.core.records import (
     lsn_from_metadata,
     within_from_metadata,
 )
-from apply.delta.appends import LocalAppends, append_messages
+from apply.delta.appends import append_messages
 from apply.delta.copy import copy_into, copy_target, kept_copy, write_once
-from apply.delta.files.local_store import (
-    LocalStore,
-    folders_synced_together,
-    sync_named_folders,
-)
-from apply.delta.files.store import commit_name, table_store
-from apply.delta.files.store_check import LOCAL_WRITERS, round_trip, writers_for
-from apply.delta.marks import latest_mark
-from apply.delta.placement import Placement
-from apply.delta.spark import sql as delta_sql
+from apply.delta.files.local_store import LocalStore, folders_synced_together, sync_named_folders
 from apply.delta.spark.ddl import follow as follow_ddl
-from apply.delta.spark.definition import TableDefinition
-from apply.delta.spark.detail import detail, log_detail
+from apply.delta.spark.detail import log_detail
 from apply.delta.spark.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
 from apply.delta.spark.maintenance import Grown, Tended, tend
 from apply.delta.spark.multiset import write_multiset
-from apply.delta.spark.origins import OriginTracker
-from apply.delta.spark.session import SparkErrors, runs_here, thread_session
+from apply.delta.spark.session import SparkErrors, runs_here
 from apply.delta.spark.staged_copy import StagedCopy
 from apply.delta.spark.target import TargetTable
 from apply.delta.state_store import STATE_DIR
-from apply.delta.table_options import (
-    DEFAULT_OPTIONS,
-    CreatedTables,
-    Forgetful,
-    TableOptions,
-)
+from apply.delta.tables_state import TablesState
 from apply.delta.versions import Witness, write_versions
-from apply.delta.writer.durability import Durability
-from apply.delta.writer.live_files import carries, latest_version
-from apply.delta.writer.local_tables import (
-    delta_rs_writes,
-    folder,
-    is_table,
-)
+from apply.delta.writer.live_files import carries
+from apply.delta.writer.local_tables import delta_rs_writes, folder
 from apply.delta.writer.overwrite import checkpoint_again
-from apply.delta.writer.write_cost import commit_bytes
 from apply.history.changelog import HistoryMode, changelog_schema
-from apply.history.stamps import PLAIN, Keeping
+from apply.history.stamps import Keeping
 from apply.plans.merge_plan import conflict_in
 from apply.plans.staging import StagedSource
 from apply.schema_changes.ddl import SchemaChange
@@ -102,11 +77,6 @@ from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
 
-if TYPE_CHECKING:
-    import deltalake
-    from pyspark.sql import SparkSession
-
-HISTORY_PEEK: Final = 100
 # Tries of a batch whose commit another writer's beat (nothing committed): each on the table
 # as that writer left it.
 RACE_ATTEMPTS: Final = 3
@@ -114,94 +84,11 @@ RACE_ATTEMPTS: Final = 3
 log = structlog.get_logger(__name__)
 
 
-class DeltaTables:
-    """The target tables of one subscription."""
+class DeltaTables(TablesState):
+    """The target tables of one subscription: the asks of ``Tables``, each a dispatch to the
+    room that does it, over ``TablesState``."""
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        warehouse: str,
-        subscription: str,
-        options: TableOptions = DEFAULT_OPTIONS,
-        *,
-        created: CreatedTables | None = None,
-    ) -> None:
-        features, track_origin = options.features, options.track_origin
-        shared_tables, maintenance = options.shared_tables, options.maintenance
-        self._spark = spark
-        self.created = created or Forgetful()
-        self.warehouse = warehouse.rstrip("/")
-        self._placed = Placement(
-            self.warehouse,
-            features,
-            other_writers=track_origin or shared_tables,
-            appended_only=self.appends_changes,
-            sees_warehouse=options.spark_sees_warehouse,
-        )
-        self._on_local_disk = self._placed.on_local_disk
-        # delta-rs and pgsub's own writer reach it: a local folder, an object store.
-        self._reachable = self._placed.reachable
-        self._durability = Durability(self._on_local_disk)
-        self._local_merges = self._placed.local_merges
-        self.subscription = subscription
-        self.create_tables = options.create_tables
-        self.track_origin = track_origin
-        self.features = features
-        self.shared_tables = shared_tables
-        self.maintenance = maintenance
-        self.history = options.history
-        self._appends = LocalAppends()  # their batches, by delta-rs on a local warehouse
-        # Logical decoding messages (messages: true): under _pgsub/ unless configured.
-        messages = options.messages_path or f"{self.warehouse}/_pgsub/messages"
-        self.messages_path = messages.rstrip("/")
-        # One writer at a time per table: a batch's MERGE, a copy, or maintenance.
-        self._table_locks: dict[str, threading.Lock] = {}
-        self._local = threading.local()
-        self._schemas: dict[str, TargetSchema] = {}
-        self._origins: dict[str, OriginTracker] = {}
-        self._lock = threading.Lock()
-        self.history_peek = HISTORY_PEEK
-        self._writers: int | None = None  # in an object store: by its round trip, once
-        self._definition = TableDefinition(
-            subscription, features, maintenance, track_origin, shared_tables, self._reachable
-        )
-
-    def path(self, table: str) -> str:
-        if table == MESSAGES_TABLE:
-            return self.messages_path
-        return f"{self.warehouse}/{table_folder(table)}"
-
-    def session(self) -> SparkSession:
-        session: SparkSession | None = getattr(self._local, "session", None)
-        if session is None:
-            session = thread_session(self._spark)
-            self._local.session = session
-        return session
-
-    def exists(self, table: str) -> bool:
-        if self._reachable:
-            return is_table(self.path(table))
-        return delta_sql.is_delta_table(self.session(), self.path(table))
-
-    # -- progress ------------------------------------------------------------
-
-    @property
-    def writers(self) -> int:
-        """Tables of a batch written at once: ``LOCAL_WRITERS`` on this machine's disk, where
-        a table's write is CPU; in an object store, where it is mostly waiting for requests,
-        as many as its measured round trip calls for (``writers_for``)."""
-        if self._on_local_disk:
-            return LOCAL_WRITERS
-        if self._writers is None:
-            measured = round_trip(self.warehouse) if self._reachable else None
-            self._writers = writers_for(measured)
-            log.info(
-                "tables written at once",
-                subscription=self.subscription,
-                writers=self._writers,
-                round_trip_ms=None if measured is None else round(measured * 1000, 1),
-            )
-        return self._writers
+    # -- progress ----------------------------------------------------------------
 
     def applied_lsn(self, table: str) -> Lsn:
         """The end LSN of the last batch this subscription committed to ``table``."""
@@ -214,27 +101,50 @@ class DeltaTables:
         ``table`` (None: that commit completed its transactions)."""
         return within_from_metadata(self._latest_mark(table), self.subscription)
 
-    def _latest_mark(self, table: str) -> str | None:
-        """The ``userMetadata`` of this subscription's latest commit to ``table`` with an LSN
-        (``apply.delta.marks``)."""
-        path = self.path(table)
-        try:
-            # Where pgsub reads the log itself, a table without a commit has no mark: it is
-            # not asked whether the table exists first (in an object store, a listing more a
-            # table at its first batch).
-            if not self._reachable and not self.exists(table):
-                return None
-            return latest_mark(
-                self.session,
-                path,
-                self.subscription,
-                local=self._reachable,
-                peek=self.history_peek,
-            )
-        except SparkErrors as exc:
-            raise TargetTableError(f"cannot read the history of {path}: {exc}") from exc
+    def written_together(self) -> AbstractContextManager[None]:
+        """The folders naming a batch's own commits fsynced together at its end."""
+        return folders_synced_together()
 
-    # -- schema --------------------------------------------------------------
+    def names_durable(self) -> None:
+        """Within ``written_together``: the names of the commits made so far durable now."""
+        sync_named_folders()
+
+    def holds_commit(self, table: str, version: int, mark: CommitMark) -> bool:
+        """Whether version ``version`` of ``table`` is still the commit made for ``mark``
+        (``verify_commit``, without its repair)."""
+        if not self._on_local_disk:
+            return True
+        return carries(LocalStore(folder(self.path(table))), version, mark)
+
+    def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
+        """Raise if version ``version`` of ``table`` is no longer the commit made for ``mark``.
+
+        On a local folder Spark's LogStore checks that a version is free, then
+        renames its commit into place over whatever is there by then: a user's
+        OPTIMIZE or DELETE from another Spark may replace a commit pgsub made
+        meanwhile. Read back before the batch is confirmed, such a commit fails
+        the batch (applied again on the table as it is), never loses it.
+        """
+        if not self._on_local_disk:
+            return
+        path = self.path(table)
+        store = LocalStore(folder(path))
+        if carries(store, version, mark):
+            return
+        with self.exclusive(table):  # not while maintenance reads the log
+            # A checkpoint pgsub made at that version holds its commit, not the one there now.
+            checkpointed = checkpoint_again(store, version)
+            self._forget_written(table, path)
+        raise TargetTableError(
+            f"version {version} of {table} at {path} is no longer the commit pgsub made for "
+            f"LSN {mark.lsn}: another engine committed over it (Spark's LogStore on a local "
+            "folder renames over a version it found free). Nothing was confirmed; the batch "
+            f"is applied again{'; its checkpoint made anew' if checkpointed else ''}. Stop "
+            "the other writer, or let it write only while pgsub is stopped (docs/tables.md, "
+            '"Other writers")'
+        )
+
+    # -- schema ------------------------------------------------------------------
 
     def prepare(
         self, schema: TargetSchema, *, recreate: bool = False, remember: bool = True
@@ -309,76 +219,6 @@ class DeltaTables:
             return Evolution(add=schema.columns)
         return self._definition.evolve(self.session(), schema, path, keeping.mode)
 
-    def _latest_version(self, path: str) -> int | None:
-        """The latest version of the table at ``path`` on a local warehouse (None elsewhere,
-        or no table), read without opening its log (``live_files.latest_version``)."""
-        if not self._on_local_disk:
-            return None
-        version = latest_version(LocalStore(folder(path)))
-        return None if version < 0 else version
-
-    def _settled(self, path: str, result: WriteResult, changed: int) -> WriteResult:
-        """``result``'s commit, and every commit before it, durable (``apply.delta.
-        durability``): what a batch confirms must survive a power loss; with the bytes it
-        wrote and the bytes of the rows it changed (``changed``)."""
-        self._durability.settle(path, result.version, made_durable=result.durable)
-        written = result.written_bytes  # pgsub's own commits count theirs
-        if not written and self._reachable and result.version is not None:
-            lines = table_store(path).read(commit_name(result.version))  # another engine's
-            written = commit_bytes(lines.decode().splitlines()).written
-        return replace(result, written_bytes=written, changed_bytes=changed)
-
-    def appends_changes(self, table: str) -> bool:
-        return table != MESSAGES_TABLE and self.history.of(table) is HistoryMode.CHANGELOG
-
-    def plain_mirror(self, schema: TargetSchema) -> bool:
-        return self._keeping(schema).plain
-
-    def keeps_versions(self, schema: TargetSchema) -> bool:
-        return self._keeping(schema).mode is HistoryMode.SCD2
-
-    def _keeping(self, schema: TargetSchema) -> Keeping:
-        """How the table of ``schema`` is kept (``history``, ``apply.history.stamps``)."""
-        return PLAIN if schema.table == MESSAGES_TABLE else Keeping.of(self.history, schema)
-
-    def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
-        target, stored = self.target(schema.table), changelog_schema(schema)
-        what = f"appending to {schema.table} at {target.path} at LSN {mark.lsn}"
-        with self._held(schema.table, what):
-            written = None
-            if self._reachable:
-                written = self._appends.append(target, stored, rows, mark)
-            if written is None:
-                written = target.append(stored, rows, mark)
-            return self._settled(target.path, written, rows.nbytes)
-
-    def write_versions(
-        self,
-        schema: TargetSchema,
-        changes: pa.Table,
-        mark: CommitMark,
-        resolutions: Mapping[ConflictKind, Resolution],
-        witness: Witness,
-    ) -> WriteResult:
-        target = self.target(schema.table)
-        what = f"writing the versions of {schema.table} to {target.path} at LSN {mark.lsn}"
-        try:
-            with self._held(schema.table, what):
-                opened = None
-                if self._placed.merges_locally(target):
-                    opened = self._local_merges.opened(target.path)
-                    if not delta_rs_writes(opened.synced().protocol()):
-                        opened = None
-                if opened is None:
-                    self._placed.check_size(target)
-                written = write_versions(
-                    target, schema, changes, mark, resolutions, witness, opened=opened
-                )
-                return self._settled(target.path, written, changes.nbytes)
-        except TargetTableError:  # open the table afresh next time
-            self._local_merges.forget(target.path)
-            raise
-
     def follow_ddl(
         self, change: SchemaChange, new_types: Mapping[str, str], fills: Mapping[str, object]
     ) -> None:
@@ -408,15 +248,7 @@ class DeltaTables:
             done=done or ["nothing left to do"],
         )
 
-    def remember_created(self, tables: list[str]) -> None:
-        """``prepare(..., remember=False)``'s tables: created by this subscription."""
-        self.created.record_created(*tables)
-
-    # -- writes --------------------------------------------------------------
-
-    def target(self, table: str) -> TargetTable:
-        """``table`` as its writers see it, from the calling thread's session."""
-        return TargetTable(self.session(), table, self.path(table))
+    # -- writes ------------------------------------------------------------------
 
     def write(
         self,
@@ -467,6 +299,34 @@ class DeltaTables:
                 f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
             ) from exc
 
+    def _write(
+        self,
+        target: TargetTable,
+        schema: TargetSchema,
+        net: Net,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+    ) -> WriteResult:
+        if isinstance(net, KeyedNet):
+            stamps = self._keeping(schema).stamping
+            if self._placed.merges_locally(target):
+                written = self._local_merges.merge(target.path, schema, net, mark, stamping=stamps)
+                # A table too big for delta-rs that gains deletion vectors now is written by
+                # pgsub's own path (apply.delta.writer.vector_write) from this batch on.
+                if written is None and self._placed.check_size(target):
+                    written = self._local_merges.merge(
+                        target.path, schema, net, mark, stamping=stamps
+                    )
+                if written is not None:
+                    return written
+            self._placed.check_size(target)
+            origins = self._tracker(schema.table, target.path)
+            return write_keyed(
+                target, schema, net, mark, resolutions, origins=origins, stamping=stamps
+            )
+        self._placed.check_size(target)
+        return write_multiset(target, schema, net, mark, resolutions)
+
     def staged_keys_unique(self, stage: StagedSource) -> bool:
         """Whether no key has rows in two of the staged pieces (one Spark job)."""
         return staged_keys_unique(self.target(stage.schema.table), stage)
@@ -502,34 +362,6 @@ class DeltaTables:
                 f"writing {schema.table} to {target.path} at LSN {mark.lsn} failed: {exc}"
             ) from exc
 
-    def _write(
-        self,
-        target: TargetTable,
-        schema: TargetSchema,
-        net: Net,
-        mark: CommitMark,
-        resolutions: Mapping[ConflictKind, Resolution],
-    ) -> WriteResult:
-        if isinstance(net, KeyedNet):
-            stamps = self._keeping(schema).stamping
-            if self._placed.merges_locally(target):
-                written = self._local_merges.merge(target.path, schema, net, mark, stamping=stamps)
-                # A table too big for delta-rs that gains deletion vectors now is written by
-                # pgsub's own path (apply.delta.writer.vector_write) from this batch on.
-                if written is None and self._placed.check_size(target):
-                    written = self._local_merges.merge(
-                        target.path, schema, net, mark, stamping=stamps
-                    )
-                if written is not None:
-                    return written
-            self._placed.check_size(target)
-            origins = self._tracker(schema.table, target.path)
-            return write_keyed(
-                target, schema, net, mark, resolutions, origins=origins, stamping=stamps
-            )
-        self._placed.check_size(target)
-        return write_multiset(target, schema, net, mark, resolutions)
-
     def write_messages(self, rows: pa.Table, mark: CommitMark) -> WriteResult:
         """Append logical decoding messages in one commit carrying ``mark`` (exactly once, as
         any table: a resent batch at or below the table's LSN is dropped by the applier)."""
@@ -537,112 +369,45 @@ class DeltaTables:
             target = self.target(MESSAGES_TABLE)
             return self._settled(target.path, append_messages(target, rows, mark), rows.nbytes)
 
-    def holds_commit(self, table: str, version: int, mark: CommitMark) -> bool:
-        """Whether version ``version`` of ``table`` is still the commit made for ``mark``
-        (``verify_commit``, without its repair)."""
-        if not self._on_local_disk:
-            return True
-        return carries(LocalStore(folder(self.path(table))), version, mark)
+    def append_changes(self, schema: TargetSchema, rows: pa.Table, mark: CommitMark) -> WriteResult:
+        target, stored = self.target(schema.table), changelog_schema(schema)
+        what = f"appending to {schema.table} at {target.path} at LSN {mark.lsn}"
+        with self._held(schema.table, what):
+            written = None
+            if self._reachable:
+                written = self._appends.append(target, stored, rows, mark)
+            if written is None:
+                written = target.append(stored, rows, mark)
+            return self._settled(target.path, written, rows.nbytes)
 
-    def names_durable(self) -> None:
-        """Within ``written_together``: the names of the commits made so far durable now."""
-        sync_named_folders()
-
-    def verify_commit(self, table: str, version: int, mark: CommitMark) -> None:
-        """Raise if version ``version`` of ``table`` is no longer the commit made for ``mark``.
-
-        On a local folder Spark's LogStore checks that a version is free, then
-        renames its commit into place over whatever is there by then: a user's
-        OPTIMIZE or DELETE from another Spark may replace a commit pgsub made
-        meanwhile. Read back before the batch is confirmed, such a commit fails
-        the batch (applied again on the table as it is), never loses it.
-        """
-        if not self._on_local_disk:
-            return
-        path = self.path(table)
-        store = LocalStore(folder(path))
-        if carries(store, version, mark):
-            return
-        with self.exclusive(table):  # not while maintenance reads the log
-            # A checkpoint pgsub made at that version holds its commit, not the one there now.
-            checkpointed = checkpoint_again(store, version)
-            self._forget_written(table, path)
-        raise TargetTableError(
-            f"version {version} of {table} at {path} is no longer the commit pgsub made for "
-            f"LSN {mark.lsn}: another engine committed over it (Spark's LogStore on a local "
-            "folder renames over a version it found free). Nothing was confirmed; the batch "
-            f"is applied again{'; its checkpoint made anew' if checkpointed else ''}. Stop "
-            "the other writer, or let it write only while pgsub is stopped (docs/tables.md, "
-            '"Other writers")'
-        )
-
-    def _forget_written(self, table: str, path: str) -> None:
-        """What this process kept of the table's log: read again at its next write."""
-        with self._lock:
-            self._schemas.pop(table, None)
-        self._local_merges.forget(path)
-        self._appends.forget(path)
-
-    @contextmanager
-    def exclusive(self, table: str) -> Iterator[None]:
-        """Hold ``table`` for one writer: a batch's MERGE, a copy or maintenance."""
-        with self._lock:
-            lock = self._table_locks.setdefault(table, threading.Lock())
-        with lock:
-            yield
-
-    @contextmanager
-    def _held(self, table: str, what: str) -> Iterator[None]:
-        """``exclusive``, with a Spark or delta-rs error raised as a TargetTableError saying
-        that ``what`` failed."""
+    def write_versions(
+        self,
+        schema: TargetSchema,
+        changes: pa.Table,
+        mark: CommitMark,
+        resolutions: Mapping[ConflictKind, Resolution],
+        witness: Witness,
+    ) -> WriteResult:
+        target = self.target(schema.table)
+        what = f"writing the versions of {schema.table} to {target.path} at LSN {mark.lsn}"
         try:
-            with self.exclusive(table):
-                yield
-        except SparkErrors as exc:
-            raise TargetTableError(f"{what} failed: {exc}") from exc
+            with self._held(schema.table, what):
+                opened = None
+                if self._placed.merges_locally(target):
+                    opened = self._local_merges.opened(target.path)
+                    if not delta_rs_writes(opened.synced().protocol()):
+                        opened = None
+                if opened is None:
+                    self._placed.check_size(target)
+                written = write_versions(
+                    target, schema, changes, mark, resolutions, witness, opened=opened
+                )
+                return self._settled(target.path, written, changes.nbytes)
+        except TargetTableError:  # open the table afresh next time
+            self._local_merges.forget(target.path)
+            raise
 
-    def known(self) -> list[str]:
-        """The tables this process prepared (created, evolved or checked)."""
-        with self._lock:
-            return sorted(self._schemas)
-
-    def tend(
-        self, table: str, policy: MaintenancePolicy, *, vacuum: bool, lite: bool = False
-    ) -> Tended:
-        """Maintenance of ``table`` (``apply.delta.spark.maintenance``): what commits never beside
-        the table's writes; VACUUM beside them."""
-        return tend(
-            self.session(),
-            self.path(table),
-            policy,
-            vacuum=vacuum,
-            lite=lite,
-            mark=partial(self._latest_mark, table),
-            features=Grown(table, self._features(table)),
-            held=partial(self._committing, table),
-        )
-
-    @contextmanager
-    def _committing(self, table: str) -> Iterator[None]:
-        """``exclusive``, and what was committed meanwhile made durable before the table is
-        let go (maintenance's commits, which the next batch's builds on)."""
-        path = self.path(table)
-        with self.exclusive(table):
-            self._durability.known(path, self._latest_version(path))
-            try:
-                yield
-            finally:
-                self._durability.settle(path, self._latest_version(path))
-
-    def _features(self, table: str) -> TableFeatures:
-        """The features ``table`` may gain: a change log never needs deletion vectors."""
-        if not self.appends_changes(table):
-            return self.features
-        return replace(self.features, deletion_vectors=FeatureMode.NEVER)
-
-    def written_together(self) -> AbstractContextManager[None]:
-        """The folders naming a batch's own commits fsynced together at its end."""
-        return folders_synced_together()
+    # -- copies ------------------------------------------------------------------
 
     @property
     def copy_on_executors(self) -> bool:
@@ -689,34 +454,24 @@ class DeltaTables:
             self._durability.settle(target.path, self._latest_version(target.path))
             return copied_rows
 
-    def _just_created(self, path: str) -> deltalake.DeltaTable | None:
-        """The table at ``path`` as delta-rs opened it when this thread created it, if that
-        was this thread's last creation: the copy into it goes on from it, not from the log
-        opened again (a listing and a read of its commit in a bucket). Kept for one table a
-        thread, so a table created without a copy holds no store client."""
-        made: tuple[str, deltalake.DeltaTable | None] | None = getattr(self._local, "created", None)
-        self._local.created = None
-        return made[1] if made is not None and made[0] == path else None
-
-    def _holds_rows(self, target: TargetTable) -> bool:
-        """Whether the table has data files (a table copied before: a resync)."""
-        if not self.exists(target.table):
-            return False
-        _, size, _ = detail(target.session, target.path)
-        return size > 0
-
     def staged_copy(self, schema: TargetSchema) -> StagedCopy:
         folder = f"_pgsub/copy_staging/{self.subscription}/{table_folder(schema.table)}"
         return StagedCopy(self, schema, f"{self.warehouse}/{folder}")
 
-    def _tracker(self, table: str, path: str) -> OriginTracker:
-        with self._lock:
-            tracker = self._origins.get(table)
-        if tracker is None:
-            session = self.session()
-            tracker = OriginTracker.opened(
-                session, self.subscription, table, path, self.track_origin
-            )
-            with self._lock:
-                self._origins[table] = tracker
-        return tracker
+    # -- maintenance -------------------------------------------------------------
+
+    def tend(
+        self, table: str, policy: MaintenancePolicy, *, vacuum: bool, lite: bool = False
+    ) -> Tended:
+        """Maintenance of ``table`` (``apply.delta.spark.maintenance``): what commits never beside
+        the table's writes; VACUUM beside them."""
+        return tend(
+            self.session(),
+            self.path(table),
+            policy,
+            vacuum=vacuum,
+            lite=lite,
+            mark=partial(self._latest_mark, table),
+            features=Grown(table, self._features(table)),
+            held=partial(self._committing, table),
+        )
