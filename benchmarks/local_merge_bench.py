@@ -9,6 +9,11 @@ last one, cProfile's heaviest calls: the figures behind docs/performance.md,
 
     python -m benchmarks.local_merge_bench --tables 200 --rows 2000 --updates 35
     python -m benchmarks.local_merge_bench --tables 200 --updates 8 --vectors --wide --batches 10
+
+With ``--processes P`` the tables are shared out over P writer processes (each its own
+``LocalMerges``, ``--threads`` at once), each batch's nets sent to them pickled, as a pool of
+writer processes would take a batch from the apply process (docs/performance.md, "Writer
+processes, measured").
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import decimal
+import multiprocessing
 import pstats
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Final
 
@@ -108,6 +115,48 @@ def _first_rows(count: int, columns: tuple[Column, ...]) -> pa.Table:
     )
 
 
+def _writer(connection: Connection, root: str, threads: int, rewrite_max_bytes: int) -> None:
+    """A writer process: its share of each batch merged, the versions sent back."""
+    setattr(delta_rs_merge, "REWRITE_MAX_BYTES", rewrite_max_bytes)  # noqa: B010 - as main's
+    merges = LocalMerges()
+    with ThreadPoolExecutor(threads) as pool:
+        while (job := connection.recv()) is not None:
+            mark, shares = job
+
+            def merge(share: tuple[str, TargetSchema, KeyedNet], mark: CommitMark = mark) -> int:
+                name, schema, net = share
+                written = merges.merge(str(Path(root, name)), schema, net, mark)
+                assert written is not None and written.version is not None, written
+                return written.version
+
+            connection.send(list(pool.map(merge, shares)))
+
+
+def _make(
+    root: str, schemas: dict[str, TargetSchema], rows: int, columns: tuple[Column, ...], *,
+    vectors: bool,
+) -> None:  # fmt: skip
+    for name, schema in schemas.items():
+        first = _first_rows(rows, columns).cast(arrow_schema(schema.columns))
+        deltalake.write_deltalake(str(Path(root, name)), first)
+        if vectors:  # turned on as pgsub does when they pay
+            table = deltalake.DeltaTable(str(Path(root, name)))
+            vectors_on(table_store(str(Path(root, name))), table, table.version())
+
+
+def _writers(processes: int, root: str, threads: int, rewrite_max_bytes: int) -> list[Connection]:
+    """``processes`` writer processes (``_writer``), started; the apply process's ends."""
+    context = multiprocessing.get_context("forkserver")
+    ends = []
+    for _ in range(processes):
+        near, far = context.Pipe()
+        context.Process(
+            target=_writer, args=(far, root, threads, rewrite_max_bytes), daemon=True
+        ).start()
+        ends.append(near)
+    return ends
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=200)
@@ -122,6 +171,9 @@ def main() -> None:
         type=int,
         default=delta_rs_merge.REWRITE_MAX_BYTES,
         help="tables up to this size are rewritten whole (-1: every table merged)",
+    )
+    parser.add_argument(
+        "--processes", type=int, default=0, help="writer processes the tables are shared over"
     )
     parser.add_argument("--sort", default="tottime", help="cProfile's order (single thread)")
     parser.add_argument("--top", type=int, default=12, help="cProfile's lines shown")
@@ -142,19 +194,15 @@ def main() -> None:
         r.qualified_name: target_schema(r, lambda oid: None, True) for r in relations
     }
     with tempfile.TemporaryDirectory(prefix="pgsub-merge-bench-") as root:
-        for name, schema in schemas.items():
-            rows = _first_rows(args.rows, columns).cast(arrow_schema(schema.columns))
-            deltalake.write_deltalake(str(Path(root, name)), rows)
-            if args.vectors:  # turned on as pgsub does when they pay
-                table = deltalake.DeltaTable(str(Path(root, name)))
-                vectors_on(table_store(str(Path(root, name))), table, table.version())
+        _make(root, schemas, args.rows, columns, vectors=args.vectors)
         merges = LocalMerges()
+        writers = _writers(args.processes, root, args.threads, args.rewrite_max_bytes)
         profile = cProfile.Profile()
         for round_ in range(1, args.batches + 1):
             nets = _nets(relations, args.updates, round_)
             last = round_ == args.batches
             started = time.perf_counter()
-            if last and args.threads == 1:
+            if last and args.threads == 1 and not writers:
                 profile.enable()
             mark = CommitMark("bench", Lsn(1_000_000 * round_ + 8 * args.tables), 0)
 
@@ -162,7 +210,13 @@ def main() -> None:
                 written = merges.merge(str(Path(root, name)), schemas[name], nets[name], mark)
                 assert written is not None and written.updated == args.updates, written
 
-            if args.threads == 1:
+            if writers:
+                for number, writer in enumerate(writers):
+                    names = list(nets)[number :: len(writers)]
+                    writer.send((mark, [(n, schemas[n], nets[n]) for n in names]))
+                for writer in writers:
+                    writer.recv()
+            elif args.threads == 1:
                 for name in nets:
                     merge(name)
             else:
@@ -170,7 +224,9 @@ def main() -> None:
                     list(pool.map(merge, nets))
             profile.disable()
             print(f"batch {round_}: {time.perf_counter() - started:.2f} s, {args.tables} tables")
-        if args.threads == 1:
+        for writer in writers:
+            writer.send(None)
+        if args.threads == 1 and not writers:
             pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
 
 
