@@ -206,6 +206,9 @@ def run_pgsub(
     if args.checkpoint_interval is not None:
         figures.notes.append(f"checkpoint_interval: {args.checkpoint_interval:g} s")
         settings["checkpoint_interval"] = args.checkpoint_interval
+    if args.writer_processes:
+        figures.notes.append(f"writer_processes: {args.writer_processes}")
+        settings["writer_processes"] = args.writer_processes
     with PgsubRun(
         spark,
         warehouse=warehouse,
@@ -246,8 +249,27 @@ def run_pgsub(
                     for kind, count in warehouse.request_mix(requests).items()
                 }
         figures.peak_rss_python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        writers = writer_peaks_mb(run.runner.tables)
+        if writers:  # the daemon's Python is its writer processes too
+            figures.notes.append(f"writer processes' peak RSS: {writers} MB, in the Python figure")
+            figures.peak_rss_python_mb += sum(writers)
         figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
     return figures
+
+
+def writer_peaks_mb(tables: Any) -> list[int]:
+    """Each running writer process's peak RSS (``VmHWM``), in MB."""
+    processes = tables._merge_processes
+    peaks = []
+    for shard in processes._shards if processes is not None else []:
+        pid = shard._process.pid if shard._process is not None else None
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (OSError, TypeError):
+            continue
+        kb = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
+        peaks.append(int(kb) // 1024)
+    return peaks
 
 
 def main() -> None:
@@ -287,6 +309,14 @@ def main() -> None:
         default=0,
         help="run pgsub's maintenance every this many seconds, retention 1 hour (0: none)",
     )
+    parser.add_argument(
+        "--pgsub-only",
+        action="store_true",
+        help="leave PostgreSQL's subscriber out (before/after runs of pgsub alone)",
+    )
+    parser.add_argument(
+        "--writer-processes", type=int, default=0, help="pgsub's writer_processes (0: threads)"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/tables.json"))
     args = parser.parse_args()
     stop_on_sigterm()
@@ -294,8 +324,9 @@ def main() -> None:
     warehouses: list[BenchWarehouse] = []
     try:  # a warehouse that cannot start (versitygw not built) stops the publisher too
         warehouses.extend(BenchWarehouse(kind) for kind in args.warehouse_in.split(","))
-        native = run_native(publisher, args)
-        print(json.dumps(asdict(native), indent=2), flush=True)
+        native = None if args.pgsub_only else run_native(publisher, args)
+        if native is not None:
+            print(json.dumps(asdict(native), indent=2), flush=True)
         conf = next((w.spark_conf for w in warehouses if w.spark_conf), {})
         spark = build_session(SparkSettings(master="local[*]", conf=conf))
         tune_garbage_collector()  # as `pgsub run` does
@@ -307,6 +338,8 @@ def main() -> None:
         publisher.destroy()
         for warehouse in warehouses:
             warehouse.close()
+    if native is None:  # --pgsub-only: the JSON above
+        return
     for figures in ours:
         report(args, native, figures)
 

@@ -3,6 +3,7 @@ and the durable record of the tables it created (``subscriber.runtime.settings``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -45,6 +46,10 @@ class TableOptions:
     # Whether a Spark elsewhere sees a warehouse folder as the daemon does (spark.sees_warehouse);
     # None: asked once (apply.delta.placement.sees_folder).
     spark_sees_warehouse: bool | None = None
+    # Keyed batches of a local warehouse's tables merged in this many processes of their own
+    # (apply.delta.writer.merge_processes); 0: by the apply process's writer threads.
+    writer_processes: int = 0
+    writer_setup: Callable[[], None] | None = None  # what such a process runs first (its logs)
 
 
 DEFAULT_OPTIONS: Final = TableOptions()

@@ -208,6 +208,7 @@ class DeltaTables(TablesState):
             )
             self._local.created = (path, made.table)  # for this thread's copy into it, next
             self._placed.forget(schema.table, path)
+            self._forget_open(path)
             self._appends.forget(path)
             self._durability.forget(path)
             if made.durable:  # pgsub's own first commit: not read back and fsynced again
@@ -238,7 +239,7 @@ class DeltaTables(TablesState):
         finally:
             with self._lock:
                 self._schemas.pop(change.table, None)  # prepared again, as it is now
-            self._local_merges.forget(path)
+            self._forget_open(path)
             self._appends.forget(path)
         log.info(
             "schema change followed",
@@ -310,13 +311,12 @@ class DeltaTables(TablesState):
         if isinstance(net, KeyedNet):
             stamps = self._keeping(schema).stamping
             if self._placed.merges_locally(target):
-                written = self._local_merges.merge(target.path, schema, net, mark, stamping=stamps)
+                merges = self._keyed_merges
+                written = merges.merge(target.path, schema, net, mark, stamping=stamps)
                 # A table too big for delta-rs that gains deletion vectors now is written by
                 # pgsub's own path (apply.delta.writer.vector_write) from this batch on.
                 if written is None and self._placed.check_size(target):
-                    written = self._local_merges.merge(
-                        target.path, schema, net, mark, stamping=stamps
-                    )
+                    written = merges.merge(target.path, schema, net, mark, stamping=stamps)
                 if written is not None:
                     return written
             self._placed.check_size(target)
@@ -404,7 +404,7 @@ class DeltaTables(TablesState):
                 )
                 return self._settled(target.path, written, changes.nbytes)
         except TargetTableError:  # open the table afresh next time
-            self._local_merges.forget(target.path)
+            self._forget_open(target.path)
             raise
 
     # -- copies ------------------------------------------------------------------
@@ -441,7 +441,10 @@ class DeltaTables(TablesState):
                 # read: not in its first batch while its changes wait (seconds each).
                 gained = self._placed.check_size(target, log_detail(table))
                 if self._placed.merges_locally(target) and keeping.plain:
-                    self._local_merges.warm(target.path, schema, None if gained else table)
+                    if self._merge_processes is not None:  # where its batches are merged
+                        self._merge_processes.warm(target.path, schema)
+                    else:
+                        self._local_merges.warm(target.path, schema, None if gained else table)
             else:
                 read_here = not self.copy_on_executors
                 if read_here and not self._placed.spark_here(target.session):

@@ -38,7 +38,9 @@ from apply.delta.spark.target import TargetTable
 from apply.delta.table_options import DEFAULT_OPTIONS, CreatedTables, Forgetful, TableOptions
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import latest_version
+from apply.delta.writer.local_merge import LocalMerges
 from apply.delta.writer.local_tables import folder, is_table
+from apply.delta.writer.merge_processes import MergeProcesses
 from apply.delta.writer.write_cost import commit_bytes
 from apply.history.changelog import HistoryMode
 from apply.history.stamps import PLAIN, Keeping
@@ -82,6 +84,18 @@ class TablesState:
         self._reachable = self._placed.reachable
         self._durability = Durability(self._on_local_disk)
         self._local_merges = self._placed.local_merges
+        # Keyed batches: by this process's writer threads, or in writer processes (local disk).
+        self._merge_processes: MergeProcesses | None = None
+        if options.writer_processes and self._on_local_disk:
+            self._merge_processes = MergeProcesses(
+                options.writer_processes,
+                self._local_merges.max_bytes,
+                features,
+                options.writer_setup,
+            )
+        self._keyed_merges: LocalMerges | MergeProcesses = (
+            self._merge_processes or self._local_merges
+        )
         self.subscription = subscription
         self.create_tables = options.create_tables
         self.track_origin = track_origin
@@ -217,8 +231,19 @@ class TablesState:
         """What this process kept of the table's log: read again at its next write."""
         with self._lock:
             self._schemas.pop(table, None)
-        self._local_merges.forget(path)
+        self._forget_open(path)
         self._appends.forget(path)
+
+    def _forget_open(self, path: str) -> None:
+        """The table's open log and key index, here and in its writer process, dropped."""
+        self._local_merges.forget(path)
+        if self._merge_processes is not None:
+            self._merge_processes.forget(path)
+
+    def close(self) -> None:
+        """The writer processes, if any, ended (the subscription stops)."""
+        if self._merge_processes is not None:
+            self._merge_processes.close()
 
     def appends_changes(self, table: str) -> bool:
         return table != MESSAGES_TABLE and self.history.of(table) is HistoryMode.CHANGELOG

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import structlog
@@ -15,7 +17,18 @@ import structlog
 LogFormat = Literal["json", "console", "auto"]
 
 
+_CONFIGURED: list[tuple[LogFormat, str]] = []
+
+
+def configured() -> Callable[[], None]:
+    """The last ``configure`` as a picklable call: what a writer process runs first."""
+    format, level = _CONFIGURED[-1] if _CONFIGURED else ("auto", "info")
+    return partial(configure, format, level)
+
+
 def configure(format: LogFormat = "auto", level: str = "info") -> None:
+    _CONFIGURED.append((format, level))
+    del _CONFIGURED[:-1]
     renderer: structlog.typing.Processor
     use_console = format == "console" or (format == "auto" and sys.stderr.isatty())
     if use_console:

@@ -183,6 +183,7 @@ class SubscriptionRunner:
         self.coordinator.stop()
         self.status.state = "stopped"
         self.catalog.close()
+        self.tables.close()
 
     def _resume_point(self, flushed: Lsn) -> Lsn:
         """Where the leader stands as it starts, for the table-sync handoff: past ``flushed``

@@ -24,6 +24,7 @@ from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
 from subscriber.replication.catalog import PublisherCatalog
 from subscriber.replication.commands import StreamOptions
+from subscriber.runtime import logs
 from subscriber.runtime.config import SubscriptionConfig
 from subscriber.runtime.settings import SubscriptionSettings
 from subscriber.runtime.slots import SubscriptionSlots
@@ -67,6 +68,8 @@ def wire(
         messages_path=config.messages_path,
         history=config.history.history(),
         spark_sees_warehouse=spark_sees_warehouse,
+        writer_processes=config.writer_processes,
+        writer_setup=logs.configured(),
     )
     tables = DeltaTables(spark, warehouse, config.name, options, created=settings)
     catalog = PublisherCatalog(conninfo)

@@ -19,7 +19,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.daemon import DaemonProcess, wait_confirmed, write_config
+from tests.support.daemon import (
+    DaemonProcess,
+    every_table_ready,
+    wait_confirmed,
+    write_config,
+)
 from tests.support.oracle import assert_delta_equals_publisher
 from tests.support.pgcluster import wait_until
 from tests.support.pgdatabase import PgDatabase
@@ -76,17 +81,6 @@ def step(conn: psycopg.Connection[Any], n: int) -> None:
                 )
 
 
-def every_table_ready(daemon: DaemonProcess) -> bool:
-    if daemon.process.poll() is not None:
-        raise AssertionError(f"pgsub exited with {daemon.process.returncode}:\n{daemon.logs()}")
-    try:
-        body = daemon.get("/status")[1]
-    except OSError:
-        return False
-    states = [t["state"] for s in body.get("subscriptions", []) for t in s.get("tables") or []]
-    return len(states) == len(TABLES) and set(states) == {"ready"}
-
-
 def test_fifty_tables_copied_and_streamed_under_a_writer_through_two_kills(
     publisher: PgDatabase,
     spark: Any,
@@ -114,7 +108,9 @@ def test_fifty_tables_copied_and_streamed_under_a_writer_through_two_kills(
         survivor = daemons(config, port)
         wait_until(lambda: writer.written >= STEPS, timeout=600, what=f"{STEPS} writes")
         writer.stop()
-        wait_until(lambda: every_table_ready(survivor), timeout=600, what="every table READY")
+        wait_until(
+            lambda: every_table_ready(survivor, len(TABLES)), timeout=600, what="every table READY"
+        )
         wait_confirmed(publisher, timeout=600)  # the slot confirmed to the end
         assert survivor.terminate() == 0, survivor.logs()
     events = survivor.events()

@@ -208,6 +208,18 @@ class DaemonProcess:
         return found
 
 
+def every_table_ready(daemon: DaemonProcess, tables: int) -> bool:
+    """Whether ``daemon``'s ``/status`` shows ``tables`` tables, each READY (it must run)."""
+    if daemon.process.poll() is not None:
+        raise AssertionError(f"pgsub exited with {daemon.process.returncode}:\n{daemon.logs()}")
+    try:
+        body = daemon.get("/status")[1]
+    except OSError:
+        return False
+    states = [t["state"] for s in body.get("subscriptions", []) for t in s.get("tables") or []]
+    return len(states) == tables and set(states) == {"ready"}
+
+
 def group_commands(group: int) -> list[str]:
     """The command names of the processes in process group ``group``."""
     names = []

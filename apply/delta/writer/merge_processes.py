@@ -1,0 +1,272 @@
+"""Keyed batches of a local warehouse's tables merged in writer processes of their own.
+
+A batch of many small tables is bound by Python's lock: four writer threads
+of the apply process wait for it by turns at every Arrow call and system
+call. With ``writer_processes: P`` each table's keyed batch is merged by one
+of P processes instead (``LocalMerges`` there, the table's open log and key
+index with it), chosen by the table's path, so a table is always written by
+the same process. The apply process's writer thread sends the net effect
+(pickled, about 50 us) and waits for the ``WriteResult``; nothing else of the
+batch changes: the commit carries its mark, is read back and made durable by
+the apply process (``DeltaTables._settled``), and the flush is confirmed only
+from there. Measured in docs/performance.md, "Writer processes, measured".
+
+What a process knows of a table is dropped with ``forget`` wherever the
+apply process drops its own (a schema change, a commit replaced, a table
+made anew). An error in a process is raised in the writer thread as the
+error it was; a process that exits fails the writes it had (nothing
+confirmed, the batch retried) and is started again at its next write. The
+processes exit with the daemon: ``close``, or, when the daemon is killed,
+at the end of their pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import pickle
+import signal
+import threading
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from apply.core.errors import TargetTableError
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+    from apply.batching.collapse import KeyedNet
+    from apply.columns.schema import TargetSchema
+    from apply.core.features import TableFeatures
+    from apply.core.records import CommitMark, WriteResult
+    from apply.history.stamps import Stamping
+
+# Tables a process merges at once (its share of the apply process's writers).
+THREADS: Final = 2
+CLOSE_SECONDS: Final = 30.0
+
+log = structlog.get_logger(__name__)
+
+
+class MergeProcesses:
+    """``LocalMerges.merge``, ``warm`` and ``forget``, each table's in its own process."""
+
+    def __init__(
+        self,
+        count: int,
+        max_bytes: int,
+        features: TableFeatures,
+        setup: Callable[[], None] | None = None,
+    ) -> None:
+        """``setup``: what a process runs first (the daemon's log configuration); picklable."""
+        self._settings = (max_bytes, features, setup)
+        self._shards = [_Shard(number, self._settings) for number in range(count)]
+
+    def merge(
+        self,
+        path: str,
+        schema: TargetSchema,
+        net: KeyedNet,
+        mark: CommitMark,
+        *,
+        stamping: Stamping,
+    ) -> WriteResult | None:
+        # A take's commits are the forming batch's transactions, made into pairs when asked
+        # (``forming.CommitsTaken``): only a stamped table's merge asks, so only its are sent.
+        sent = replace(net, commits=list(net.commits) if stamping.stamps else ())
+        result: WriteResult | None = self._of(path).ask("merge", path, schema, sent, mark, stamping)
+        return result
+
+    def warm(self, path: str, schema: TargetSchema) -> None:
+        """The table's key index read in its process after its copy (``LocalMerges.warm``)."""
+        self._of(path).ask("warm", path, schema)
+
+    def forget(self, path: str) -> None:
+        shard = self._of(path)
+        if shard.running:  # a process started later knows nothing of the table
+            shard.ask("forget", path)
+
+    def close(self) -> None:
+        stopped = [shard.close() for shard in self._shards]
+        if any(stopped):
+            log.info("writer processes stopped", processes=sum(stopped))
+
+    def _of(self, path: str) -> _Shard:
+        return self._shards[zlib.crc32(path.encode()) % len(self._shards)]
+
+
+class _Shard:
+    """One writer process and the writes waiting on it."""
+
+    def __init__(
+        self, number: int, settings: tuple[int, TableFeatures, Callable[[], None] | None]
+    ) -> None:
+        self._number = number
+        self._settings = settings
+        self._lock = threading.Lock()  # the process, its pipe, the writes waiting
+        self._sending = threading.Lock()  # one message at a time down the pipe
+        self._asks = itertools.count()
+        self._waiting: dict[int, Future[Any]] = {}
+        self._process: BaseProcess | None = None
+        self._pipe: Connection | None = None
+
+    @property
+    def running(self) -> bool:
+        with self._lock:
+            return self._pipe is not None
+
+    def ask(self, what: str, *args: Any) -> Any:
+        future: Future[Any] = Future()
+        with self._lock:
+            pipe = self._started()
+            number = next(self._asks)
+            self._waiting[number] = future
+        try:
+            with self._sending:  # not under _lock: the answers are read meanwhile
+                pipe.send((number, what, args))
+        except (OSError, ValueError) as exc:
+            with self._lock:
+                self._waiting.pop(number, None)
+            raise self._gone(f"could not be reached ({exc})") from exc
+        return future.result()
+
+    def _started(self) -> Connection:
+        """The process's end of the pipe, the process started first if it is not running."""
+        if self._pipe is not None:
+            return self._pipe
+        context = multiprocessing.get_context("forkserver")
+        near, far = context.Pipe()
+        process = context.Process(
+            target=_serve,
+            args=(far, *self._settings),
+            name=f"pgsub-writer-{self._number}",
+            daemon=True,
+        )
+        process.start()
+        far.close()
+        self._process, self._pipe = process, near
+        threading.Thread(
+            target=self._answers, args=(near, process), name=f"writer-{self._number}-answers",
+            daemon=True,
+        ).start()  # fmt: skip
+        log.info("writer process started", process=self._number, pid=process.pid)
+        return near
+
+    def _answers(self, pipe: Connection, process: BaseProcess) -> None:
+        """Each answer to the write that waits for it; at the pipe's end, every write left
+        failed and the process let go (started again by the next write)."""
+        while True:
+            try:
+                number, failed, value = pipe.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:  # an answer that cannot be read: no later one can be trusted
+                log.exception("writer process answer unreadable", process=self._number)
+                process.kill()
+                break
+            with self._lock:
+                future = self._waiting.pop(number, None)
+            if future is None:
+                continue
+            if failed:
+                future.set_exception(value)
+            else:
+                future.set_result(value)
+        process.join(timeout=CLOSE_SECONDS)
+        with self._lock:
+            if self._pipe is pipe:
+                self._pipe, self._process = None, None
+            left, self._waiting = self._waiting, {}
+        pipe.close()
+        if left:
+            error = self._gone(f"exited (code {process.exitcode})")
+            log.error(
+                "writer process exited", process=self._number, exitcode=process.exitcode,
+                writes_failed=len(left),
+            )  # fmt: skip
+            for future in left.values():
+                future.set_exception(error)
+
+    def _gone(self, what: str) -> TargetTableError:
+        return TargetTableError(
+            f"writer process {self._number} {what}: the tables' writes it had are not "
+            "confirmed and are written again (the process starts again); if it repeats, "
+            "set writer_processes: 0 and report it"
+        )
+
+    def close(self) -> bool:
+        """The process ended, if it runs (True)."""
+        with self._lock:
+            pipe, process = self._pipe, self._process
+        if pipe is None or process is None:
+            return False
+        with contextlib.suppress(OSError, ValueError), self._sending:
+            pipe.send(None)
+        process.join(timeout=CLOSE_SECONDS)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        return True
+
+
+def _serve(
+    pipe: Connection, max_bytes: int, features: TableFeatures, setup: Callable[[], None] | None
+) -> None:
+    """A writer process: each ask answered, the merges ``THREADS`` at a time; it ends when
+    asked (``None``) or when the apply process is gone (its pipe ends)."""
+    from apply.delta.writer.local_merge import LocalMerges
+
+    # The daemon decides when to stop (a terminal's Ctrl-C reaches its whole group): its
+    # writes finish, then it closes the pipe. A SIGTERM ends the process (multiprocessing's
+    # own at the daemon's exit): a write cut short is not confirmed, its files unnamed.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if setup is not None:
+        setup()
+    merges = LocalMerges(max_bytes, features=features)
+    sending = threading.Lock()
+
+    def answer(number: int, what: str, args: tuple[Any, ...]) -> None:
+        try:
+            value: Any = None
+            if what == "merge":
+                path, schema, net, mark, stamping = args
+                value = merges.merge(path, schema, net, mark, stamping=stamping)
+            elif what == "warm":
+                merges.warm(*args)
+            else:
+                merges.forget(*args)
+            reply: tuple[int, bool, Any] = (number, False, value)
+        except Exception as exc:  # noqa: BLE001 - raised in the apply process's writer thread
+            reply = (number, True, _picklable(exc))
+        with sending:
+            pipe.send(reply)
+
+    with ThreadPoolExecutor(THREADS, thread_name_prefix="merge") as pool:
+        while True:
+            try:
+                ask = pipe.recv()
+            except (EOFError, OSError):
+                break  # the apply process is gone: writes under way finish, none is confirmed
+            if ask is None:
+                break
+            number, what, args = ask
+            if what == "forget":  # before any later ask of the table, in order
+                answer(number, what, args)
+            else:
+                pool.submit(answer, number, what, args)
+
+
+def _picklable(error: Exception) -> Exception:
+    """``error``, or a TargetTableError saying what it was where it does not pickle."""
+    try:
+        pickle.loads(pickle.dumps(error))  # noqa: S301 - our own error, made just now
+    except Exception:  # noqa: BLE001 - any that does not survive the trip
+        return TargetTableError(f"{type(error).__name__}: {error}")
+    return error

@@ -1,0 +1,143 @@
+"""Keyed batches merged in writer processes (``writer_processes``,
+apply/delta/writer/merge_processes.py): the same tables, marks and exactly-once as the
+apply process's threads; a process that dies fails only its writes, which are written
+again; another engine's commit is read by the process that holds the table; no process
+outlives ``close``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pytest
+
+from apply.delta.table_options import TableOptions
+from apply.delta.tables import DeltaTables
+from apply.worker.applier import BatchApplier
+from subscriber.replication.lsn import Lsn
+from tests.support.delta_log import writers
+from tests.support.pgcluster import wait_until
+from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
+
+pytestmark = pytest.mark.integration
+
+TABLES = [relation("id", "v", name=f"t{n}", oid=16384 + n) for n in range(6)]
+
+
+def rows(folder: Path) -> list[tuple[int, str]]:
+    table = deltalake.DeltaTable(str(folder)).to_pyarrow_table().sort_by("id")
+    return list(zip(table["id"].to_pylist(), table["v"].to_pylist(), strict=True))
+
+
+def pids(tables: DeltaTables) -> list[int]:
+    """The writer processes' ids (started by the forkserver, not children of this process)."""
+    processes = tables._merge_processes
+    assert processes is not None
+    return [s._process.pid for s in processes._shards if s._process and s._process.pid]
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_writer_processes_write_the_tables_the_threads_would(spark: Any, warehouse: Path) -> None:
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(writer_processes=2))
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    processes = tables._merge_processes
+    assert processes is not None
+    try:
+        first = batch(tx(*(ins(t, i, f"v{i}") for t in TABLES for i in range(1, 6)), end=100))
+        applier.apply(first)
+        second = batch(
+            tx(*(upd(t, 1, "one") for t in TABLES), end=200),
+            tx(*(dele(t, 2, None) for t in TABLES), *(ins(t, 9, "nine") for t in TABLES), end=300),
+        )
+        applier.apply(second)
+        want = [(1, "one"), (3, "v3"), (4, "v4"), (5, "v5"), (9, "nine")]
+        for t in TABLES:
+            folder = warehouse / "public" / t.name
+            assert rows(folder) == want, t.name
+            assert writers(folder)[-1] == "pgsub"  # merged by pgsub's writer, in a process
+            assert tables.applied_lsn(t.qualified_name) == Lsn(300)
+        # Both processes had tables: each table always goes to the same one.
+        assert len({processes._of(tables.path(t.qualified_name)) for t in TABLES}) == 2
+
+        # The same batch again (a restart resends it): nothing committed twice.
+        versions = {t.name: deltalake.DeltaTable(str(warehouse / "public" / t.name)).version()
+                    for t in TABLES}  # fmt: skip
+        fresh = BatchApplier("sub1", tables, lambda oid: None)
+        try:
+            fresh.apply(second)
+        finally:
+            fresh.close()
+        for t in TABLES:
+            table = deltalake.DeltaTable(str(warehouse / "public" / t.name))
+            assert table.version() == versions[t.name]
+
+        # Another engine commits to t0: its writer process reads that before its next write.
+        deltalake.write_deltalake(
+            str(warehouse / "public" / "t0"),
+            pa.table({"id": pa.array([50], pa.int32()), "v": ["theirs"]}),
+            mode="append",
+        )
+        applier.apply(batch(tx(upd(TABLES[0], 3, "three"), end=400)))
+        assert rows(warehouse / "public" / "t0") == [
+            (1, "one"), (3, "three"), (4, "v4"), (5, "v5"), (9, "nine"), (50, "theirs")
+        ]  # fmt: skip
+    finally:
+        started = pids(tables)
+        applier.close()
+        tables.close()
+    assert len(started) == 2 and not any(map(alive, started))
+
+
+def test_a_writer_process_that_dies_fails_its_writes_and_starts_again(
+    spark: Any, warehouse: Path
+) -> None:
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(writer_processes=1))
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    processes = tables._merge_processes
+    assert processes is not None
+    t = TABLES[0]
+    folder = warehouse / "public" / t.name
+    try:
+        applier.apply(batch(tx(*(ins(t, i, f"v{i}") for i in range(1, 4)), end=100)))
+        (shard,) = processes._shards
+        process = shard._process
+        assert process is not None and process.pid is not None
+        # Stopped, then killed with a write in it: that write fails, nothing is confirmed.
+        os.kill(process.pid, signal.SIGSTOP)
+        again = batch(tx(upd(t, 1, "one"), end=200))
+        failed: list[BaseException] = []
+
+        def apply() -> None:
+            try:
+                applier.apply(again)
+            except Exception as exc:
+                failed.append(exc)
+
+        writing = threading.Thread(target=apply)
+        writing.start()
+        wait_until(lambda: bool(shard._waiting), timeout=60, what="the write sent")
+        os.kill(process.pid, signal.SIGKILL)
+        writing.join(timeout=120)
+        assert not writing.is_alive()
+        assert len(failed) == 1 and "writer process 0 exited" in str(failed[0]), failed
+        assert tables.applied_lsn(t.qualified_name) == Lsn(100)
+        applier.apply(again)  # the process started again; the batch written once
+        assert rows(folder) == [(1, "one"), (2, "v2"), (3, "v3")]
+        assert shard._process is not None and shard._process.pid != process.pid
+    finally:
+        started = pids(tables)
+        applier.close()
+        tables.close()
+    assert started and not any(map(alive, started))
