@@ -244,8 +244,9 @@ class SubscriptionConfig(_Strict):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     # Keyed batches of a local warehouse's tables merged in this many processes of their own,
     # each table always by the same one (0: by the apply process's threads). Many small
-    # tables' batches take a third to a half less time on two cores; each process is about
-    # 150 MB more (docs/performance.md, "Writer processes, measured").
+    # tables' batches and lag p99 about a fifth shorter on two cores (200 tables); each process
+    # holds its tables' logs and key indexes, 260 MB at 100 tables (docs/performance.md,
+    # "Writer processes, measured").
     writer_processes: int = Field(0, ge=0, le=16)
     # Local scratch for streamed transactions, those larger than a batch and the staged
     # initial copy (default: <system temp>/pgsub-<uid>/<name>-<warehouse digest>, mode 700);
