@@ -259,13 +259,11 @@ def run_pgsub(
 
 def writer_peaks_mb(tables: Any) -> list[int]:
     """Each running writer process's peak RSS (``VmHWM``), in MB."""
-    processes = tables._merge_processes
     peaks = []
-    for shard in processes._shards if processes is not None else []:
-        pid = shard._process.pid if shard._process is not None else None
+    for pid in tables.writer_pids():
         try:
             status = Path(f"/proc/{pid}/status").read_text()
-        except (OSError, TypeError):
+        except OSError:
             continue
         kb = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
         peaks.append(int(kb) // 1024)

@@ -311,7 +311,7 @@ class DeltaTables(TablesState):
         if isinstance(net, KeyedNet):
             stamps = self._keeping(schema).stamping
             if self._placed.merges_locally(target):
-                merges = self._keyed_merges
+                merges = self._merge_processes or self._local_merges
                 written = merges.merge(target.path, schema, net, mark, stamping=stamps)
                 # A table too big for delta-rs that gains deletion vectors now is written by
                 # pgsub's own path (apply.delta.writer.vector_write) from this batch on.

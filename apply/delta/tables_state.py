@@ -38,7 +38,6 @@ from apply.delta.spark.target import TargetTable
 from apply.delta.table_options import DEFAULT_OPTIONS, CreatedTables, Forgetful, TableOptions
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import latest_version
-from apply.delta.writer.local_merge import LocalMerges
 from apply.delta.writer.local_tables import folder, is_table
 from apply.delta.writer.merge_processes import MergeProcesses
 from apply.delta.writer.write_cost import commit_bytes
@@ -93,9 +92,6 @@ class TablesState:
                 features,
                 options.writer_setup,
             )
-        self._keyed_merges: LocalMerges | MergeProcesses = (
-            self._merge_processes or self._local_merges
-        )
         self.subscription = subscription
         self.create_tables = options.create_tables
         self.track_origin = track_origin
@@ -239,6 +235,10 @@ class TablesState:
         self._local_merges.forget(path)
         if self._merge_processes is not None:
             self._merge_processes.forget(path)
+
+    def writer_pids(self) -> list[int]:
+        """The running writer processes' ids (``writer_processes``; none by default)."""
+        return [] if self._merge_processes is None else self._merge_processes.pids()
 
     def close(self) -> None:
         """The writer processes, if any, ended (the subscription stops)."""

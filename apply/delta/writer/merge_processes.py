@@ -93,6 +93,10 @@ class MergeProcesses:
         if shard.running:  # a process started later knows nothing of the table
             shard.ask("forget", path)
 
+    def pids(self) -> list[int]:
+        """The running processes' ids."""
+        return [pid for shard in self._shards if (pid := shard.pid) is not None]
+
     def close(self) -> None:
         stopped = [shard.close() for shard in self._shards]
         if any(stopped):
@@ -116,6 +120,11 @@ class _Shard:
         self._waiting: dict[int, Future[Any]] = {}
         self._process: BaseProcess | None = None
         self._pipe: Connection | None = None
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            return None if self._process is None else self._process.pid
 
     @property
     def running(self) -> bool:

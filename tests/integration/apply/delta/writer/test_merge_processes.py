@@ -36,9 +36,7 @@ def rows(folder: Path) -> list[tuple[int, str]]:
 
 def pids(tables: DeltaTables) -> list[int]:
     """The writer processes' ids (started by the forkserver, not children of this process)."""
-    processes = tables._merge_processes
-    assert processes is not None
-    return [s._process.pid for s in processes._shards if s._process and s._process.pid]
+    return tables.writer_pids()
 
 
 def alive(pid: int) -> bool:
