@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import psycopg
 
@@ -172,18 +172,16 @@ def jvm_peak_rss_mb() -> float | None:
     return None
 
 
-class ResidentMemory:
-    """This process's resident memory (MB), sampled every ``interval`` seconds inside a
-    ``with`` block: what a run of an hour holds at its end against its start, where the
-    peak alone would not tell growth from a spike."""
+class Sampled:
+    """Something sampled every ``interval`` seconds by a thread of its own, inside a ``with``
+    block (``sample``, given the seconds since the block began)."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.samples: list[tuple[float, float]] = []  # (seconds since the start, MB)
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> ResidentMemory:
+    def __enter__(self) -> Self:
         self._started = time.monotonic()
         self._thread.start()
         return self
@@ -192,13 +190,29 @@ class ResidentMemory:
         self._done.set()
         self._thread.join()
 
-    def _sample(self) -> None:
-        page = os.sysconf("SC_PAGE_SIZE")
+    def _run(self) -> None:
         while True:
-            pages = int(Path("/proc/self/statm").read_text().split()[1])
-            self.samples.append((time.monotonic() - self._started, pages * page / 2**20))
+            self.sample(time.monotonic() - self._started)
             if self._done.wait(self.interval):
                 return
+
+    def sample(self, at: float) -> None:
+        raise NotImplementedError
+
+
+class ResidentMemory(Sampled):
+    """This process's resident memory (MB), sampled every ``interval`` seconds inside a
+    ``with`` block: what a run of an hour holds at its end against its start, where the
+    peak alone would not tell growth from a spike."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(interval)
+        self.samples: list[tuple[float, float]] = []  # (seconds since the start, MB)
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def sample(self, at: float) -> None:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        self.samples.append((at, pages * self._page / 2**20))
 
     def peaks(self, seconds: float) -> list[float]:
         """The largest sample of each span of ``seconds`` from the start."""

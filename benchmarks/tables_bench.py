@@ -42,6 +42,7 @@ from benchmarks.harness import (
     BenchWarehouse,
     PgsubRun,
     ResidentMemory,
+    Sampled,
     folder_bytes,
     jvm_peak_rss_mb,
     lsn_of,
@@ -209,23 +210,26 @@ def run_pgsub(
     if args.writer_processes:
         figures.notes.append(f"writer_processes: {args.writer_processes}")
         settings["writer_processes"] = args.writer_processes
-    with PgsubRun(
-        spark,
-        warehouse=warehouse,
-        name=f"bench_{warehouse.kind}",
-        connection=publisher.dsn("bench"),
-        publications=["pub_ours"],
-        copy_data=True,
-        max_sync_workers=args.sync_workers,
-        history={"mode": args.history},
-        batch={"max_delay": args.max_delay},
-        maintenance=(
-            MaintenanceConfig(interval=args.maintenance_interval, retention=3600)
-            if args.maintenance_interval
-            else None
-        ),
-        **settings,
-    ) as run:
+    with (
+        PgsubRun(
+            spark,
+            warehouse=warehouse,
+            name=f"bench_{warehouse.kind}",
+            connection=publisher.dsn("bench"),
+            publications=["pub_ours"],
+            copy_data=True,
+            max_sync_workers=args.sync_workers,
+            history={"mode": args.history},
+            batch={"max_delay": args.max_delay},
+            maintenance=(
+                MaintenanceConfig(interval=args.maintenance_interval, retention=3600)
+                if args.maintenance_interval
+                else None
+            ),
+            **settings,
+        ) as run,
+        WriterMemory(run.runner.tables) as memory,
+    ):
         started = time.monotonic()
         run.start()
         if args.maintenance_interval:
@@ -251,8 +255,11 @@ def run_pgsub(
         figures.peak_rss_python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         writers = writer_peaks_mb(run.runner.tables)
         if writers:  # the daemon's Python is its writer processes too
-            figures.notes.append(f"writer processes' peak RSS: {writers} MB, in the Python figure")
-            figures.peak_rss_python_mb += sum(writers)
+            figures.notes.append(
+                f"writer processes: peak RSS {writers} MB each; with their server, peak PSS "
+                f"{memory.peak_mb:.0f} MB together, in the Python figure"
+            )
+            figures.peak_rss_python_mb += memory.peak_mb
         figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
     return figures
 
@@ -268,6 +275,40 @@ def writer_peaks_mb(tables: Any) -> list[int]:
         kb = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
         peaks.append(int(kb) // 1024)
     return peaks
+
+
+class WriterMemory(Sampled):
+    """The peak of the writer processes' and their server's memory together, sampled each
+    second: their proportional set size (PSS: a page shared by n processes counts 1/n in
+    each), since the processes share the pages of the server they are forked from - the
+    sum of their peak RSS counts those once a process."""
+
+    def __init__(self, tables: Any) -> None:
+        super().__init__(1.0)
+        self.peak_mb = 0.0
+        self._tables = tables
+
+    def sample(self, at: float) -> None:
+        pids = set(self._tables.writer_pids())
+        pids |= {parent for pid in pids if (parent := _parent(pid)) is not None}
+        self.peak_mb = max(self.peak_mb, sum(_pss_kb(pid) for pid in pids) / 1024)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid"))
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in rollup.splitlines()
+                 if line.startswith("Pss:")), 0)  # fmt: skip
 
 
 def main() -> None:

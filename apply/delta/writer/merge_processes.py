@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 # Tables a process merges at once (its share of the apply process's writers).
 THREADS: Final = 2
+# What the server the processes are forked from imports first (the writer's modules).
+SERVER_MODULE: Final = "apply.delta.writer.writer_server"
 CLOSE_SECONDS: Final = 30.0
 
 log = structlog.get_logger(__name__)
@@ -151,6 +153,9 @@ class _Shard:
         if self._pipe is not None:
             return self._pipe
         context = multiprocessing.get_context("forkserver")
+        # The server imports the writer's modules once; each process forked from it
+        # shares their pages instead of importing them again.
+        context.set_forkserver_preload([SERVER_MODULE])
         near, far = context.Pipe()
         process = context.Process(
             target=_serve,

@@ -47,6 +47,15 @@ def alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
+def inherited_mb(pid: int) -> int:
+    """The memory a process shares with the one it was forked from and not yet changed (its
+    shared dirty pages: the libraries' files it maps are shared with this process too), MB."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Shared_Dirty:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
 def test_writer_processes_write_the_tables_the_threads_would(spark: Any, warehouse: Path) -> None:
     tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(writer_processes=2))
     applier = BatchApplier("sub1", tables, lambda oid: None)
@@ -68,6 +77,10 @@ def test_writer_processes_write_the_tables_the_threads_would(spark: Any, warehou
             assert tables.applied_lsn(t.qualified_name) == Lsn(300)
         # Both processes had tables: each table always goes to the same one.
         assert len({processes._of(tables.path(t.qualified_name)) for t in TABLES}) == 2
+        # Forked from a server that imported the writer's modules: their objects are shared
+        # (about 70 MB; a process that imported them itself shares a few).
+        inherited = [inherited_mb(pid) for pid in pids(tables)]
+        assert all(mb >= 30 for mb in inherited), inherited
 
         # The same batch again (a restart resends it): nothing committed twice.
         versions = {t.name: deltalake.DeltaTable(str(warehouse / "public" / t.name)).version()

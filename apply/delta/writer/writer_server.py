@@ -1,0 +1,16 @@
+"""Imported once by the server the writer processes are forked from (``merge_processes``).
+
+The writer's modules are imported here, before any process is forked, so each
+process starts with them instead of importing them again; ``gc.freeze`` then
+keeps Python's collector from writing to every object they made (it marks
+each one it visits), so the pages a process shares with the server stay
+shared until the process itself changes them.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import apply.delta.writer.local_merge  # noqa: F401 - imported for the processes forked after
+
+gc.freeze()
