@@ -49,6 +49,7 @@ from benchmarks.harness import (
     percentile,
     steady_load,
     stop_on_sigterm,
+    vm_hwm_mb,
     write_results,
 )
 from benchmarks.soak import windows
@@ -266,15 +267,7 @@ def run_pgsub(
 
 def writer_peaks_mb(tables: Any) -> list[int]:
     """Each running writer process's peak RSS (``VmHWM``), in MB."""
-    peaks = []
-    for pid in tables.writer_pids():
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        kb = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
-        peaks.append(int(kb) // 1024)
-    return peaks
+    return [int(mb) for pid in tables.writer_pids() if (mb := vm_hwm_mb(pid)) is not None]
 
 
 class WriterMemory(Sampled):

@@ -34,11 +34,6 @@ def rows(folder: Path) -> list[tuple[int, str]]:
     return list(zip(table["id"].to_pylist(), table["v"].to_pylist(), strict=True))
 
 
-def pids(tables: DeltaTables) -> list[int]:
-    """The writer processes' ids (started by the forkserver, not children of this process)."""
-    return tables.writer_pids()
-
-
 def alive(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -79,7 +74,7 @@ def test_writer_processes_write_the_tables_the_threads_would(spark: Any, warehou
         assert len({processes._of(tables.path(t.qualified_name)) for t in TABLES}) == 2
         # Forked from a server that imported the writer's modules: their objects are shared
         # (about 70 MB; a process that imported them itself shares a few).
-        inherited = [inherited_mb(pid) for pid in pids(tables)]
+        inherited = [inherited_mb(pid) for pid in tables.writer_pids()]
         assert all(mb >= 30 for mb in inherited), inherited
 
         # The same batch again (a restart resends it): nothing committed twice.
@@ -105,7 +100,7 @@ def test_writer_processes_write_the_tables_the_threads_would(spark: Any, warehou
             (1, "one"), (3, "three"), (4, "v4"), (5, "v5"), (9, "nine"), (50, "theirs")
         ]  # fmt: skip
     finally:
-        started = pids(tables)
+        started = tables.writer_pids()
         applier.close()
         tables.close()
     assert len(started) == 2 and not any(map(alive, started))
@@ -148,7 +143,7 @@ def test_a_writer_process_that_dies_fails_its_writes_and_starts_again(
         assert rows(folder) == [(1, "one"), (2, "v2"), (3, "v3")]
         assert shard._process is not None and shard._process.pid != process.pid
     finally:
-        started = pids(tables)
+        started = tables.writer_pids()
         applier.close()
         tables.close()
     assert started and not any(map(alive, started))
