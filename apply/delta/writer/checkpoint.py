@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from apply.delta.files.store import LOG, commit_name
-from apply.delta.writer.checkpoint_actions import SCHEMA, LogSince
+from apply.delta.writer.checkpoint_actions import SCHEMA, LogSince, bodies
 from apply.delta.writer.overwrite import checkpoint_due, keep_log
 
 if TYPE_CHECKING:
@@ -137,10 +137,10 @@ def _write(store: TableStore, since: LogSince, configuration: Mapping[str, str])
         rows.append({"metaData": _metadata(since.metadata)})
     rows += [{"txn": txn} for txn in since.txns.values()]
     rows += [{"domainMetadata": domain} for domain in since.domains.values()]
-    rows += [{"add": {"partitionValues": {}, **add}} for add in since.adds.values()]
+    rows += [{"add": {"partitionValues": {}, **add}} for add in bodies(since.adds)]
     rows += [
         {"remove": remove}
-        for remove in since.removes.values()
+        for remove in bodies(since.removes)
         if int(remove.get("deletionTimestamp") or 0) >= cutoff
     ]
     table = pa.concat_tables([kept, pa.Table.from_pylist(rows, schema=SCHEMA)])

@@ -2,8 +2,11 @@
 made by pgsub from the commits since the last (``apply.delta.writer.checkpoint``), and the
 log's expired files removed."""
 
+import json
 import os
 import time
+import tracemalloc
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ import pyarrow as pa
 
 from apply.delta.files.local_store import LocalStore
 from apply.delta.writer.checkpoint import _kept_rows, _retention_ms, clean_log
-from apply.delta.writer.checkpoint_actions import SCHEMA, LogSince, file_key
+from apply.delta.writer.checkpoint_actions import SCHEMA, LogSince, bodies, file_key
 from apply.delta.writer.overwrite import checkpoint_due
 
 
@@ -90,6 +93,38 @@ def test_a_checkpoint_keeps_what_the_commits_since_did_not_replace() -> None:
     assert len([r for r in rows if r["protocol"] or r["metaData"]]) == 2
     assert set(since.adds) == {file_key("a", None), file_key("c", None)}
     assert set(since.removes) == {file_key("a", VECTOR), file_key("d", None)}
+
+
+def test_the_commits_since_hold_a_files_actions_as_text() -> None:
+    """An open table keeps its removes until its next checkpoint, up to 100 commits: 100
+    tables' worth, a rewritten file a commit as pgsub's overwrite removes it, each read
+    from its commit's line, held in under 6 MB (4 MB; as the dicts read, 10 MB), and the
+    checkpoint's rows are the actions as taken."""
+    removes = [
+        {
+            "remove": {
+                "path": f"part-00000-{uuid.uuid4()}-c000.snappy.parquet",
+                "deletionTimestamp": 1_700_000_000_000 + n,
+                "dataChange": True,
+                "extendedFileMetadata": True,
+                "partitionValues": {},
+                "size": 120_000 + n,
+            }
+        }
+        for n in range(10_000)
+    ]
+    lines = [json.dumps(remove) for remove in removes]
+    tracemalloc.start()
+    try:
+        since = LogSince(0)
+        for version, line in enumerate(lines, start=1):
+            since.take(version, [json.loads(line)])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 6 * 2**20
+    assert since.followed and len(since.removes) == 10_000
+    assert bodies(since.removes) == [remove["remove"] for remove in removes]
 
 
 def test_a_remove_of_a_file_the_base_does_not_hold_live_is_not_followed() -> None:
