@@ -13,3 +13,9 @@ import os
 # before any module of pgsub imports it (docs/performance.md, "Written by its keys'
 # positions; freed memory given back").
 os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
+
+# pyarrow imports pandas at its first ``pa.array`` unless told it is not there: told here,
+# before any module of pgsub makes one (subscriber/pyarrow_start.py).
+from subscriber.pyarrow_start import without_pandas
+
+without_pandas()
