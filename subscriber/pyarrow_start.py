@@ -9,11 +9,10 @@ its Arrow tasks. So pgsub tells pyarrow, once, before its first Arrow call,
 that pandas is not there: the import it tries is refused, in its own thread
 only, while it tries.
 
-What stays the same when pandas is imported later: ``pa.Array.from_pandas`` and
-``pa.Table.from_pandas`` convert pandas objects as before (``to_pandas`` and
-``Table.from_pandas`` make pyarrow import pandas again and use it from then
-on); only ``pa.array`` of a pandas object, which pgsub never calls, converts it
-as the sequence it is until then (docs/performance.md, "pandas left to what
+When pandas is imported later: ``to_pandas`` and ``pa.Table.from_pandas`` make
+pyarrow import it and use it from then on; before either, ``pa.array`` and
+``pa.Array.from_pandas`` take a pandas object (pgsub makes none) as the sequence
+of values it is, not through pandas (docs/performance.md, "pandas left to what
 uses it").
 """
 
