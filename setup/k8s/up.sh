@@ -14,6 +14,17 @@ mkdir -p $D $L $R; cd $D
 t0=$(date +%s); lap() { echo "[$(( $(date +%s)-t0 ))s] $*"; }
 [ -x $B/kubelet ] || { echo "no Kubernetes binaries in $B: run setup/k8s/build.sh (make tools)" >&2; exit 1; }
 
+# One cluster at a time: its ports are fixed. A new apiserver would otherwise run on the etcd
+# an earlier cluster left listening (a run killed before its down.sh), on that one's state.
+for port in 2379 2380 6443 10250 10257 10259; do
+  held=$(ss -ltnpH "sport = :$port" 2>/dev/null || true)
+  if [ -n "$held" ]; then
+    echo "port $port is taken, so another cluster may be running here: $held" >&2
+    echo "if it is a cluster a killed run left behind, stop it: D=<its folder, in the process's command line: ps -o args -p PID> bash setup/k8s/down.sh" >&2
+    exit 1
+  fi
+done
+
 # 3. PKI + kubeconfigs
 if [ ! -f $P/ca.crt ]; then
   mkdir -p $P && cd $P

@@ -102,10 +102,44 @@ class Cluster:
         return "\n".join(lines)
 
 
+STATE_PREFIX = "pgsub-k8s-"
+OWNER = "owner.pid"  # the test process that started the cluster, in its state folder
+
+
+def abandoned(folder: Path) -> list[Path]:
+    """The clusters' state folders under ``folder`` whose run is gone (killed before its
+    teardown): no owner recorded, or one no longer running."""
+    gone = []
+    for state in sorted(folder.glob(f"{STATE_PREFIX}*")):
+        owner = state / OWNER
+        try:
+            os.kill(int(owner.read_text()), 0)
+        except (OSError, ValueError):  # no file, no number, no such process
+            gone.append(state)
+    return gone
+
+
+def _down(state: Path) -> None:
+    env = {**os.environ, "D": str(state), "K8S_CACHE": str(CACHE)}
+    subprocess.run(
+        ["bash", str(SETUP / "down.sh")], env=env, capture_output=True, timeout=300, check=False
+    )
+    shutil.rmtree(state, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def running_cluster() -> Iterator[Cluster]:
-    """A cluster up for the block, always torn down after it (even after a half-failed start)."""
-    state = Path(tempfile.mkdtemp(prefix="pgsub-k8s-"))
+    """A cluster up for the block, always torn down after it (even after a half-failed start).
+
+    One cluster runs on a machine at a time (its ports are fixed): a cluster a killed run
+    left behind is torn down first, or the new control plane would find the old one's etcd
+    on its port and run on its state. A cluster whose run is still going is left alone, and
+    up.sh then refuses to start beside it, naming what holds the port.
+    """
+    for state in abandoned(Path(tempfile.gettempdir())):
+        _down(state)
+    state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
+    (state / OWNER).write_text(str(os.getpid()))
     env = {**os.environ, "D": str(state), "K8S_CACHE": str(CACHE)}
     try:
         up = subprocess.run(
@@ -120,8 +154,4 @@ def running_cluster() -> Iterator[Cluster]:
             )
         yield cluster
     finally:
-        subprocess.run(
-            ["bash", str(SETUP / "down.sh")], env=env, capture_output=True, timeout=300,
-            check=False,
-        )  # fmt: skip
-        shutil.rmtree(state, ignore_errors=True)
+        _down(state)
