@@ -4,8 +4,8 @@ pyarrow asks, at its first ``pa.array`` of a Python list, whether the list is a
 pandas object, and imports pandas to tell (41 MB of the daemon's memory and 0.2
 s of its start; the same again in the server its writer processes are forked
 from). pgsub's own code never makes a pandas object; PySpark imports pandas
-itself where it needs it (``createDataFrame``), and Spark's Python workers for
-its Arrow tasks. So pgsub tells pyarrow, once, before its first Arrow call,
+itself where it needs it (as its session starts, and in ``createDataFrame``). So
+pgsub tells pyarrow, once, before its first Arrow call,
 that pandas is not there: the import it tries is refused, in its own thread
 only, while it tries.
 
