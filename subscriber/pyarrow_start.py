@@ -4,10 +4,9 @@ pyarrow asks, at its first ``pa.array`` of a Python list, whether the list is a
 pandas object, and imports pandas to tell (41 MB of the daemon's memory and 0.2
 s of its start; the same again in the server its writer processes are forked
 from). pgsub's own code never makes a pandas object; PySpark imports pandas
-itself where it needs it (as its session starts, and in ``createDataFrame``). So
-pgsub tells pyarrow, once, before its first Arrow call,
-that pandas is not there: the import it tries is refused, in its own thread
-only, while it tries.
+itself where it needs it (as its session starts, and in ``createDataFrame``).
+So pgsub tells pyarrow, once, before its first Arrow call, that pandas is not
+there: the import it tries is refused, in its own thread only, while it tries.
 
 When pandas is imported later: ``to_pandas`` and ``pa.Table.from_pandas`` make
 pyarrow import it and use it from then on; before either, ``pa.array`` and
