@@ -108,7 +108,8 @@ class BatchApplier:
         # What ``should_apply`` answers from (None: it never changes its answers).
         self._table_states = None if applies is None else applies.states
         self.forming = Forming(self)  # the open batch, split and collapsed as it forms
-        self._settling = Settling(tables, self.forming)  # a batch's writes that ended durable
+        # A batch's writes that ended durable, their conflicts reported before it confirms.
+        self._settling = Settling(tables, self.forming, self._report_written)
         self._whole = WholeTransactions(
             self,
             tables,
@@ -349,12 +350,20 @@ class BatchApplier:
             if mark.within is None:
                 self._applied[name] = mark.lsn
             self._within[name] = mark.within
-            self._conflicts.report(written.conflicts, schema, context)
+            if not self._settling.reported(name):
+                self._conflicts.report(written.conflicts, schema, context)
             changes = write.changes + (0 if took is None else len(took.taken.changes))
             results.append(TableResult(name, written, seconds, changes, mark))
         if failure is not None:
             raise failure
         return results
+
+    def _report_written(self, write: TableWrite, batch: Batch) -> None:
+        """The conflicts of a write that ended, named by its transactions (``batch``'s, and
+        those its take saw)."""
+        took = write.taken[0] if write.taken else None
+        context = batch if took is None else took.batch
+        self._conflicts.report(write.future.result()[0].conflicts, write.schema, context)
 
     def _writer(
         self,

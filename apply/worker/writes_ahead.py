@@ -69,9 +69,14 @@ class Settling:
     """The writes of the batch being written that ended durable, and their commits read
     back (``verify`` reads no commit twice)."""
 
-    def __init__(self, tables: Tables, forming: Forming) -> None:
+    def __init__(
+        self, tables: Tables, forming: Forming, report: Callable[[TableWrite, Batch], None]
+    ) -> None:
+        """``report``: a settled write's conflicts reported (the log, the counter, the
+        conflict table) before its transactions are confirmed."""
         self._tables = tables
         self._forming = forming
+        self._report = report
         self._settled: set[str] = set()
         self._verified: set[tuple[str, int]] = set()
 
@@ -80,6 +85,10 @@ class Settling:
         self._settled.clear()
         self._verified.clear()
 
+    def reported(self, name: str) -> bool:
+        """Whether the write of table ``name`` in this batch settled, its conflicts reported."""
+        return name in self._settled
+
     def verified(self) -> set[tuple[str, int]]:
         """The (table, version) commits read back while the batch was written; forgotten."""
         verified, self._verified = self._verified, set()
@@ -87,9 +96,9 @@ class Settling:
 
     def settle(self, batch: Batch, writes: list[TableWrite], ahead: Ahead) -> None:
         """The writes that ended made durable (their folders fsynced, each commit read back
-        as ``verify`` does), then ``ahead.confirm`` told how far every transaction of this
-        batch and of the forming one is: up to the first with a change not yet durable in
-        its table."""
+        as ``verify`` does) and their conflicts reported, then ``ahead.confirm`` told how
+        far every transaction of this batch and of the forming one is: up to the first with
+        a change not yet durable in its table."""
         settled = self._settled
         ended = [w for w in writes if w.name not in settled and w.future.done()]
         ended = [w for w in ended if w.future.exception() is None]
@@ -102,6 +111,7 @@ class Settling:
                         return  # replaced by another engine: ``verify`` fails the batch
                     self._verified.add((write.name, version))
                 settled.add(write.name)
+                self._report(write, batch)  # as PostgreSQL reports: before the flush moves
         txs = batch.transactions
         first = min((w.first for w in writes if w.name not in settled), default=None)
         forming_first, forming = self._forming.pending()

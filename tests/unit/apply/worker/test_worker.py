@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from apply.arrival.assembly import AssembledTransaction, Prepared, TransactionAs
 from apply.arrival.queue import TransactionQueue
 from apply.arrival.spool import SpoolDirectory, SpooledTransaction
 from apply.batching.collapse import Net
+from apply.batching.conflict_handling import ConflictHandling
 from apply.batching.error_context import TransactionError
 from apply.columns.schema import TargetSchema
 from apply.core.batch import Batcher
@@ -25,6 +26,9 @@ from apply.core.transactions import Bounds, PreparedFinish
 from apply.worker.applier import BatchApplier
 from apply.worker.worker import ApplyWorker
 from apply.worker.worker_hooks import CatchUpHooks, LeaderHooks
+from conflicts.findings import Finding
+from conflicts.report import Conflict
+from conflicts.reporter import ConflictReporter
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, Insert
@@ -53,6 +57,7 @@ class Harness:
         spools: SpoolDirectory | None = None,
         leftovers: PreparedLeftovers | None = None,
         catch_up: bool = False,
+        conflicts: ConflictHandling | None = None,
     ) -> None:
         self.tables = tables or MemoryTables()
         self.staging = MemoryStaging()
@@ -78,7 +83,7 @@ class Harness:
         self.worker = ApplyWorker(
             "s",
             self.queue,
-            applier=BatchApplier("s", self.tables, lambda oid: None),
+            applier=BatchApplier("s", self.tables, lambda oid: None, conflicts=conflicts),
             progress=self.progress,
             batcher=Batcher(bounds, max_delay=max_delay),
             hooks=CatchUpHooks() if catch_up else LeaderHooks("s", leader, self.metrics),
@@ -626,3 +631,59 @@ def test_a_conflict_in_a_change_taken_ahead_names_its_own_transaction() -> None:
     assert isinstance(error, TransactionError)
     assert error.tx is not None and error.tx.xid == 733 and error.finish_lsn == Lsn(300 - 8)
     assert harness.progress.flushed == Lsn(100)  # t's write ended; u's failed: not past it
+
+
+class MissingTwo(HeldWrites):
+    """Row 2's write meets update_missing (another writer deleted it), resolved and written."""
+
+    def write(self, schema: TargetSchema, net: Net, mark: CommitMark, *args: Any) -> WriteResult:
+        written = super().write(schema, net, mark, *args)
+        missing = [
+            Finding("update_missing", r.first_tx, r.key, r.image, None)
+            for r in getattr(net, "rows", {}).values()
+            if r.key[0] == b"2"
+        ]
+        return WriteResult(written.table, written.version, conflicts=tuple(missing))
+
+
+class FlushAtReport(ConflictReporter):
+    """Records, with each conflict, the position confirmed upstream as it was reported."""
+
+    def __init__(self, progress: Progress) -> None:
+        super().__init__("s", Metrics(), None)
+        self.progress = progress
+        self.flushed_at: list[tuple[str, Lsn]] = []
+
+    def report(self, conflicts: Sequence[Conflict]) -> None:
+        self.flushed_at.extend((c.kind.value, self.progress.flushed) for c in conflicts)
+        super().report(conflicts)
+
+
+def test_a_conflict_is_reported_before_its_transaction_is_confirmed() -> None:
+    """A batch formed while the last was written confirms its transactions as its writes
+    end; its conflicts (the log, the counter, the conflict table) are reported before that,
+    as PostgreSQL reports before its flush moves - once, not again when the batch ends."""
+    tables = MissingTwo()
+    reporter = FlushAtReport(Progress(Lsn(0)))
+    handling = ConflictHandling(reporter=reporter)
+    # No checkpoint row due (its batch takes nothing ahead and confirms at its end).
+    harness = Harness(tables, max_delay=0.0, checkpoint_interval=3600, conflicts=handling)
+    reporter.progress = harness.progress  # the worker's own
+    stopping = threading.Event()
+    thread = threading.Thread(target=harness.worker.run, args=(stopping,))
+    with capture_logs() as logs:
+        assert harness.queue.put(tx(ins(T, 1, "a"), end=100), timeout=1)
+        thread.start()
+        try:
+            assert tables.writing.wait(10)
+            assert harness.queue.put(tx(upd(T, 2, "b"), end=200), timeout=1)
+            _until(lambda: not len(harness.queue))  # formed while the first is written
+            tables.release.set()
+            _until(lambda: harness.progress.flushed >= Lsn(200))
+        finally:
+            tables.release.set()
+            stopping.set()
+            thread.join()
+    batches = [e for e in logs if e["event"] == "batch applied"]
+    assert [e["formed_ahead"] for e in batches] == [False, True]
+    assert reporter.flushed_at == [("update_missing", Lsn(100))]
