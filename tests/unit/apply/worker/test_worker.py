@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -418,29 +419,38 @@ class HeldWrites(MemoryTables):
         return super().write(schema, net, mark, *args)
 
 
+@contextlib.contextmanager
+def _first_held(
+    harness: Harness, tables: HeldWrites, first: AssembledTransaction
+) -> Iterator[None]:
+    """The worker running for the block, the write of its first batch (``first``) held
+    until ``tables.release`` is set; stopped after it."""
+    stopping = threading.Event()
+    thread = threading.Thread(target=harness.worker.run, args=(stopping,))
+    assert harness.queue.put(first, timeout=1)
+    thread.start()
+    try:
+        assert tables.writing.wait(10)
+        yield
+    finally:
+        tables.release.set()
+        stopping.set()
+        thread.join()
+
+
 def test_the_next_batch_forms_while_one_is_written_and_lands_as_it_would_have() -> None:
     tables = HeldWrites()
     harness = Harness(tables, max_delay=0.0)
-    stopping = threading.Event()
-    thread = threading.Thread(target=harness.worker.run, args=(stopping,))
-    with capture_logs() as logs:
-        assert harness.queue.put(tx(ins(T, 1, "a"), end=100), timeout=1)
-        thread.start()
-        try:
-            assert tables.writing.wait(10)
-            assert harness.queue.put(tx(upd(T, 1, "b"), end=200), timeout=1)
-            assert harness.queue.put(tx(ins(T, 2, "c"), end=300), timeout=1)
-            deadline = time.monotonic() + 10
-            while len(harness.queue) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert not len(harness.queue), "taken while the first batch was written"
-            tables.release.set()
-            while harness.progress.flushed < Lsn(300) and time.monotonic() < deadline:
-                time.sleep(0.01)
-        finally:
-            tables.release.set()
-            stopping.set()
-            thread.join()
+    with capture_logs() as logs, _first_held(harness, tables, tx(ins(T, 1, "a"), end=100)):
+        assert harness.queue.put(tx(upd(T, 1, "b"), end=200), timeout=1)
+        assert harness.queue.put(tx(ins(T, 2, "c"), end=300), timeout=1)
+        deadline = time.monotonic() + 10
+        while len(harness.queue) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not len(harness.queue), "taken while the first batch was written"
+        tables.release.set()
+        while harness.progress.flushed < Lsn(300) and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert harness.progress.flushed == Lsn(300)
     assert tables.rows["public.t"] == {b"1": (b"1", b"b"), b"2": (b"2", b"c")}
     batches = [e for e in logs if e["event"] == "batch applied"]
@@ -669,21 +679,11 @@ def test_a_conflict_is_reported_before_its_transaction_is_confirmed() -> None:
     # No checkpoint row due (its batch takes nothing ahead and confirms at its end).
     harness = Harness(tables, max_delay=0.0, checkpoint_interval=3600, conflicts=handling)
     reporter.progress = harness.progress  # the worker's own
-    stopping = threading.Event()
-    thread = threading.Thread(target=harness.worker.run, args=(stopping,))
-    with capture_logs() as logs:
-        assert harness.queue.put(tx(ins(T, 1, "a"), end=100), timeout=1)
-        thread.start()
-        try:
-            assert tables.writing.wait(10)
-            assert harness.queue.put(tx(upd(T, 2, "b"), end=200), timeout=1)
-            _until(lambda: not len(harness.queue))  # formed while the first is written
-            tables.release.set()
-            _until(lambda: harness.progress.flushed >= Lsn(200))
-        finally:
-            tables.release.set()
-            stopping.set()
-            thread.join()
+    with capture_logs() as logs, _first_held(harness, tables, tx(ins(T, 1, "a"), end=100)):
+        assert harness.queue.put(tx(upd(T, 2, "b"), end=200), timeout=1)
+        _until(lambda: not len(harness.queue))  # formed while the first is written
+        tables.release.set()
+        _until(lambda: harness.progress.flushed >= Lsn(200))
     batches = [e for e in logs if e["event"] == "batch applied"]
     assert [e["formed_ahead"] for e in batches] == [False, True]
     assert reporter.flushed_at == [("update_missing", Lsn(100))]
