@@ -351,7 +351,7 @@ class BatchApplier:
                 self._applied[name] = mark.lsn
             self._within[name] = mark.within
             if not self._settling.reported(name):
-                self._conflicts.report(written.conflicts, schema, context)
+                self._report_written(write, batch)
             changes = write.changes + (0 if took is None else len(took.taken.changes))
             results.append(TableResult(name, written, seconds, changes, mark))
         if failure is not None:
