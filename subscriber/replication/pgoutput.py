@@ -51,13 +51,18 @@ from subscriber.replication.messages import (
     Type,
     Update,
 )
-from subscriber.replication.reader import MessageReader
+from subscriber.replication.reader import MessageReader, tuple_at
 from subscriber.replication.tuples import ChangeGroup, RowChanges, RunBuffer, walk_changes
 
 _BEGIN: Final = struct.Struct("!QqI")
 _COMMIT: Final = struct.Struct("!BQQq")
 _BEGIN_SIZE: Final = 1 + _BEGIN.size  # the whole message, its type byte included
 _COMMIT_SIZE: Final = 1 + _COMMIT.size
+_U32: Final = struct.Struct("!I").unpack_from
+# A row change's type and the byte naming its first row image (``decode_change``).
+_INSERT, _UPDATE, _DELETE = ord("I"), ord("U"), ord("D")
+_NEW, _KEY = ord("N"), ord("K")
+_OLD: Final = frozenset(b"KO")
 _STREAM_COMMIT: Final = struct.Struct("!IBQQq")
 _PREPARE_HEAD: Final = struct.Struct("!BQQqI")
 _BEGIN_PREPARE_HEAD: Final = struct.Struct("!QQqI")
@@ -168,6 +173,33 @@ class PgOutputDecoder:
             return cast(Commit, self.decode(payload, lsn))
         self._open = None
         return Commit(flags, unpacked(commit_lsn), unpacked(end_lsn), commit_time)
+
+    def decode_change(self, payload: bytes, lsn: Lsn | None = None) -> Insert | Update | Delete:
+        """``decode`` of an Insert, an Update without an old image, or a Delete in an open
+        transaction (not a streamed block), read without a cursor when well formed - a
+        backlog of small transactions is bound by the receiver's Python a message; any
+        other message, or one not well formed, ``decode`` itself, for its error."""
+        if self._open is None or self._stream_xid is not None or len(payload) < 8:
+            return cast(Insert | Update | Delete, self.decode(payload, lsn))
+        relation = self.relations.get(_U32(payload, 1)[0])
+        kind, part = payload[0], payload[5]
+        if (
+            relation is None
+            or kind not in CHANGE_TYPES
+            or (part not in _OLD if kind == _DELETE else part != _NEW)
+        ):
+            return cast(Insert | Update | Delete, self.decode(payload, lsn))
+        try:
+            image, end = tuple_at(payload, 6, len(relation.columns))
+        except ProtocolError:
+            return cast(Insert | Update | Delete, self.decode(payload, lsn))
+        if end != len(payload):
+            return cast(Insert | Update | Delete, self.decode(payload, lsn))
+        if kind == _UPDATE:
+            return Update(relation.oid, image)
+        if kind == _INSERT:
+            return Insert(relation.oid, image)
+        return Delete(relation.oid, image, part == _KEY)
 
     def decode_changes(self, payloads: Sequence[bytes], lsns: Sequence[Lsn]) -> RowChanges:
         """Consecutive Insert/Update/Delete messages, decoded together.

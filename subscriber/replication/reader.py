@@ -1,10 +1,11 @@
 """A bounds-checked cursor over one pgoutput message (no I/O).
 
 Every read checks that the message holds it and raises ``ProtocolError``
-with the offset where it does not; ``tuple_data`` reads a row image
+with the offset where it does not; ``tuple_at`` reads a row image
 (TupleData) in one inlined loop, since row images are most of what a
-stream carries. ``subscriber.replication.pgoutput`` reads each message
-with one.
+stream carries (the cursor's ``tuple_data``, and the decoder's
+``decode_change`` without a cursor). ``subscriber.replication.pgoutput``
+reads each message with one.
 """
 
 from __future__ import annotations
@@ -76,43 +77,9 @@ class MessageReader:
         return data
 
     def tuple_data(self, expected_columns: int) -> TupleData:
-        """TupleData, inlined for speed: it is most of what a stream carries."""
-        buf = self.buf
-        pos = self.pos
-        size = len(buf)
-        if pos + 2 > size:
-            raise ProtocolError("TupleData ends early", offset=pos)
-        ncols = (buf[pos] << 8) | buf[pos + 1]
-        if ncols != expected_columns:
-            raise ProtocolError(
-                f"TupleData has {ncols} columns, the relation has {expected_columns}", offset=pos
-            )
-        pos += 2
-        values: list[bytes | None] = []
-        append = values.append
-        kinds = bytearray(ncols)
-        for i in range(ncols):
-            if pos >= size:
-                raise ProtocolError("TupleData ends early", offset=pos)
-            kind = kinds[i] = buf[pos]
-            if kind in (TEXT, BINARY):
-                if pos + 5 > size:
-                    raise ProtocolError("TupleData ends early", offset=pos)
-                length = _LENGTH(buf, pos + 1)[0]
-                start = pos + 5
-                pos = start + length
-                if length < 0 or pos > size:
-                    raise ProtocolError(
-                        f"column length {length} runs past the message end", offset=start - 4
-                    )
-                append(buf[start:pos])
-            elif kind in (NULL, UNCHANGED):
-                append(None)
-                pos += 1
-            else:
-                raise ProtocolError(f"unknown TupleData column kind {kind:#04x}", offset=pos)
-        self.pos = pos
-        return TupleData(bytes(kinds), tuple(values))
+        """TupleData at the cursor (``tuple_at``)."""
+        data, self.pos = tuple_at(self.buf, self.pos, expected_columns)
+        return data
 
     def expect(self, *allowed: int) -> int:
         at = self.pos
@@ -127,3 +94,41 @@ class MessageReader:
             raise ProtocolError(
                 f"{len(self.buf) - self.pos} unexpected bytes after the message", offset=self.pos
             )
+
+
+def tuple_at(buf: bytes, pos: int, expected_columns: int) -> tuple[TupleData, int]:
+    """The TupleData at ``pos`` of ``buf`` and where it ends; inlined for speed: row
+    images are most of what a stream carries."""
+    size = len(buf)
+    if pos + 2 > size:
+        raise ProtocolError("TupleData ends early", offset=pos)
+    ncols = (buf[pos] << 8) | buf[pos + 1]
+    if ncols != expected_columns:
+        raise ProtocolError(
+            f"TupleData has {ncols} columns, the relation has {expected_columns}", offset=pos
+        )
+    pos += 2
+    values: list[bytes | None] = []
+    append = values.append
+    kinds = bytearray(ncols)
+    for i in range(ncols):
+        if pos >= size:
+            raise ProtocolError("TupleData ends early", offset=pos)
+        kind = kinds[i] = buf[pos]
+        if kind in (TEXT, BINARY):
+            if pos + 5 > size:
+                raise ProtocolError("TupleData ends early", offset=pos)
+            length = _LENGTH(buf, pos + 1)[0]
+            start = pos + 5
+            pos = start + length
+            if length < 0 or pos > size:
+                raise ProtocolError(
+                    f"column length {length} runs past the message end", offset=start - 4
+                )
+            append(buf[start:pos])
+        elif kind in (NULL, UNCHANGED):
+            append(None)
+            pos += 1
+        else:
+            raise ProtocolError(f"unknown TupleData column kind {kind:#04x}", offset=pos)
+    return TupleData(bytes(kinds), tuple(values)), pos

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final
 
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, Delete, Insert, Message, Update
@@ -88,8 +88,7 @@ class RunDecoder:
         begin = self._begin
         if begin is not None:
             if kind in CHANGE_TYPES and len(self._whole) < WHOLE_AT_MOST:
-                change = self.decoder.decode(payload, lsn)
-                self._whole.append(cast(Insert | Update | Delete, change))
+                self._whole.append(self.decoder.decode_change(payload, lsn))
                 return ()
             whole, self._begin, self._whole = self._whole, None, []
             if kind == _COMMIT:
@@ -123,5 +122,7 @@ class RunDecoder:
         payloads, lsns = self._payloads, self._lsns
         self._payloads, self._lsns, self._held = [], [], 0
         if len(payloads) < WALK_AT_LEAST:
-            return [self.decoder.decode(p, lsn) for p, lsn in zip(payloads, lsns, strict=True)]
+            return [
+                self.decoder.decode_change(p, lsn) for p, lsn in zip(payloads, lsns, strict=True)
+            ]
         return [self.decoder.decode_changes(payloads, lsns)]

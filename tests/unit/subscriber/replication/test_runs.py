@@ -224,6 +224,48 @@ def test_any_run_decodes_as_one_by_one(
     assert got == expected
 
 
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32),
+    where=st.sampled_from(["transaction", "streamed block", "outside"]),
+    mutation=st.one_of(
+        st.none(),
+        st.tuples(st.integers(0, 10**6), st.integers(-1, 255)),
+        st.sampled_from(
+            ["truncated", "trailing", "kind", "length", "negative length", "columns",
+             "unknown relation", "part"]
+        ),
+    ),
+)  # fmt: skip
+def test_a_change_read_without_a_cursor_is_what_decode_reads(
+    seed: int, where: str, mutation: tuple[int, int] | str | None
+) -> None:
+    """``decode_change`` (no cursor, for a backlog of small transactions) returns the
+    message ``decode`` returns, or raises its error: any row change, well formed or with a
+    byte changed or cut, in a transaction, a streamed block or neither."""
+    rng = random.Random(seed)
+    xid = 42 if where == "streamed block" else None
+    payload = change(rng, rng.choice(list(RELATIONS)), xid)
+    if isinstance(mutation, str):
+        payload = corrupt(payload, mutation)
+    elif mutation is not None:
+        payloads = [payload]
+        mutate(payloads, [(0, *mutation)])
+        payload = payloads[0]
+
+    def decoder() -> PgOutputDecoder:
+        made = session()
+        if where != "transaction":
+            made.decode(b.commit(0x5000, 0x5008))
+        if where == "streamed block":
+            made.decode(b.stream_start(42))
+        return made
+
+    lsn = Lsn(0x7000)
+    expected = outcome(lambda: decoder().decode(payload, lsn))
+    assert outcome(lambda: decoder().decode_change(payload, lsn)) == expected
+
+
 def test_run_decoder_hands_on_in_stream_order() -> None:
     decoder = session()
     runs = RunDecoder(decoder, max_messages=40)
