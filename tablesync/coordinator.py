@@ -248,7 +248,12 @@ class SyncCoordinator:
 
     # -- the leader's bookkeeping --------------------------------------------
 
-    def process(self, position: Lsn) -> None:
+    def process(self, position: Lsn, confirmed: Lsn | None = None) -> None:
+        """``position``: the leader's, as it applied (a SYNCDONE table at or before it is
+        READY); ``confirmed``: how far it has confirmed upstream, which passes ``position``
+        when transactions formed while its last batch was written were confirmed as their
+        writes ended. A CATCHUP reaches at least both: the leader skipped the table's
+        changes in every transaction confirmed, and the slot never sends one again."""
         if self._clock() - self._reloaded_at >= RELOAD_INTERVAL:
             self.reload()
         handed_over = False
@@ -256,7 +261,8 @@ class SyncCoordinator:
             if status.state is TableState.SYNCDONE:
                 self._ready_at(status, position)
             elif status.state is TableState.SYNCWAIT:
-                self.store(status.relid, TableState.CATCHUP, max(status.catchup_to, position))
+                reached = position if confirmed is None else max(position, confirmed)
+                self.store(status.relid, TableState.CATCHUP, max(status.catchup_to, reached))
                 self._wait_sync_done(status.relid)
                 handed_over = True
         if handed_over:

@@ -77,9 +77,11 @@ class Leader:
     # What ``should_apply`` answers from (the table states), compared between a batch's forming
     # and its turn (``apply.batching.forming``).
     table_states: Callable[[], object]
-    # Called after each batch and when idle, with the leader's position: the table-sync
-    # coordinator's process_syncing_tables_for_apply.
-    sync_tables: Callable[[Lsn], None]
+    # Called after each batch and when idle, with the leader's position and how far it has
+    # confirmed upstream (past the batch's end when transactions formed while it was written
+    # were confirmed as their writes ended): the table-sync coordinator's
+    # process_syncing_tables_for_apply.
+    sync_tables: Callable[[Lsn, Lsn], None]
     skip: SkipSetting
     # After a failed batch: up to here, batches of at most ``isolate_size`` transactions -
     # half the failed batch's, so that repeated failures home in on the one transaction the

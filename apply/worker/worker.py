@@ -469,7 +469,7 @@ class ApplyWorker:
             self._isolate_through = None
         seconds = time.monotonic() - started
         self.last_commit_time = batch.commit_time
-        self._hooks.finished(batch, result, seconds, changes)
+        self._hooks.finished(batch, result, seconds, changes, self._progress.flushed)
 
     def _skip_done(self, end_lsn: Lsn) -> None:
         """Clear the skip once the skipped transaction's checkpoint is recorded (or the skip

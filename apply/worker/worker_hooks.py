@@ -90,8 +90,12 @@ class WorkerHooks(Protocol):
         """Changes applied, by operation."""
         ...
 
-    def finished(self, batch: Batch, result: BatchResult, seconds: float, changes: int) -> None:
-        """``batch`` is confirmed upstream."""
+    def finished(
+        self, batch: Batch, result: BatchResult, seconds: float, changes: int, confirmed: Lsn
+    ) -> None:
+        """``batch`` is confirmed upstream, and everything through ``confirmed`` (past the
+        batch's end when transactions formed while it was written were confirmed as their
+        writes ended)."""
         ...
 
     def prepared(self) -> PreparedTransactions:
@@ -151,7 +155,7 @@ class LeaderHooks:
         self._leader.skip.clear_skip()  # tidying: the checkpoint already made it so
 
     def idle(self, position: Lsn) -> None:
-        self._leader.sync_tables(position)
+        self._leader.sync_tables(position, position)
         if self._checkpoint_due():
             self.record_checkpoint()
 
@@ -198,7 +202,9 @@ class LeaderHooks:
         for op, count in operations.items():
             self._metrics.changes_applied.labels(self.subscription, op).inc(count)
 
-    def finished(self, batch: Batch, result: BatchResult, seconds: float, changes: int) -> None:
+    def finished(
+        self, batch: Batch, result: BatchResult, seconds: float, changes: int, confirmed: Lsn
+    ) -> None:
         name = self.subscription
         metrics = self._metrics
         metrics.transactions_applied.labels(name).inc(len(batch.transactions))
@@ -225,7 +231,9 @@ class LeaderHooks:
                 formed_ahead=result.formed,
                 taken_ahead=result.ahead,
             )
-        self._leader.sync_tables(batch.end_lsn)
+        # A sync worker's catch-up reaches at least ``confirmed``: the leader skipped its
+        # table's changes in every transaction confirmed, and none is sent again.
+        self._leader.sync_tables(batch.end_lsn, confirmed)
 
     def prepared(self) -> PreparedTransactions:
         if self._leader.prepared is None:
@@ -282,7 +290,9 @@ class CatchUpHooks:
     def counted(self, operations: Counter[str]) -> None:
         pass
 
-    def finished(self, batch: Batch, result: BatchResult, seconds: float, changes: int) -> None:
+    def finished(
+        self, batch: Batch, result: BatchResult, seconds: float, changes: int, confirmed: Lsn
+    ) -> None:
         pass
 
     def prepared(self) -> PreparedTransactions:

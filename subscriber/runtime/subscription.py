@@ -388,8 +388,8 @@ class SubscriptionRunner:
         context = replace(self.context, options=replace(self.options, two_phase=two_phase))
         resumed_at = self._resume_point(flushed)
 
-        def sync_tables(position: Lsn) -> None:
-            self.coordinator.process(max(position, resumed_at))
+        def sync_tables(position: Lsn, confirmed: Lsn) -> None:
+            self.coordinator.process(max(position, resumed_at), max(confirmed, resumed_at))
 
         leader = Leader(
             slot=self.config.slot,

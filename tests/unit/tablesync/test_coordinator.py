@@ -99,6 +99,32 @@ def test_the_leader_gives_catchup_at_its_position_and_waits_for_syncdone() -> No
     assert [row.state for row in store.rows] == ["i", "d", "f", "s", "r"]  # w, c in memory
 
 
+def test_catchup_reaches_what_the_leader_confirmed_past_its_position() -> None:
+    """The leader confirmed transactions past its last batch (formed while it was written,
+    the syncing table's changes skipped): CATCHUP is at least as far as it confirmed, since
+    the slot never sends them again; READY still follows the position it applied."""
+    store = MemoryStore()
+    given: list[Lsn | None] = []
+
+    def worker(stop: threading.Event) -> None:
+        sync.store(TABLE.relid, TableState.DATASYNC)
+        sync.store(TABLE.relid, TableState.FINISHEDCOPY, Lsn(10))
+        target = sync.wait_for_catchup(TABLE.relid, Lsn(10), stop)
+        given.append(target)
+        assert target is not None
+        sync.store(TABLE.relid, TableState.SYNCDONE, target)
+
+    sync = coordinator(store, worker)
+    sync.load([TABLE], Lsn(0))
+    sync.process(Lsn(0))  # starts the worker
+    wait_for(lambda: sync.status(TABLE.relid).state is TableState.SYNCWAIT, "SYNCWAIT")
+    sync.process(Lsn(50), Lsn(80))
+    assert given == [Lsn(80)]
+    assert sync.status(TABLE.relid).state is TableState.SYNCDONE  # not READY at 50
+    sync.process(Lsn(80), Lsn(80))
+    assert sync.status(TABLE.relid).state is TableState.READY
+
+
 def test_a_failed_worker_is_retried_after_the_retry_interval_and_counted() -> None:
     now = [0.0]
     attempts: list[float] = []
