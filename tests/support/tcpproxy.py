@@ -36,8 +36,12 @@ class TcpProxy:
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         peers = {client: upstream, upstream: client}
         with selectors.DefaultSelector() as selector:
-            for sock in peers:
-                selector.register(sock, selectors.EVENT_READ)
+            try:
+                for sock in peers:
+                    selector.register(sock, selectors.EVENT_READ)
+            except (ValueError, OSError):  # cut before this thread began: already closed
+                self._close_pair(client, upstream)
+                return
             try:
                 while True:
                     for key, _ in selector.select():
