@@ -261,8 +261,8 @@ class SyncCoordinator:
             if status.state is TableState.SYNCDONE:
                 self._ready_at(status, position)
             elif status.state is TableState.SYNCWAIT:
-                reached = position if confirmed is None else max(position, confirmed)
-                self.store(status.relid, TableState.CATCHUP, max(status.catchup_to, reached))
+                reached = max(status.catchup_to, position, confirmed or position)
+                self.store(status.relid, TableState.CATCHUP, reached)
                 self._wait_sync_done(status.relid)
                 handed_over = True
         if handed_over:

@@ -179,8 +179,15 @@ class PgOutputDecoder:
         transaction (not a streamed block), read without a cursor when well formed - a
         backlog of small transactions is bound by the receiver's Python a message; any
         other message, or one not well formed, ``decode`` itself, for its error."""
-        if self._open is None or self._stream_xid is not None or len(payload) < 8:
+        change = self._plain_change(payload)
+        if change is None:
             return cast(Insert | Update | Delete, self.decode(payload, lsn))
+        return change
+
+    def _plain_change(self, payload: bytes) -> Insert | Update | Delete | None:
+        """``decode_change``'s direct read; None: the message is left to ``decode``."""
+        if self._open is None or self._stream_xid is not None or len(payload) < 8:
+            return None
         relation = self.relations.get(_U32(payload, 1)[0])
         kind, part = payload[0], payload[5]
         if (
@@ -188,13 +195,13 @@ class PgOutputDecoder:
             or kind not in CHANGE_TYPES
             or (part not in _OLD if kind == _DELETE else part != _NEW)
         ):
-            return cast(Insert | Update | Delete, self.decode(payload, lsn))
+            return None
         try:
             image, end = tuple_at(payload, 6, len(relation.columns))
         except ProtocolError:
-            return cast(Insert | Update | Delete, self.decode(payload, lsn))
+            return None
         if end != len(payload):
-            return cast(Insert | Update | Delete, self.decode(payload, lsn))
+            return None
         if kind == _UPDATE:
             return Update(relation.oid, image)
         if kind == _INSERT:
