@@ -330,10 +330,18 @@ def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
 ) -> None:
     """A backlog of small transactions, read twice from one slot that nothing confirms:
     ``read_all``'s frames, in bursts, are ``read``'s, and the received position is
-    noted for the burst."""
+    noted for the burst.
+
+    Relation messages are left out of the comparison: the server sends one again
+    whenever its cache of the table is invalidated while it decodes - autovacuum's
+    ANALYZE of the 2,000 rows, landing in one read of the two and not the other (CI,
+    on a busy machine: one Relation more in the first read)."""
     db = publisher
     _single_row_backlog(db, 2000)
-    wanted = 3 * 2000  # Begin, Insert, Commit each (and one Relation)
+    wanted = 3 * 2000  # Begin, Insert, Commit each
+
+    def changes(frames: list[tuple[Lsn, bytes]]) -> list[tuple[Lsn, bytes]]:
+        return [frame for frame in frames if frame[1][:1] != b"R"]
 
     def frames(in_bursts: bool) -> tuple[list[tuple[Lsn, bytes]], int, Progress]:
         progress = HeldProgress()
@@ -342,7 +350,7 @@ def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
         got: list[tuple[Lsn, bytes]] = []
         largest = 0
         try:
-            while len(got) < wanted:
+            while len(got) < wanted or len(changes(got)) < wanted:
                 if in_bursts:
                     burst = stream.read_all(timeout=30)
                     assert burst, "nothing in 30 s"
@@ -359,7 +367,8 @@ def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
 
     one_at_a_time, _, _ = frames(in_bursts=False)
     in_bursts, largest, progress = frames(in_bursts=True)
-    assert in_bursts[:wanted] == one_at_a_time[:wanted]
+    assert changes(in_bursts)[:wanted] == changes(one_at_a_time)[:wanted]
+    assert 1 <= len(in_bursts) - len(changes(in_bursts)) <= 3  # the Relation, maybe again
     assert largest > 1
     assert progress.received >= max(start for start, _ in in_bursts)
 
