@@ -68,3 +68,25 @@ def test_only_get_and_head_are_answered(server: tuple[StatusServer, dict[str, An
     for method in ("POST", "PUT", "DELETE", "PATCH"):
         code, _, _ = call(served, "/status", method)
         assert code == 405, method
+
+
+def test_a_status_is_one_line_of_json() -> None:
+    """Encoded by json's C encoder (no indent): a status of hundreds of tables, asked for
+    every 50 ms by a client, must not take the daemon's Python lock for milliseconds each."""
+    tables = [{"table": f"public.t{i}", "state": "ready", "lsn": "0/1"} for i in range(500)]
+    served = StatusServer(
+        "127.0.0.1",
+        0,
+        registry=CollectorRegistry(),
+        health=lambda: (True, {}),
+        readiness=lambda: (True, {}),
+        status=lambda: {"subscriptions": [{"name": "sub1", "tables": tables}]},
+    )
+    served.start()
+    try:
+        code, kind, body = call(served, "/status")
+    finally:
+        served.stop()
+    assert (code, kind) == (200, "application/json")
+    assert body.count(b"\n") == 1 and body.endswith(b"\n")
+    assert json.loads(body)["subscriptions"][0]["tables"] == tables
