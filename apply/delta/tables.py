@@ -441,7 +441,8 @@ class DeltaTables(TablesState):
                 # read: not in its first batch while its changes wait (seconds each).
                 gained = self._placed.check_size(target, log_detail(table))
                 if self._placed.merges_locally(target) and keeping.plain:
-                    if self._merge_processes is not None:  # where its batches are merged
+                    if self._merge_processes is not None:  # where its batches are merged,
+                        # not waited for: the process runs it before the table's next ask
                         self._merge_processes.warm(target.path, schema)
                     else:
                         self._local_merges.warm(target.path, schema, None if gained else table)

@@ -11,6 +11,12 @@ batch changes: the commit carries its mark, is read back and made durable by
 the apply process (``DeltaTables._settled``), and the flush is confirmed only
 from there. Measured in docs/performance.md, "Writer processes, measured".
 
+A table's key index is read in its process after its copy (``warm``),
+sent without waiting: the copy lets go of its table at once, and the
+process runs each table's asks - the warm, a ``forget``, its merges - one
+at a time in the order they were sent (``_InOrder``), so the first batch
+waits for the warm only if it comes before the warm is done.
+
 What a process knows of a table is dropped with ``forget`` wherever the
 apply process drops its own (a schema change, a commit replaced, a table
 made anew). An error in a process is raised in the writer thread as the
@@ -23,14 +29,16 @@ at the end of their pipe.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import multiprocessing
 import pickle
 import signal
 import threading
 import zlib
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Final
@@ -87,8 +95,11 @@ class MergeProcesses:
         return result
 
     def warm(self, path: str, schema: TargetSchema) -> None:
-        """The table's key index read in its process after its copy (``LocalMerges.warm``)."""
-        self._of(path).ask("warm", path, schema)
+        """The table's key index read in its process after its copy (``LocalMerges.warm``),
+        not waited for: the table's next ask runs after it in the process."""
+        self._of(path).send("warm", path, schema).add_done_callback(
+            lambda done: _warm_failed(path, done)
+        )
 
     def forget(self, path: str) -> None:
         shard = self._of(path)
@@ -134,6 +145,10 @@ class _Shard:
             return self._pipe is not None
 
     def ask(self, what: str, *args: Any) -> Any:
+        return self.send(what, *args).result()
+
+    def send(self, what: str, *args: Any) -> Future[Any]:
+        """The ask sent; its answer, when it comes."""
         future: Future[Any] = Future()
         with self._lock:
             pipe = self._started()
@@ -146,7 +161,7 @@ class _Shard:
             with self._lock:
                 self._waiting.pop(number, None)
             raise self._gone(f"could not be reached ({exc})") from exc
-        return future.result()
+        return future
 
     def _started(self) -> Connection:
         """The process's end of the pipe, the process started first if it is not running."""
@@ -233,8 +248,9 @@ class _Shard:
 def _serve(
     pipe: Connection, max_bytes: int, features: TableFeatures, setup: Callable[[], None] | None
 ) -> None:
-    """A writer process: each ask answered, the merges ``THREADS`` at a time; it ends when
-    asked (``None``) or when the apply process is gone (its pipe ends)."""
+    """A writer process: each ask answered, ``THREADS`` tables at a time, each table's asks in
+    the order sent; it ends when asked (``None``) or when the apply process is gone (its
+    pipe ends)."""
     from apply.delta.writer.local_merge import LocalMerges
 
     # The daemon decides when to stop (a terminal's Ctrl-C reaches its whole group): its
@@ -263,6 +279,7 @@ def _serve(
             pipe.send(reply)
 
     with ThreadPoolExecutor(THREADS, thread_name_prefix="merge") as pool:
+        in_order = _InOrder(pool)
         while True:
             try:
                 ask = pipe.recv()
@@ -271,10 +288,45 @@ def _serve(
             if ask is None:
                 break
             number, what, args = ask
-            if what == "forget":  # before any later ask of the table, in order
-                answer(number, what, args)
-            else:
-                pool.submit(answer, number, what, args)
+            in_order.submit(args[0], functools.partial(answer, number, what, args))
+
+
+class _InOrder:
+    """Work run on a pool, each key's (a table's path) one at a time in the order it came;
+    different keys' side by side."""
+
+    def __init__(self, pool: Executor) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._waiting: dict[str, deque[Callable[[], None]]] = {}  # the keys being run
+
+    def submit(self, key: str, work: Callable[[], None]) -> None:
+        with self._lock:
+            waiting = self._waiting.get(key)
+            if waiting is not None:  # run by the key's runner after the work before it
+                waiting.append(work)
+                return
+            self._waiting[key] = deque()
+        self._pool.submit(self._run, key, work)
+
+    def _run(self, key: str, work: Callable[[], None]) -> None:
+        while True:
+            try:
+                work()
+            except Exception:
+                log.exception("writer process ask failed", path=key)
+            with self._lock:
+                waiting = self._waiting[key]
+                if not waiting:
+                    del self._waiting[key]
+                    return
+                work = waiting.popleft()
+
+
+def _warm_failed(path: str, done: Future[Any]) -> None:
+    """A warm that did not finish (its process exited): the first batch reads the index."""
+    if not done.cancelled() and (error := done.exception()) is not None:
+        log.info("key index left to the first batch", path=path, error=str(error))
 
 
 def _picklable(error: Exception) -> Exception:

@@ -6,9 +6,12 @@ outlives ``close``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +19,13 @@ import deltalake
 import pyarrow as pa
 import pytest
 
+from apply.columns.schema import target_schema
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
+from apply.delta.writer.merge_processes import MergeProcesses
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
+from subscriber.replication.messages import Relation
 from tests.support.delta_log import writers
 from tests.support.pgcluster import wait_until
 from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
@@ -106,22 +112,42 @@ def test_writer_processes_write_the_tables_the_threads_would(spark: Any, warehou
     assert len(started) == 2 and not any(map(alive, started))
 
 
-def test_a_writer_process_that_dies_fails_its_writes_and_starts_again(
-    spark: Any, warehouse: Path
-) -> None:
+@contextlib.contextmanager
+def one_process(
+    spark: Any, warehouse: Path, t: Relation
+) -> Iterator[tuple[DeltaTables, BatchApplier, MergeProcesses]]:
+    """A daemon's tables with one writer process, holding ``t``'s rows 1-3 (LSN 100): the
+    tables, their applier and their process; no process left after."""
     tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(writer_processes=1))
     applier = BatchApplier("sub1", tables, lambda oid: None)
     processes = tables._merge_processes
     assert processes is not None
-    t = TABLES[0]
-    folder = warehouse / "public" / t.name
     try:
         applier.apply(batch(tx(*(ins(t, i, f"v{i}") for i in range(1, 4)), end=100)))
-        (shard,) = processes._shards
-        process = shard._process
-        assert process is not None and process.pid is not None
+        yield tables, applier, processes
+    finally:
+        started = tables.writer_pids()
+        applier.close()
+        tables.close()
+    assert started and not any(map(alive, started))
+
+
+def the_process(processes: MergeProcesses) -> tuple[Any, BaseProcess, int]:
+    """The one writer process's shard, the process, running, and its pid."""
+    (shard,) = processes._shards
+    process = shard._process
+    assert process is not None and process.pid is not None
+    return shard, process, process.pid
+
+
+def test_a_writer_process_that_dies_fails_its_writes_and_starts_again(
+    spark: Any, warehouse: Path
+) -> None:
+    t = TABLES[0]
+    with one_process(spark, warehouse, t) as (tables, applier, processes):
+        shard, process, pid = the_process(processes)
         # Stopped, then killed with a write in it: that write fails, nothing is confirmed.
-        os.kill(process.pid, signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP)
         again = batch(tx(upd(t, 1, "one"), end=200))
         failed: list[BaseException] = []
 
@@ -134,16 +160,42 @@ def test_a_writer_process_that_dies_fails_its_writes_and_starts_again(
         writing = threading.Thread(target=apply)
         writing.start()
         wait_until(lambda: bool(shard._waiting), timeout=60, what="the write sent")
-        os.kill(process.pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         writing.join(timeout=120)
         assert not writing.is_alive()
         assert len(failed) == 1 and "writer process 0 exited" in str(failed[0]), failed
         assert tables.applied_lsn(t.qualified_name) == Lsn(100)
         applier.apply(again)  # the process started again; the batch written once
-        assert rows(folder) == [(1, "one"), (2, "v2"), (3, "v3")]
+        assert rows(warehouse / "public" / t.name) == [(1, "one"), (2, "v2"), (3, "v3")]
         assert shard._process is not None and shard._process.pid != process.pid
-    finally:
-        started = tables.writer_pids()
-        applier.close()
-        tables.close()
-    assert started and not any(map(alive, started))
+
+
+def test_a_warm_is_not_waited_for_and_the_tables_next_merge_runs_after_it(
+    spark: Any, warehouse: Path
+) -> None:
+    t = TABLES[1]
+    with one_process(spark, warehouse, t) as (tables, applier, processes):
+        shard, process, pid = the_process(processes)
+        os.kill(pid, signal.SIGSTOP)  # the process answers nothing meanwhile
+        try:
+            warming = threading.Thread(
+                target=processes.warm,
+                args=(tables.path(t.qualified_name), target_schema(t, lambda oid: None, True)),
+            )
+            warming.start()
+            warming.join(timeout=60)
+            assert not warming.is_alive()  # sent, not waited for (the copy lets go of its table)
+            assert len(shard._waiting) == 1
+            writing = threading.Thread(
+                target=applier.apply, args=(batch(tx(upd(t, 1, "one"), end=200)),)
+            )
+            writing.start()
+            wait_until(lambda: len(shard._waiting) == 2, timeout=60, what="the merge sent")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        writing.join(timeout=120)
+        assert not writing.is_alive()
+        assert not shard._waiting  # both answered
+        assert rows(warehouse / "public" / t.name) == [(1, "one"), (2, "v2"), (3, "v3")]
+        assert tables.applied_lsn(t.qualified_name) == Lsn(200)
+        assert shard._process is process  # the same process, never stopped
