@@ -240,6 +240,11 @@ class TablesState:
         """The running writer processes' ids (``writer_processes``; none by default)."""
         return [] if self._merge_processes is None else self._merge_processes.pids()
 
+    def start_writers(self) -> None:
+        """The writer processes, if any, started in the background (the subscription starts)."""
+        if self._merge_processes is not None:
+            self._merge_processes.start()
+
     def close(self) -> None:
         """The writer processes, if any, ended (the subscription stops)."""
         if self._merge_processes is not None:

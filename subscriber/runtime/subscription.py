@@ -134,7 +134,7 @@ class SubscriptionRunner:
 
     def run(self, stopping: threading.Event) -> None:
         name = self.name
-        self._metrics.subscription_enabled.labels(name).set(1)
+        self._begin()
         flushed: Lsn | None = None
         isolate: tuple[Lsn, int] | None = None  # after a failed batch: (its end, batch size)
         failures = 0
@@ -184,6 +184,12 @@ class SubscriptionRunner:
         self.status.state = "stopped"
         self.catalog.close()
         self.tables.close()
+
+    def _begin(self) -> None:
+        """The subscription shown enabled; its writer processes, if any, started beside its
+        first steps, not by its first copy."""
+        self._metrics.subscription_enabled.labels(self.name).set(1)
+        self.tables.start_writers()
 
     def _resume_point(self, flushed: Lsn) -> Lsn:
         """Where the leader stands as it starts, for the table-sync handoff: past ``flushed``

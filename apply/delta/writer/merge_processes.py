@@ -78,6 +78,22 @@ class MergeProcesses:
         """``setup``: what a process runs first (the daemon's log configuration); picklable."""
         self._settings = (max_bytes, features, setup)
         self._shards = [_Shard(number, self._settings) for number in range(count)]
+        self._starting: threading.Thread | None = None
+
+    def start(self) -> None:
+        """The processes started in the background (about a second: their server imports
+        the writer's modules), not by the first copy's warm; one not started is started by
+        its first ask."""
+        self._starting = threading.Thread(
+            target=self._start_all,
+            name="writer-processes-start",
+            daemon=True,
+        )
+        self._starting.start()
+
+    def _start_all(self) -> None:
+        for shard in self._shards:
+            shard.start()
 
     def merge(
         self,
@@ -111,6 +127,8 @@ class MergeProcesses:
         return [pid for shard in self._shards if (pid := shard.pid) is not None]
 
     def close(self) -> None:
+        if self._starting is not None:  # none started after the others stopped
+            self._starting.join()
         stopped = [shard.close() for shard in self._shards]
         if any(stopped):
             log.info("writer processes stopped", processes=sum(stopped))
@@ -143,6 +161,14 @@ class _Shard:
     def running(self) -> bool:
         with self._lock:
             return self._pipe is not None
+
+    def start(self) -> None:
+        """The process started, if it is not running; a failure is left to the next ask."""
+        try:
+            with self._lock:
+                self._started()
+        except OSError as exc:
+            log.warning("writer process not started", process=self._number, error=str(exc))
 
     def ask(self, what: str, *args: Any) -> Any:
         return self.send(what, *args).result()

@@ -199,3 +199,16 @@ def test_a_warm_is_not_waited_for_and_the_tables_next_merge_runs_after_it(
         assert rows(warehouse / "public" / t.name) == [(1, "one"), (2, "v2"), (3, "v3")]
         assert tables.applied_lsn(t.qualified_name) == Lsn(200)
         assert shard._process is process  # the same process, never stopped
+
+
+def test_writer_processes_start_with_the_subscription_and_none_outlives_close(
+    spark: Any, warehouse: Path
+) -> None:
+    tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(writer_processes=2))
+    try:
+        tables.start_writers()  # in the background, before any table asks
+        wait_until(lambda: len(tables.writer_pids()) == 2, timeout=120, what="both started")
+        started = tables.writer_pids()
+    finally:
+        tables.close()
+    assert not any(map(alive, started))
