@@ -22,8 +22,8 @@ apply process drops its own (a schema change, a commit replaced, a table
 made anew). An error in a process is raised in the writer thread as the
 error it was; a process that exits fails the writes it had (nothing
 confirmed, the batch retried) and is started again at its next write. The
-processes exit with the daemon: ``close``, or, when the daemon is killed,
-at the end of their pipe.
+processes start with the subscription (``start``) and exit with the daemon:
+``close``, or, when the daemon is killed, at the end of their pipe.
 """
 
 from __future__ import annotations
