@@ -150,6 +150,9 @@ def _apply_load(
         figures.windows = windows(lags, args.window)
         for window, rss in zip(figures.windows, memory.peaks(args.window * 60), strict=False):
             window["rss_mb"] = rss
+    if args.lags:
+        with args.lags.open("a") as out:  # one line a run: its name and every 100-ms sample
+            out.write(json.dumps({"run": figures.subscriber, "lags": lags}) + "\n")
     figures.lag_p50, figures.lag_p99 = percentile(lags, 0.5), percentile(lags, 0.99)
     figures.lag_max, figures.tps_achieved, figures.kept_up = max(lags, default=0), tps, kept
     figures.drain_seconds = drained
@@ -348,6 +351,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--writer-processes", type=int, default=0, help="pgsub's writer_processes (0: threads)"
+    )
+    parser.add_argument(
+        "--lags", type=Path, help="append each run's lag samples (10 a second) to this file"
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results/tables.json"))
     args = parser.parse_args()
