@@ -233,7 +233,8 @@ class BatchApplier:
         ``formed``: the batch's work as it formed (``apply.batching.forming``), else it is split and
         collapsed now. ``while_writing`` is called while the tables are written (the next
         batch forms meanwhile). ``ahead``: the writes of a formed batch take what has
-        arrived for their tables meanwhile (``Ahead``).
+        arrived for their tables meanwhile (unless ``ahead.takes`` is False) and what they
+        made durable is confirmed as they end (``Ahead``).
 
         A transaction that changes a table's columns (``apply.schema_changes.ddl``) splits the
         batch: the
@@ -259,7 +260,7 @@ class BatchApplier:
         if while_writing is None or followed or messages is not None:
             ahead = None  # the messages table is written last: nothing is confirmed before
         with self._tables.written_together():
-            writes = self._submit(batch, work, formed, ahead is not None)
+            writes = self._submit(batch, work, formed, ahead is not None and ahead.takes)
             if while_writing is not None:
                 settle = (
                     None if ahead is None else partial(self._settling.settle, batch, writes, ahead)

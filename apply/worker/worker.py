@@ -153,15 +153,17 @@ class ApplyWorker:
             self._apply(batch, formed)
 
     def _ahead(self) -> Ahead | None:
-        """Whether the batch's writes take what arrives for their tables meanwhile
-        (``Ahead``): not while batches are isolated after a failure or a skip is set, nor
-        when the checkpoint row is due (its versions hold nothing past its LSN)."""
+        """Whether the batch's writes take what arrives for their tables meanwhile and
+        confirm what they made durable as they end (``Ahead``): not while batches are
+        isolated after a failure or a skip is set. When the checkpoint row is due they take
+        nothing (its versions hold nothing past its LSN) but still confirm as they end: the
+        flush does not stand still for the row's batch."""
         hooks = self._hooks
-        if not hooks.runs_ahead or hooks.row_due or hooks.skip_lsn is not None:
+        if not hooks.runs_ahead or hooks.skip_lsn is not None:
             return None
         if self._isolate_through is not None or self._clear_skip_at is not None:
             return None
-        return Ahead(self._confirm_ahead)
+        return Ahead(self._confirm_ahead, takes=not hooks.row_due)
 
     def _confirm_ahead(self, lsn: Lsn) -> None:
         """Every transaction through ``lsn`` is durable in every table it changes, though

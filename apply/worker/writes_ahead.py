@@ -33,9 +33,12 @@ class Ahead:
     """A batch whose writes run ahead: each table's write, as it starts, takes the table's
     changes that have arrived for the next batch (``Forming.take_table``), and ``confirm``
     is told, as the writes end, the end LSN through which every transaction is durable in
-    every table it changes - before the batch's last table is written."""
+    every table it changes - before the batch's last table is written. ``takes`` False:
+    the writes take nothing (the batch a checkpoint row records), and what they make
+    durable is still confirmed as they end."""
 
     confirm: Callable[[Lsn], None]
+    takes: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -262,7 +262,7 @@ class SubscriptionConfig(_Strict):
     # How often the leader appends a row to _pgsub/checkpoints (every table's Delta version at
     # one LSN, for readers who want a consistent cross-table point); not every batch. A row
     # is recorded at a batch that takes nothing ahead (docs/apply.md), whose next changes
-    # wait about one batch longer: once a minute, as Kafka Connect flushes its offsets.
+    # wait up to one batch longer: once a minute, as Kafka Connect flushes its offsets.
     checkpoint_interval: Duration = 60.0
     status_interval: Duration = 10.0
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
