@@ -22,7 +22,7 @@ from apply.columns.columnar import arrow_schema
 from apply.columns.schema import TargetSchema
 from apply.core.errors import TargetTableError
 from apply.core.records import CommitMark, WriteResult
-from apply.delta.spark.session import arrow_frame, spark_errors
+from apply.delta.spark.session import SparkErrors, arrow_frame
 from apply.delta.writer.local_tables import (
     as_table_holds,
     delta_rs_writes,
@@ -115,7 +115,7 @@ def append_messages(target: TargetTable, rows: pa.Table, mark: CommitMark) -> Wr
             frame = arrow_frame(session, rows, MESSAGES_DDL)
             frame.write.format("delta").mode("append").save(target.path)
             return WriteResult(target.table, target.committed_version(), rows.num_rows)
-    except spark_errors() as exc:
+    except SparkErrors as exc:
         raise TargetTableError(
             f"writing logical decoding messages to {target.path} failed: {exc}"
         ) from exc

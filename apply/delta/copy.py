@@ -39,7 +39,7 @@ from apply.core.records import CommitMark
 from apply.delta.files.storage import is_object_store
 from apply.delta.files.store import commit_name, table_store
 from apply.delta.spark import sql as delta_sql
-from apply.delta.spark.session import runs_here, spark_errors, struct
+from apply.delta.spark.session import SparkErrors, runs_here, struct
 from apply.delta.writer.local_tables import (
     as_table_holds,
     delta_rs_writes,
@@ -200,7 +200,7 @@ def copy_into(
             blocks = source.blocks()
             return _copy_staged(target, schema, blocks, mark, staging, mode=mode, plan=plan)
         return copy_on_executors(target, schema, source, mark, mode=mode, plan=plan)
-    except spark_errors() as exc:
+    except SparkErrors as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
 
 

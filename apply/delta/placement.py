@@ -27,7 +27,7 @@ import structlog
 from apply.core.features import FeatureMode, TableFeatures
 from apply.delta.spark.definition import gain_by_size
 from apply.delta.spark.detail import detail
-from apply.delta.spark.session import is_remote, runs_here, spark_errors
+from apply.delta.spark.session import SparkErrors, is_remote, runs_here
 from apply.delta.spark.target import TargetTable
 from apply.delta.state_store import STATE_DIR
 from apply.delta.writer.delta_rs_merge import LOCAL_MERGE_MAX_BYTES
@@ -158,7 +158,7 @@ def sees_folder(session: SparkSession, warehouse: str) -> bool:
         listed = session.read.text(probe.as_uri()).inputFiles()
         seen = [Path(name).name for name in listed] == [probe.name]
         reason = None if seen else f"the server listed {listed}"
-    except spark_errors() as exc:
+    except SparkErrors as exc:
         seen, reason = False, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     finally:
         probe.unlink(missing_ok=True)

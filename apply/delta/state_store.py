@@ -48,7 +48,7 @@ import pyarrow as pa
 from apply.core.errors import TargetTableError
 from apply.core.records import StoredTableState
 from apply.delta.spark import sql as delta_sql
-from apply.delta.spark.session import spark_errors
+from apply.delta.spark.session import SparkErrors
 from apply.delta.spark.sql import sql_string
 from apply.delta.writer.local_tables import (
     append_rows,
@@ -118,14 +118,14 @@ class _StateTable:
 
     def _rows(self, subscription: str) -> list[Row] | list[dict[str, Any]]:
         """The subscription's rows, oldest first (none when the table does not exist yet)."""
+        from pyspark.sql import functions as fn
+
         if self._by_delta_rs():
             rows = self._arrow(subscription)
             if rows is None:
                 return []
             ordered: list[dict[str, Any]] = rows.sort_by("recorded_at").to_pylist()
             return ordered
-        from pyspark.sql import functions as fn
-
         try:
             if not delta_sql.is_delta_table(self._spark, self.path):
                 return []
@@ -136,7 +136,7 @@ class _StateTable:
                 .orderBy("recorded_at")
                 .collect()
             )
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
 
     def forget(self, subscription: str) -> None:
@@ -150,7 +150,7 @@ class _StateTable:
             with self._writing:
                 if delta_sql.is_delta_table(self._spark, self.path):
                     delta_sql.delete(self._spark, self.path, condition)
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"cannot delete from {self.path}: {exc}") from exc
 
     def _append(self, rows: list[tuple[Any, ...]]) -> None:
@@ -164,7 +164,7 @@ class _StateTable:
                 # mergeSchema: a column added by a newer pgsub joins an older table.
                 writer = frame.write.format("delta").mode("append")
                 writer.option("mergeSchema", "true").save(self.path)
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"cannot write to {self.path}: {exc}") from exc
 
 
@@ -181,6 +181,8 @@ class CheckpointStore(_StateTable):
         One aggregate, whatever the number of rows: start-up does not grow with
         the batches ever applied.
         """
+        from pyspark.sql import functions as fn
+
         if self._by_delta_rs():
             import pyarrow.compute as pc
 
@@ -188,8 +190,6 @@ class CheckpointStore(_StateTable):
             if rows is None or rows.num_rows == 0:
                 return ZERO
             return Lsn(int(pc.max(rows.column("lsn")).as_py()))
-        from pyspark.sql import functions as fn
-
         try:
             if not delta_sql.is_delta_table(self._spark, self.path):
                 return ZERO
@@ -200,7 +200,7 @@ class CheckpointStore(_StateTable):
                 .agg(fn.max("lsn").alias("lsn"))
                 .first()
             )
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
         return ZERO if row is None or row["lsn"] is None else Lsn(int(row["lsn"]))
 
@@ -312,6 +312,8 @@ class ConflictStore(_StateTable):
 
     def counts(self, subscription: str) -> dict[str, int]:
         """How many conflicts of each kind the table holds for ``subscription``."""
+        from pyspark.sql import functions as fn
+
         if self._by_delta_rs():
             found = self._arrow(subscription)
             if found is None:
@@ -320,8 +322,6 @@ class ConflictStore(_StateTable):
             return dict(
                 zip(counted["type"].to_pylist(), counted["type_count"].to_pylist(), strict=True)
             )
-        from pyspark.sql import functions as fn
-
         try:
             if not delta_sql.is_delta_table(self._spark, self.path):
                 return {}
@@ -333,7 +333,7 @@ class ConflictStore(_StateTable):
                 .count()
                 .collect()
             )
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
         return {str(row["type"]): int(row["count"]) for row in rows}
 
@@ -450,7 +450,7 @@ class PreparedStore(_StateTable):
                 .load(self.path)
                 .where((fn.col("subscription") == subscription) & (fn.col("gid") == gid))
             )
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
 
     def forget(self, subscription: str, gid: str | None = None, xid: int | None = None) -> None:
@@ -466,14 +466,14 @@ class PreparedStore(_StateTable):
 
     def staged(self, subscription: str) -> list[tuple[str, int]]:
         """The (gid, xid) staged for ``subscription``: prepared, not yet seen finished."""
+        from pyspark.sql import functions as fn
+
         if self._by_delta_rs():
             found = self._arrow(subscription)
             if found is None:
                 return []
             pairs = zip(found["gid"].to_pylist(), found["xid"].to_pylist(), strict=True)
             return sorted({(str(gid), int(xid)) for gid, xid in pairs})
-        from pyspark.sql import functions as fn
-
         try:
             if not delta_sql.is_delta_table(self._spark, self.path):
                 return []
@@ -485,7 +485,7 @@ class PreparedStore(_StateTable):
                 .distinct()
                 .collect()
             )
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"cannot read {self.path}: {exc}") from exc
         return sorted((str(row["gid"]), int(row["xid"])) for row in rows)
 

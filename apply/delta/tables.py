@@ -59,7 +59,7 @@ from apply.delta.spark.detail import log_detail
 from apply.delta.spark.keyed import raised_conflict, staged_keys_unique, write_keyed, write_staged
 from apply.delta.spark.maintenance import Grown, Tended, tend
 from apply.delta.spark.multiset import write_multiset
-from apply.delta.spark.session import runs_here, spark_errors
+from apply.delta.spark.session import SparkErrors, runs_here
 from apply.delta.spark.staged_copy import StagedCopy
 from apply.delta.spark.target import TargetTable
 from apply.delta.state_store import STATE_DIR
@@ -289,7 +289,7 @@ class DeltaTables(TablesState):
             with self._lock:
                 self._schemas.pop(schema.table, None)  # the next attempt looks at it again
             raise
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             with self._lock:
                 self._schemas.pop(schema.table, None)  # the next attempt looks at it again
             kind = conflict_in(str(exc))
@@ -355,7 +355,7 @@ class DeltaTables(TablesState):
                 return self._settled(target.path, written, stage.bytes)
         except ConflictError:
             raise
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             with self._lock:
                 self._schemas.pop(schema.table, None)
             raise TargetTableError(

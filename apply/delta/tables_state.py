@@ -33,7 +33,7 @@ from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.definition import TableDefinition
 from apply.delta.spark.detail import detail
 from apply.delta.spark.origins import OriginTracker
-from apply.delta.spark.session import spark_errors, thread_session
+from apply.delta.spark.session import SparkErrors, thread_session
 from apply.delta.spark.target import TargetTable
 from apply.delta.table_options import DEFAULT_OPTIONS, CreatedTables, Forgetful, TableOptions
 from apply.delta.writer.durability import Durability
@@ -169,7 +169,7 @@ class TablesState:
         try:
             with self.exclusive(table):
                 yield
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"{what} failed: {exc}") from exc
 
     @contextmanager
@@ -201,7 +201,7 @@ class TablesState:
                 local=self._reachable,
                 peek=self.history_peek,
             )
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             raise TargetTableError(f"cannot read the history of {path}: {exc}") from exc
 
     def _latest_version(self, path: str) -> int | None:

@@ -29,29 +29,6 @@ from tests.support.pgdatabase import PgDatabase
 
 pytestmark = pytest.mark.e2e
 
-# Run by the daemon's interpreter as it starts (``sitecustomize``, found on PYTHONPATH):
-# a line in its log whenever pyspark is imported.
-PYSPARK_WATCH = """
-import sys
-
-class _Watch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "pyspark":
-            sys.stderr.write("pyspark imported\\n")
-        return None
-
-sys.meta_path.insert(0, _Watch())
-sys.stderr.write("pyspark watched\\n")
-"""
-
-
-def watch_pyspark(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Daemons started after this log a line if they import pyspark."""
-    folder.mkdir()
-    (folder / "sitecustomize.py").write_text(PYSPARK_WATCH)
-    paths = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
-
 
 def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
@@ -95,12 +72,10 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     spark: Any,
     tmp_path: Path,
     daemons: Callable[..., DaemonProcess],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     publisher.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t"
     )
-    watch_pyspark(tmp_path / "watch", monkeypatch)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
     password = "not-a-real-secret-but-must-not-leak"
@@ -137,10 +112,6 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
     # (their history's properties, compaction, VACUUM) need no Spark (spark.start:
     # on_demand): no JVM was started.
     assert "java" not in group_commands(daemon.process.pid)
-    # Nor was pyspark imported: 0.1 s of a start and 9 MB (apply.delta.spark.session's
-    # spark_errors).
-    log = daemon.log_path.read_text()
-    assert "pyspark watched" in log and "pyspark imported" not in log
     properties = opened(str(warehouse / "_pgsub" / "checkpoints")).metadata().configuration
     assert properties["delta.logRetentionDuration"] == "interval 168 hours"
     assert not any(e["event"] == "spark session started" for e in daemon.events())

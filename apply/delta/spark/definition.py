@@ -39,7 +39,7 @@ from apply.core.maintenance_policy import MaintenancePolicy, retention_propertie
 from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.detail import detail
 from apply.delta.spark.origins import ROW_TRACKING
-from apply.delta.spark.session import spark_errors, struct
+from apply.delta.spark.session import SparkErrors, struct
 from apply.delta.writer.local_tables import Created, create_table, delta_rs_creates, described
 from apply.delta.writer.protocol import warn_gained
 from apply.history.changelog import PREFIX, HistoryMode
@@ -302,7 +302,7 @@ def _create_by_spark(
     try:
         delta_sql.create_if_not_exists(session, path, schema.ddl(), properties)
         made = delta_sql.is_delta_table(session, path)
-    except spark_errors() as exc:
+    except SparkErrors as exc:
         if "DELTA_TABLE_NOT_FOUND" not in str(exc):
             raise
         made = False

@@ -36,7 +36,7 @@ from apply.core.records import CommitMark, WriteResult
 from apply.delta.spark.findings import find_keyed
 from apply.delta.spark.moved import fill_moved
 from apply.delta.spark.origins import OriginTracker
-from apply.delta.spark.session import spark_errors
+from apply.delta.spark.session import SparkErrors
 from apply.history.changelog import COMMIT_TIME, LSN
 from apply.history.stamps import DELETED, Stamping, soft_delete_schema, stamped, stamped_schema
 from apply.plans.merge_plan import (
@@ -250,7 +250,7 @@ def staged_keys_unique(target: TargetTable, stage: StagedSource) -> bool:
     keys = [quote(k) for k in stage.schema.key]
     try:
         row = frame.selectExpr("count(*) AS n", f"count(DISTINCT {', '.join(keys)}) AS d").first()
-    except spark_errors() as exc:
+    except SparkErrors as exc:
         raise TargetTableError(f"cannot read the staged rows of {target.table}: {exc}") from exc
     return row is not None and int(row["n"]) == int(row["d"])
 
@@ -278,7 +278,7 @@ def write_staged(
         frame = target.staged(stage.directory, stage.columns, schema)
         try:
             result = target.merge(schema, frame, plan)
-        except spark_errors() as exc:
+        except SparkErrors as exc:
             kind = conflict_in(str(exc))
             if kind is None:
                 raise

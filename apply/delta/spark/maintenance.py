@@ -61,7 +61,7 @@ from apply.delta.files.store import table_store
 from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.definition import gain_by_size
 from apply.delta.spark.detail import detail
-from apply.delta.spark.session import spark_errors
+from apply.delta.spark.session import SparkErrors
 from apply.delta.spark.target import USER_METADATA
 from apply.delta.writer.compaction import compacted_here, properties_set_here
 from apply.delta.writer.live_files import UnreadableLogError, newest_commit
@@ -139,7 +139,7 @@ def tend(
                 deleted = len(swept(table_store(path), hours * 3600.0).deleted)
             except UnreadableLogError:
                 _vacuum(session, table, hours, lite=lite)
-    except spark_errors() as exc:
+    except SparkErrors as exc:
         raise TargetTableError(f"maintenance of {path} failed: {exc}") from exc
     return Tended(before, after, compacted, vacuum, time.monotonic() - started, deleted)
 
@@ -228,7 +228,7 @@ def is_delta_table(session: SparkSession, path: str) -> bool:
             raise TargetTableError(f"cannot read the log of {path}: {exc}") from exc
     try:
         return delta_sql.is_delta_table(session, path)
-    except spark_errors() as exc:
+    except SparkErrors as exc:
         raise TargetTableError(f"cannot look at {path}: {exc}") from exc
 
 
@@ -271,7 +271,7 @@ def _vacuum(session: SparkSession, table: str, hours: int, *, lite: bool) -> Non
             try:
                 session.sql(f"VACUUM {table} LITE RETAIN {hours} HOURS")
                 return
-            except spark_errors() as exc:
+            except SparkErrors as exc:
                 if "VACUUM_LITE" not in str(exc):
                     raise
                 # The log no longer names every file removed since the last VACUUM.

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import structlog
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+from pyspark.errors import PySparkException
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,22 +60,8 @@ _LOCAL_CONF: Mapping[str, str] = {
 }
 
 
-def spark_errors() -> tuple[type[Exception], ...]:
-    """What a failing Spark or Delta call raises, in the driver (PySpark) or from the JVM
-    (py4j), for an ``except`` clause: none while pyspark is not imported.
-
-    No Spark call can have failed before pyspark is imported, and a daemon that never
-    starts a JVM (``spark.start: on_demand``, small tables on a local warehouse) then
-    never imports it: about 0.1 s of its start and 9 MB (docs/performance.md, "pyspark
-    left to what uses it"). An ``except`` evaluates this when an exception reaches it,
-    after whatever raised it imported pyspark.
-    """
-    if "pyspark" not in sys.modules:
-        return ()
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-    from pyspark.errors import PySparkException
-
-    return (PySparkException, Py4JError)
+# What a failing Spark or Delta call raises, in the driver (PySpark) or from the JVM (py4j).
+SparkErrors = (PySparkException, Py4JError)
 
 
 class SparkSetupError(RuntimeError):
@@ -265,7 +253,7 @@ def spark_master(session: SparkSession) -> str:
         return session.master
     try:
         return str(session.conf.get("spark.master", ""))
-    except spark_errors():
+    except SparkErrors:
         return ""
 
 

@@ -31,7 +31,7 @@ import itertools
 from typing import TYPE_CHECKING, Any, Final
 
 from apply.columns.schema import quote
-from apply.delta.spark.session import is_remote, spark_errors
+from apply.delta.spark.session import SparkErrors, is_remote
 from apply.plans.merge_plan import MergePlan, merge_sql
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def is_delta_table(session: SparkSession, path: str) -> bool:
         return bool(DeltaTable.isDeltaTable(session, path))
     try:
         session.sql(f"DESCRIBE DETAIL {table_ref(path)}").collect()
-    except spark_errors() as exc:
+    except SparkErrors as exc:
         if NOT_A_DELTA_TABLE in str(exc):
             return False
         raise
