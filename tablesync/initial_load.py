@@ -200,7 +200,10 @@ class InitialLoad:
                 while not stopping.is_set() and (table := self._next()) is not None:
                     conn.execute("SAVEPOINT pgsub_table")
                     try:
-                        self._copy(conn, table)
+                        # Its creation's and its copy's names made durable together, before
+                        # it is counted copied: READY is stored only after (``_settle``).
+                        with self._context.tables.written_together():
+                            self._copy(conn, table)
                     except Exception as exc:  # noqa: BLE001 - its own worker tries again
                         self._handoff.failed(table, exc)
                         conn.execute("ROLLBACK TO SAVEPOINT pgsub_table")

@@ -15,9 +15,9 @@ object store):
   into place (``put_if_absent``): a hard link refuses a name that exists,
   so the file appears whole and only once (as delta-rs does on a local
   folder); the log's folder and the table's are fsynced after, so the
-  names are durable too - at once, or, for a batch's commits, all
-  together when its writes end and before it is confirmed
-  (``folders_synced_together``);
+  names are durable too - at once, or, for a batch's commits (and an
+  initial load's creation and copy of a table), all together when its
+  writes end and before it is confirmed (``folders_synced_together``);
 - a checkpoint or ``_last_checkpoint`` is written to a temporary name and
   renamed over the old (``replace``): a reader sees one file or the other;
 - a commit another engine made (delta-rs, Spark: neither fsyncs) is made

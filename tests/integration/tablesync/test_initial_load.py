@@ -1,6 +1,7 @@
 """The first start's copy under the subscription slot's own snapshot (tablesync.initial_load),
 beside PostgreSQL's protocol for what it leaves: a larger table, and everything with it off."""
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,44 @@ def test_first_start_copies_small_tables_under_the_slot_snapshot(
     assert {e["lsn"] for e in loaded} == {consistent_point}
     copies = {e["table"]: e for e in logs if e["event"] == "table copy finished"}
     assert {copies[t]["lsn"] for t in SMALL} == {consistent_point}
+
+
+def test_each_loaded_tables_names_are_made_durable_once_and_before_it_is_ready(
+    publisher: PgDatabase, spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The initial load creates each table and copies into it, two commits in its log's
+    folder: the folders naming them are fsynced once, together, after the copy - and before
+    the table is recorded created and READY (what a restart trusts)."""
+    import apply.delta.files.local_store as local_store
+    from apply.delta.tables import DeltaTables
+
+    tables = [f"t{n}" for n in range(6)]
+    publisher.execute(
+        "".join(f"CREATE TABLE {t} (id int PRIMARY KEY, v text);" for t in tables)
+        + "".join(f"INSERT INTO {t} SELECT g, 'v' FROM generate_series(1, 50) g;" for t in tables)
+        + f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)};"
+    )
+    events: list[tuple[str, str]] = []
+    sync_folder, remember = local_store._sync_folder, DeltaTables.remember_created
+
+    def synced(path: str) -> None:
+        sync_folder(path)
+        events.append(("synced", os.path.normpath(path)))
+
+    def remembered(self: DeltaTables, names: list[str]) -> None:
+        events.extend(("remembered", name) for name in names)
+        remember(self, names)
+
+    monkeypatch.setattr(local_store, "_sync_folder", synced)
+    monkeypatch.setattr(DeltaTables, "remember_created", remembered)
+    with Replication(publisher, spark, warehouse, copy_data=True, max_sync_workers=2) as rep:
+        wait_until(rep.all_ready, timeout=300, what="every table to be READY")
+        paths = {f"public.{t}": os.path.normpath(rep.path(f"public.{t}")) for t in tables}
+        for name in paths:
+            rep.assert_equal(name, key=("id",))
+    for name, path in paths.items():
+        logs = [
+            i for i, e in enumerate(events) if e == ("synced", os.path.join(path, "_delta_log"))
+        ]
+        assert len(logs) == 1, f"{name}: its log's folder fsynced {len(logs)} times"
+        assert logs[0] < events.index(("remembered", name)), f"{name} recorded before durable"
