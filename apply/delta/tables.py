@@ -102,7 +102,8 @@ class DeltaTables(TablesState):
         return within_from_metadata(self._latest_mark(table), self.subscription)
 
     def written_together(self) -> AbstractContextManager[None]:
-        """The folders naming a batch's own commits fsynced together at its end."""
+        """The folders naming the block's own commits (a batch's, a loaded table's creation
+        and copy) fsynced together at its end."""
         return folders_synced_together()
 
     def names_durable(self) -> None:

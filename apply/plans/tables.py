@@ -68,9 +68,9 @@ class Tables(Protocol):
     ) -> WriteResult: ...
 
     def written_together(self) -> AbstractContextManager[None]:
-        """A batch's table writes, run in the block (and in threads started with a copy of its
-        context): what they leave to make durable is made so at once when it ends, before the
-        batch is confirmed."""
+        """Table writes run in the block (and in threads started with a copy of its context):
+        what they leave to make durable is made so at once when it ends - before a batch is
+        confirmed, or an initial load's table counted copied."""
         ...
 
     @property
