@@ -14,9 +14,11 @@ the load (``ALTER SUBSCRIPTION ... DISABLE``) and enabled after it (its
 figure counts from the ENABLE: its worker's start is in it). pgsub
 runs in this process with local Spark and a local Delta warehouse: its slot
 is made first, the N rows arrive as one streamed INSERT, applied by a
-first run that then stops; the second run starts after the load over the
-same warehouse, and its figure counts from its start (its start-up is in
-it, as the ENABLE's is in PostgreSQL's). Each subscriber has
+first run that then stops once its slot's restart point is past them (as
+PostgreSQL's slot, made after its rows, starts past them); the second run
+starts after the load over the same warehouse, and its figure counts from
+its start (its start-up is in it, as the ENABLE's is in PostgreSQL's).
+Each subscriber has
 its own table and publication. Nothing here is a test: it prints a table
 and writes JSON (``--out``).
 
@@ -88,6 +90,28 @@ def backlog(publisher: PgCluster, table: str, args: argparse.Namespace) -> Lsn:
         return lsn_of(conn, "SELECT pg_current_wal_insert_lsn()")
 
 
+def restart_after(publisher: PgCluster, slot: str, lsn: Lsn, timeout: float = 120) -> None:
+    """Until ``slot``'s restart point is past ``lsn``, as any slot's is within seconds of a
+    subscriber confirming it while the publisher writes.
+
+    A slot's restart point moves only at a snapshot of the running transactions in the
+    WAL (every 15 s, at a checkpoint) confirmed after it; a first run of a few seconds
+    sees none, and the second run's walsender would decode the N rows again, about 180 MB
+    of WAL, before the backlog - work PostgreSQL's slot, made after them, never does."""
+    with publisher.connect("bench") as conn:
+        conn.execute("CHECKPOINT")  # writes that snapshot
+        started = time.monotonic()
+        while True:
+            row = conn.execute(
+                "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+            if row is not None and row[0] is not None and Lsn.parse(str(row[0])) >= lsn:
+                return
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"slot {slot!r}'s restart point not past {lsn} in {timeout}s")
+            time.sleep(0.1)
+
+
 def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
     figures = Figures("PostgreSQL 15 subscriber", args.transactions // CLIENTS * CLIENTS)
     with NativeRun(publisher, "bench_native") as native:
@@ -117,6 +141,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
         with PgsubRun(spark, warehouse=warehouse, **settings) as first:
             first.start()
             wait_for(first.position, loaded)  # the N rows, one streamed INSERT; then it stops
+            restart_after(publisher, "bench", loaded)
         target = backlog(publisher, "bench_pgsub", args)
         with PgsubRun(spark, warehouse=warehouse, **settings) as run:
             started = time.monotonic()
