@@ -51,8 +51,14 @@ SHUTDOWN_TIMEOUT = 240.0
 # (Python's default: 700). pgsub makes a few per row change - the change, its
 # image, its net row in a batch - and at the default pace the collector took
 # a quarter of the receiver thread's time on a large transaction. Row data
-# holds bytes and None, never cycles, so fewer, larger runs lose nothing.
-COLLECTOR_THRESHOLD: Final = 100_000
+# holds bytes and None, never cycles, so fewer, larger runs lose nothing:
+# what a run finds alive it traverses and moves on, and a batch's changes
+# die with its write, so the fewer runs a batch outlives the better. At
+# 100,000 the collector took 0.75-1.0 s of a 200,000-transaction backlog's
+# drain (19 young runs, 2 middle ones, every thread stopped); at 400,000,
+# 0.34-0.38 s in 4 runs of about 90 ms (docs/performance.md, "The
+# collector's pace").
+COLLECTOR_THRESHOLD: Final = 400_000
 
 
 def tune_garbage_collector() -> None:

@@ -26,3 +26,15 @@ def test_the_daemon_collects_less_often_and_not_over_startup_objects(
     tune_garbage_collector()
     assert gc.get_threshold() == (COLLECTOR_THRESHOLD, older, oldest)
     assert gc.get_freeze_count() >= len(made_at_startup)
+
+
+def test_cycles_are_still_reclaimed_at_the_daemons_pace(restored_collector: None) -> None:
+    """Fewer runs, not none: garbage that only the collector frees (a reference cycle) is
+    freed within ``COLLECTOR_THRESHOLD`` new containers, so it never accumulates."""
+    tune_garbage_collector()
+    runs = gc.get_stats()[0]["collections"]
+    for _ in range(COLLECTOR_THRESHOLD):  # a cycle of two lists each: twice the threshold
+        first: list[object] = []
+        first.append([first])
+    assert gc.get_stats()[0]["collections"] > runs
+    assert len(gc.get_objects(generation=0)) < COLLECTOR_THRESHOLD
