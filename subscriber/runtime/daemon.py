@@ -56,8 +56,8 @@ SHUTDOWN_TIMEOUT = 240.0
 # die with its write, so the fewer runs a batch outlives the better. At
 # 100,000 the collector took 0.75-1.0 s of a 200,000-transaction backlog's
 # drain (19 young runs, 2 middle ones, every thread stopped); at 400,000,
-# 0.34-0.38 s in 4 runs of about 90 ms (docs/performance.md, "The
-# collector's pace").
+# 0.32-0.41 s in 4 runs of about 90 ms (docs/performance.md, "The backlog's
+# slot past its load, and the collector's pace").
 COLLECTOR_THRESHOLD: Final = 400_000
 
 
