@@ -316,13 +316,36 @@ def test_mutated_captured_messages_raise_only_protocol_error(
         assert "LSN" in str(exc)
 
 
-def _single_row_backlog(db: PgDatabase, transactions: int) -> None:
-    """Slot s1 over publication p, then ``transactions`` single-row INSERTs into t."""
+def _single_row_backlog(db: PgDatabase, transactions: int) -> Lsn:
+    """Slot s1 over publication p, then ``transactions`` single-row INSERTs into t; the WAL
+    position after the hundredth (or the last)."""
     db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
     create_slot(db, "s1")
+    hundredth = Lsn(0)
     with db.connect() as conn:
         for i in range(transactions):
             conn.execute("INSERT INTO t VALUES (%s)", [i])
+            if i == min(99, transactions - 1):
+                row = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+                assert row is not None
+                hundredth = Lsn.parse(str(row[0]))
+    return hundredth
+
+
+def _wait_until_sent(db: PgDatabase, slot: str, lsn: Lsn, timeout: float = 60) -> None:
+    """Until the walsender of ``slot`` has written its stream past ``lsn`` to the socket."""
+    deadline = time.monotonic() + timeout
+    with db.connect() as conn:
+        while True:
+            row = conn.execute(
+                "SELECT r.sent_lsn FROM pg_stat_replication r"
+                " JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = %s",
+                [slot],
+            ).fetchone()
+            if row is not None and row[0] is not None and Lsn.parse(str(row[0])) >= lsn:
+                return
+            assert time.monotonic() < deadline, f"{slot}: nothing sent past {lsn} in {timeout} s"
+            time.sleep(0.05)
 
 
 def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
@@ -337,7 +360,7 @@ def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
     ANALYZE of the 2,000 rows, landing in one read of the two and not the other (CI,
     on a busy machine: one Relation more in the first read)."""
     db = publisher
-    _single_row_backlog(db, 2000)
+    hundredth = _single_row_backlog(db, 2000)
     wanted = 3 * 2000  # Begin, Insert, Commit each
 
     def changes(frames: list[tuple[Lsn, bytes]]) -> list[tuple[Lsn, bytes]]:
@@ -347,6 +370,8 @@ def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
         progress = HeldProgress()
         connection = ReplicationConnection(db.replication_dsn)
         stream = connection.start_replication("s1", Lsn(0), StreamOptions(("p",)), progress)
+        if in_bursts:  # frames waiting in the socket at the first read: a condition, not a guess
+            _wait_until_sent(db, "s1", hundredth)
         got: list[tuple[Lsn, bytes]] = []
         largest = 0
         try:
