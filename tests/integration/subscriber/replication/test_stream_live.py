@@ -321,15 +321,13 @@ def _single_row_backlog(db: PgDatabase, transactions: int) -> Lsn:
     position after the hundredth (or the last)."""
     db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
     create_slot(db, "s1")
-    hundredth = Lsn(0)
     with db.connect() as conn:
         for i in range(transactions):
             conn.execute("INSERT INTO t VALUES (%s)", [i])
             if i == min(99, transactions - 1):
-                row = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
-                assert row is not None
-                hundredth = Lsn.parse(str(row[0]))
-    return hundredth
+                hundredth = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert hundredth is not None
+    return Lsn.parse(hundredth[0])
 
 
 def _wait_until_sent(db: PgDatabase, slot: str, lsn: Lsn, timeout: float = 60) -> None:
