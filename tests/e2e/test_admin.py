@@ -90,6 +90,12 @@ def test_status_resync_and_drop_of_a_subscription(
     daemon = daemons(config, port)
     daemon.wait_ready()
     wait_until(lambda: table_state(daemon) == "ready", timeout=180, what="kv READY")
+    # The first start's load makes the table READY before the leader streams from the slot.
+    wait_until(
+        lambda: subscription(daemon, "sub1")["state"] == "streaming",
+        timeout=60,
+        what="the leader streaming once the initial load ended",
+    )
     path = str(warehouse / "public" / "kv")
 
     # pgsub status, from the running daemon: the view of pg_stat_subscription & co.
