@@ -206,7 +206,7 @@ def run_pgsub(
     figures = Figures(f"pgsub ({warehouse.kind})")
     figures.notes.append(f"max_sync_workers {args.sync_workers}, as the native subscriber's")
     figures.notes.append(f"history: {args.history}; warehouse: {warehouse.location}")
-    figures.notes.append(f"batch.max_delay: {args.max_delay} s")
+    figures.notes.append(f"batch.max_delay: {args.max_delay} s, min_changes {args.min_changes}")
     settings: dict[str, Any] = {}
     if args.checkpoint_interval is not None:
         figures.notes.append(f"checkpoint_interval: {args.checkpoint_interval:g} s")
@@ -224,7 +224,7 @@ def run_pgsub(
             copy_data=True,
             max_sync_workers=args.sync_workers,
             history={"mode": args.history},
-            batch={"max_delay": args.max_delay},
+            batch={"max_delay": args.max_delay, "min_changes": args.min_changes},
             maintenance=(
                 MaintenanceConfig(interval=args.maintenance_interval, retention=3600)
                 if args.maintenance_interval
@@ -318,6 +318,12 @@ def main() -> None:
     parser.add_argument("--sync-workers", type=int, default=4)
     parser.add_argument("--drain-timeout", type=float, default=900)
     parser.add_argument("--max-delay", type=float, default=1.0, help="pgsub's batch.max_delay (s)")
+    parser.add_argument(
+        "--min-changes",
+        type=int,
+        default=1000,
+        help="pgsub's batch.min_changes (0: max_delay only)",
+    )
     parser.add_argument(
         "--checkpoint-interval",
         type=float,
