@@ -317,33 +317,31 @@ def test_mutated_captured_messages_raise_only_protocol_error(
 
 
 def _single_row_backlog(db: PgDatabase, transactions: int) -> Lsn:
-    """Slot s1 over publication p, then ``transactions`` single-row INSERTs into t; the WAL
-    position after the hundredth (or the last)."""
+    """Slot s1 over publication p, then ``transactions`` (at least one) single-row INSERTs
+    into t; the WAL position after the hundredth (or the last)."""
     db.execute("CREATE TABLE t (a int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t")
     create_slot(db, "s1")
+    hundredth = ""
     with db.connect() as conn:
         for i in range(transactions):
             conn.execute("INSERT INTO t VALUES (%s)", [i])
             if i == min(99, transactions - 1):
-                hundredth = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-    assert hundredth is not None
-    return Lsn.parse(hundredth[0])
+                hundredth = db.fetchval("SELECT pg_current_wal_lsn()::text")
+    return Lsn.parse(hundredth)
 
 
-def _wait_until_sent(db: PgDatabase, slot: str, lsn: Lsn, timeout: float = 60) -> None:
+def _wait_until_sent(db: PgDatabase, slot: str, lsn: Lsn) -> None:
     """Until the walsender of ``slot`` has written its stream past ``lsn`` to the socket."""
-    deadline = time.monotonic() + timeout
-    with db.connect() as conn:
-        while True:
-            row = conn.execute(
-                "SELECT r.sent_lsn FROM pg_stat_replication r"
-                " JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = %s",
-                [slot],
-            ).fetchone()
-            if row is not None and row[0] is not None and Lsn.parse(str(row[0])) >= lsn:
-                return
-            assert time.monotonic() < deadline, f"{slot}: nothing sent past {lsn} in {timeout} s"
-            time.sleep(0.05)
+    sent = (
+        "SELECT r.sent_lsn::text FROM pg_stat_replication r"
+        " JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = %s"
+    )
+
+    def past() -> bool:
+        value = db.fetchval(sent, [slot])
+        return value is not None and Lsn.parse(value) >= lsn
+
+    wait_until(past, timeout=60, what=f"{slot}'s walsender to send past {lsn}")
 
 
 def test_read_all_takes_what_libpq_holds_as_read_takes_it_one_at_a_time(
