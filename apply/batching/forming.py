@@ -112,6 +112,9 @@ class Forming:
     # and may be taken (None: formed so far); the tables left to the turn, and the index of
     # the first transaction with a change of one.
     unformed: str | None = None
+    # Whether it holds a table's first write in this run (its applied LSN not known yet):
+    # such a batch is due as soon as the writer is free (``Batcher.hasten``).
+    first_write: bool = False
     _left: set[str] = field(default_factory=set)
     _left_first: int | None = None
     _txs: list[RemoteTransaction] = field(default_factory=list)
@@ -160,6 +163,7 @@ class Forming:
             return
         applied = self.view.known_applied_lsn(name)
         if applied is None:
+            self.first_write = True
             self._leave(name, index, f"{name}: its first batch in this run")
             return
         if tx.end_lsn <= applied:
@@ -208,7 +212,7 @@ class Forming:
                 formed = None
             self.abandoned, self._txs, self._states = None, [], None
             self.unformed, self._left, self._left_first = None, set(), None
-            self._tables = {}
+            self._tables, self.first_write = {}, False
         return formed
 
     def take_table(self, name: str, relation: Relation) -> Taken | None:

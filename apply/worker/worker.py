@@ -140,7 +140,10 @@ class ApplyWorker:
         if self._skipping(tx, len(tx.changes)):
             tx = replace(tx, changes=(), size=0)
         self._batcher.add(tx, arrived=queued.arrived)
-        self._applier.forming.add(tx)
+        forming = self._applier.forming
+        forming.add(tx)
+        if forming.first_write:
+            self._batcher.hasten()
 
     def _apply_formed(self, *, forming_next: bool) -> None:
         """The open batch, with its work as it formed; ``forming_next``: the next one forms

@@ -282,7 +282,9 @@ def test_a_table_at_its_first_batch_is_left_to_the_turn_and_the_others_are_still
     first = tx(ins(T, 1, "a"), end=200)
     new_table = tx(ins(OTHER, 1, "x"), end=300)
     forming.add(first)
+    assert not forming.first_write  # T's applied LSN is known
     forming.add(new_table)
+    assert forming.first_write  # OTHER's first write in this run: the batch is hastened
     assert forming.abandoned is None and forming.unformed is not None
     assert "its first batch in this run" in forming.unformed
     assert forming.pending() == (0, (first, new_table))
@@ -296,6 +298,7 @@ def test_a_table_at_its_first_batch_is_left_to_the_turn_and_the_others_are_still
     assert forming.pending() == (1, (first, new_table, later))  # OTHER's first change
     assert forming.take(Batch([first, new_table, later])) is None  # split at its turn
     assert forming.unformed is None and forming.pending() == (None, ())  # the next forms anew
+    assert not forming.first_write
 
 
 def test_a_table_formed_then_left_leaves_its_earlier_changes_to_the_turn_too() -> None:

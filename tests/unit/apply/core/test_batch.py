@@ -48,6 +48,25 @@ def test_a_batch_holding_min_changes_is_due_at_once_a_trickle_waits_its_delay() 
     assert not unbounded.due()
 
 
+def test_a_batch_holding_a_tables_first_write_is_due_at_once_until_taken() -> None:
+    """``hasten``: a batch with a table's first write in the run (its one-time costs) does
+    not wait ``max_delay`` nor ``min_changes``; the batch after it waits as before, and an
+    empty batcher is never hastened."""
+    now = [0.0]
+    batcher = Batcher(Bounds(1000), max_delay=1.0, clock=lambda: now[0], min_changes=1000)
+    batcher.hasten()
+    assert not batcher.due()  # nothing to write
+    batcher.add(tx(ins(T, 1, "a")))
+    assert not batcher.due() and batcher.time_left() == 1.0
+    batcher.hasten()
+    assert batcher.due() and batcher.time_left() == 0.0
+    assert batcher.take().change_count == 1
+    batcher.add(tx(ins(T, 2, "b")))
+    assert not batcher.due() and batcher.time_left() == 1.0  # the next waits its max_delay
+    now[0] = 1.0
+    assert batcher.due()
+
+
 def test_after_a_quiet_spell_a_transaction_is_due_at_once_a_stream_once_per_delay() -> None:
     """Due by time ``max_delay`` after the batch before was taken: a transaction that comes
     after a quiet spell is written at once (not a second later, as when a batch waited its

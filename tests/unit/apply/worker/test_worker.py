@@ -284,6 +284,27 @@ def test_what_waited_in_the_queue_is_applied_in_one_batch_at_once() -> None:
     assert len(harness.tables.commits) == 1 and harness.tables.keys() == [1, 2, 3]
 
 
+def test_a_tables_first_write_in_the_run_is_not_held_for_max_delay_its_next_is() -> None:
+    """A batch holding a table's first write in the run is due at once (its one-time costs
+    are not paid after a wait of ``max_delay``, ``Batcher.hasten``); the table's next
+    change waits ``max_delay`` as before."""
+    harness = Harness(max_delay=30.0)
+    started = time.monotonic()
+    harness.run(tx(ins(T, 1, "a"), end=100), until=Lsn(100))  # polls for 5 s at most
+    assert time.monotonic() - started < 20 and harness.tables.keys() == [1]
+    assert harness.queue.put(tx(ins(T, 2, "b"), end=200), timeout=1)
+    stopping = threading.Event()
+    thread = threading.Thread(target=harness.worker.run, args=(stopping,))
+    thread.start()
+    try:
+        time.sleep(0.5)
+        assert harness.progress.flushed == Lsn(100)  # T is known now: it waits its 30 s
+        assert not len(harness.queue)  # taken into the open batch, not written
+    finally:
+        stopping.set()
+        thread.join()
+
+
 def test_the_queue_holds_back_wide_transactions_by_bytes() -> None:
     """A full queue by bytes refuses the next transaction until one is taken."""
     queue = TransactionQueue(Bounds(1000, size=3000))
