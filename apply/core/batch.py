@@ -9,7 +9,10 @@ is written at once; a steady stream is written at most once per
 batch that already carries that many changes is written as soon as the
 writer is free). So a commit's fixed cost - its files, its requests in a
 bucket - is paid for at least ``min_changes`` changes or at most once per
-``max_delay``, and a high rate is not held back. A transaction is never
+``max_delay``, and a high rate is not held back. A batch that holds a
+table's first write in the run is due at once as well (``hasten``: after a
+start, the tables' one-time costs are paid in batches that follow each
+other as the writer frees, not after a wait). A transaction is never
 split, so one larger than the bounds
 makes a batch of its own. While the target lags - a full batch took longer
 than ``max_delay`` to apply - the change bound doubles, up to ``GROWTH``
