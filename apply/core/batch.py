@@ -257,9 +257,9 @@ class Batcher:
         return grouped or self.full() or self.time_left() <= 0
 
     def time_left(self) -> float:
-        """Seconds until the open batch is due by time (``max_delay`` when empty): at
-        ``max_delay`` after the batch before was taken or after its oldest transaction
-        arrived, whichever was first."""
+        """Seconds until the open batch is due by time (``max_delay`` when empty, 0 when
+        hastened): at ``max_delay`` after the batch before was taken or after its oldest
+        transaction arrived, whichever was first."""
         if self._started is None:
             return self.max_delay
         if self._hastened:
