@@ -52,6 +52,7 @@ from benchmarks.harness import (
     wait_for,
     write_results,
 )
+from benchmarks.tables_bench import WriterMemory
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
@@ -135,6 +136,8 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
         "publications": ["pub_bench_pgsub"],
         "batch": {"max_changes": args.max_changes, "max_delay": args.max_delay},
     }
+    if args.writer_processes:
+        settings["writer_processes"] = args.writer_processes
     try:
         with publisher.connect("bench") as pub:
             loaded = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
@@ -143,11 +146,16 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
             wait_for(first.position, loaded)  # the N rows, one streamed INSERT; then it stops
             restart_after(publisher, "bench", loaded)
         target = backlog(publisher, "bench_pgsub", args)
-        with PgsubRun(spark, warehouse=warehouse, **settings) as run:
+        with (
+            PgsubRun(spark, warehouse=warehouse, **settings) as run,
+            WriterMemory(run.runner.tables) as memory,
+        ):
             started = time.monotonic()
             run.start()
             figures.drain_seconds = wait_for(run.position, target, since=started)
             figures.peak_rss_python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            # The daemon's Python is its writer processes too (their PSS together).
+            figures.peak_rss_python_mb += memory.peak_mb
             figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
     finally:
         shutil.rmtree(warehouse, ignore_errors=True)
@@ -163,6 +171,9 @@ def main() -> None:
     parser.add_argument("--transactions", type=int, default=200_000)
     parser.add_argument("--max-changes", type=int, default=100_000)
     parser.add_argument("--max-delay", type=float, default=1.0)
+    parser.add_argument(
+        "--writer-processes", type=int, default=0, help="pgsub's writer_processes (0: threads)"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/backlog.json"))
     args = parser.parse_args()
     stop_on_sigterm()
