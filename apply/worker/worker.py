@@ -123,12 +123,8 @@ class ApplyWorker:
             if queued is not None:
                 self._add(queued)
                 # What else is waiting joins this batch first: a batch due by the age of its
-                # oldest transaction takes what arrived while the last one applied - for
-                # ``FORM_EVERY`` at most, as while a batch is written: a backlog queued faster
-                # than this thread adds it would otherwise be added whole, the batch due and
-                # the writer idle meanwhile (seconds of a backlog's drain, docs/performance.md,
-                # "A due batch is written, not filled").
-                tx = self._add_waiting(tx, time.monotonic() + FORM_EVERY)
+                # oldest transaction takes everything that arrived while the last one applied.
+                tx = self._add_waiting(tx)
             else:
                 self._hooks.refresh_skip()
             if len(batcher) and (batcher.due() or self._isolating(tx)):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -14,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from apply.arrival.assembly import AssembledTransaction, Prepared, TransactionAssembler
-from apply.arrival.queue import Queued, TransactionQueue
+from apply.arrival.queue import TransactionQueue
 from apply.arrival.spool import SpoolDirectory, SpooledTransaction
 from apply.batching.collapse import Net
 from apply.batching.conflict_handling import ConflictHandling
@@ -26,7 +25,7 @@ from apply.core.records import CommitMark, Within, WriteResult
 from apply.core.roles import Leader, PreparedLeftovers
 from apply.core.transactions import Bounds, PreparedFinish, RemoteTransaction
 from apply.worker.applier import BatchApplier
-from apply.worker.worker import RUN, ApplyWorker
+from apply.worker.worker import ApplyWorker
 from apply.worker.worker_hooks import CatchUpHooks, LeaderHooks
 from conflicts.findings import Finding
 from conflicts.report import Conflict
@@ -62,7 +61,6 @@ class Harness:
         catch_up: bool = False,
         conflicts: ConflictHandling | None = None,
         syncing: frozenset[str] = frozenset(),
-        queue: TransactionQueue | None = None,
     ) -> None:
         """``syncing``: tables a sync worker holds (the leader applies none of their
         changes)."""
@@ -74,9 +72,7 @@ class Harness:
         self.confirmed: list[Lsn] = []  # and how far it had confirmed upstream then
         self.progress = Progress(Lsn(0))
         self.metrics = Metrics()
-        self.queue = (
-            queue if queue is not None else TransactionQueue(Bounds(100_000), clock=queue_clock)
-        )
+        self.queue = TransactionQueue(Bounds(100_000), clock=queue_clock)
 
         def should_apply(relation: Relation, remote: RemoteTransaction) -> bool:
             return relation.qualified_name not in syncing
@@ -286,44 +282,6 @@ def test_what_waited_in_the_queue_is_applied_in_one_batch_at_once() -> None:
     harness = Harness(max_delay=5.0, queue_clock=lambda: time.monotonic() - 10)
     harness.run(*(tx(ins(T, n, "v"), end=100 * n) for n in range(1, 4)), until=Lsn(300))
     assert len(harness.tables.commits) == 1 and harness.tables.keys() == [1, 2, 3]
-
-
-class Arriving(TransactionQueue):
-    """A receiver that queues another run of ``feed`` each time the worker comes for
-    transactions, a millisecond before: a backlog handed on about as fast as it is added,
-    so every run the worker takes is full until ``feed`` is empty."""
-
-    def __init__(self, feed: Iterator[RemoteTransaction]) -> None:
-        super().__init__(Bounds(1_000_000))
-        self._feed = feed
-
-    def _arrive(self) -> None:
-        more = list(itertools.islice(self._feed, RUN))
-        if more:
-            assert self.put_all(more, timeout=1) == len(more)
-        time.sleep(0.001)
-
-    def get(
-        self, timeout: float, accept: Callable[[AssembledTransaction], bool] = lambda tx: True
-    ) -> Queued | None:
-        self._arrive()
-        return super().get(timeout, accept)
-
-    def take(self, most: int, accept: Callable[[AssembledTransaction], bool]) -> list[Queued]:
-        self._arrive()
-        return super().take(most, accept)
-
-
-def test_a_due_batch_is_written_while_a_backlog_still_arrives_not_filled_with_it() -> None:
-    """Transactions queued as fast as the worker adds them (a backlog after a restart): the
-    due batch takes what arrives for ``FORM_EVERY`` at most and is written, the rest follow
-    in the next batches; it is not filled with the whole backlog while the writer waits
-    (20,000 transactions take 79 runs, a millisecond each at least)."""
-    txs = [tx(ins(T, n, "v"), end=100 * n) for n in range(1, 20_001)]
-    harness = Harness(bounds=Bounds(1_000_000), queue=Arriving(iter(txs[1:])))
-    harness.run(txs[0], until=Lsn(100 * 20_000))
-    assert harness.tables.keys() == list(range(1, 20_001))
-    assert len(harness.tables.commits) > 1
 
 
 def test_a_tables_first_write_in_the_run_is_not_held_for_max_delay_its_next_is() -> None:
