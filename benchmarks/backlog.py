@@ -45,6 +45,7 @@ from benchmarks.harness import (
     TABLE,
     NativeRun,
     PgsubRun,
+    WriterMemory,
     jvm_peak_rss_mb,
     long_load_publisher,
     lsn_of,
@@ -52,7 +53,6 @@ from benchmarks.harness import (
     wait_for,
     write_results,
 )
-from benchmarks.tables_bench import WriterMemory
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector

@@ -42,15 +42,15 @@ from benchmarks.harness import (
     BenchWarehouse,
     PgsubRun,
     ResidentMemory,
-    Sampled,
+    WriterMemory,
     folder_bytes,
     jvm_peak_rss_mb,
     lsn_of,
     percentile,
     steady_load,
     stop_on_sigterm,
-    vm_hwm_mb,
     write_results,
+    writer_peaks_mb,
 )
 from benchmarks.soak import windows
 from subscriber.replication.lsn import Lsn
@@ -266,45 +266,6 @@ def run_pgsub(
             figures.peak_rss_python_mb += memory.peak_mb
         figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
     return figures
-
-
-def writer_peaks_mb(tables: Any) -> list[int]:
-    """Each running writer process's peak RSS (``VmHWM``), in MB."""
-    return [int(mb) for pid in tables.writer_pids() if (mb := vm_hwm_mb(pid)) is not None]
-
-
-class WriterMemory(Sampled):
-    """The peak of the writer processes' and their server's memory together, sampled each
-    second: their proportional set size (PSS: a page shared by n processes counts 1/n in
-    each), since the processes share the pages of the server they are forked from - the
-    sum of their peak RSS counts those once a process."""
-
-    def __init__(self, tables: Any) -> None:
-        super().__init__(1.0)
-        self.peak_mb = 0.0
-        self._tables = tables
-
-    def sample(self, at: float) -> None:
-        pids = set(self._tables.writer_pids())
-        pids |= {parent for pid in pids if (parent := _parent(pid)) is not None}
-        self.peak_mb = max(self.peak_mb, sum(_pss_kb(pid) for pid in pids) / 1024)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid"))
-
-
-def _pss_kb(pid: int) -> int:
-    try:
-        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) for line in rollup.splitlines()
-                 if line.startswith("Pss:")), 0)  # fmt: skip
 
 
 def main() -> None:
