@@ -220,10 +220,8 @@ class _Folders:
     def sync(self) -> None:
         with self._lock:
             folders, self._folders = sorted(self._folders), set()
-        if not folders:
-            return
-        with ThreadPoolExecutor(min(_FOLDER_SYNCS, len(folders)), "folder-sync") as pool:
-            for _ in pool.map(_sync_folder, folders):
+        if folders:
+            for _ in _SYNCING.map(_sync_folder, folders):
                 pass
 
 
@@ -231,6 +229,12 @@ class _Folders:
 _PENDING: ContextVar[_Folders | None] = ContextVar("pgsub_pending_folders", default=None)
 # Folders fsynced at once at a batch's end: the file system's journal takes them together.
 _FOLDER_SYNCS: Final = 16
+# The threads that fsync them, started once: a batch's ended writes are made durable every
+# 50 ms while it is written (``apply.worker.writes_ahead.Settling``), and a pool made for
+# each call started its threads again each time - over 200 tables, 40% of the apply thread's
+# samples in ``Thread.start``, each waiting for Python's lock (docs/performance.md,
+# "Folder syncs on threads started once").
+_SYNCING: Final = ThreadPoolExecutor(_FOLDER_SYNCS, thread_name_prefix="folder-sync")
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ put-if-absent, durable before they are named, and never a committed file removed
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from apply.columns.schema import TargetSchema
 from apply.core.errors import CommitRacedError
 from apply.core.records import CommitMark
-from apply.delta.files.local_store import LocalStore, folders_synced_together
+from apply.delta.files.local_store import _FOLDER_SYNCS, LocalStore, folders_synced_together
 from apply.delta.files.store import commit_name
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import make_durable
@@ -133,6 +134,37 @@ def test_a_batchs_commits_name_their_folders_durable_together_at_its_end(
     synced.clear()
     append(stores[1], 1, ROWS.to_batches(), ROWS.schema, MARK)  # outside: at its commit
     assert synced[-2:] == [str(folders[1] / "_delta_log"), str(folders[1])]
+
+
+def test_a_batchs_folders_are_fsynced_on_threads_started_once(
+    tmp_path: Path, synced: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch makes its ended writes durable every 50 ms while it is written: the threads
+    that fsync its folders are started once, not for each call (over 200 tables a pool
+    made per call kept the apply thread starting threads)."""
+    stores = [LocalStore(str(_table(tmp_path / str(n)))) for n in range(4)]
+
+    def batch(version: int) -> None:
+        with folders_synced_together():
+            for store in stores:
+                append(store, version, ROWS.to_batches(), ROWS.schema, MARK)
+
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    synced.clear()
+    for version in range(5):  # each batch builds on the last
+        batch(version)
+    # Eight folders a batch: a pool per call started its threads again each time (24 here).
+    assert len(started) <= _FOLDER_SYNCS
+    assert sum(Path(name).is_dir() for name in synced) == 5 * 8  # each log's and table's
+    for store in stores:
+        assert deltalake.DeltaTable(store.folder).version() == 5
 
 
 def test_a_replaced_file_and_its_name_are_durable_before_the_next_is_replaced(
