@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from functools import partial
@@ -35,7 +35,7 @@ from apply.arrival.spool import SpooledTransaction
 from apply.batching.collapse import KeyedNet, Net, collapse, is_keyed
 from apply.batching.conflict_handling import ConflictHandling
 from apply.batching.error_context import TransactionError
-from apply.batching.forming import Formed, Forming, fold_taken
+from apply.batching.forming import Commits, Formed, Forming, fold_taken
 from apply.columns.schema import TargetSchema, target_schema
 from apply.columns.typemap import TypeLookup, resolve
 from apply.core.batch import Batch, TableFilter, TableWork
@@ -277,7 +277,7 @@ class BatchApplier:
     ) -> list[TableWrite]:
         """Each table's write of ``batch``, started on the pool; ``ahead``: a keyed table's
         takes what has arrived for it as it starts (``_taking``)."""
-        commits = tuple((int(tx.end_lsn), tx.commit_time) for tx in batch.transactions)
+        commits = Commits((), batch.transactions)  # made when a stamped table asks
         writes = []
         for name, table_work in work.items():
             mark = self._mark(batch, name)
@@ -372,7 +372,7 @@ class BatchApplier:
         schema: TargetSchema,
         batch: Batch,
         mark: CommitMark,
-        commits: tuple[tuple[int, int], ...],
+        commits: Sequence[tuple[int, int]],
         net: Net | None = None,
     ) -> Callable[[], WriteResult] | None:
         """The write of ``work`` to its table, kept as its history says; None: nothing to do.

@@ -104,8 +104,8 @@ class MergeProcesses:
         *,
         stamping: Stamping,
     ) -> WriteResult | None:
-        # A take's commits are the forming batch's transactions, made into pairs when asked
-        # (``forming.CommitsTaken``): only a stamped table's merge asks, so only its are sent.
+        # A batch's commits are its transactions, made into pairs when asked
+        # (``forming.Commits``): only a stamped table's merge asks, so only its are sent.
         sent = replace(net, commits=list(net.commits) if stamping.stamps else ())
         result: WriteResult | None = self._of(path).ask("merge", path, schema, sent, mark, stamping)
         return result

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import apply.batching.forming
 from apply.batching.collapse import KeyedNet, collapse
-from apply.batching.forming import Forming
+from apply.batching.forming import Commits, Forming
 from apply.core.batch import Batch
 from apply.core.transactions import MessageChange, RemoteTransaction
 from subscriber.replication.lsn import ZERO, Lsn
@@ -212,7 +212,7 @@ def test_a_table_taken_ahead_lands_as_its_two_batches_would_have(
     name = KEYED.qualified_name
     net = collapse(Batch(now).tables(lambda table: ZERO)[name])
     assert isinstance(net, KeyedNet)
-    net.commits = tuple((int(t.end_lsn), t.commit_time) for t in now)  # as the applier sets
+    net.commits = Commits((), now)  # as the applier sets
     view = View().ready(KEYED)
     forming = Forming(view)
     for transaction in following[:seen]:
@@ -239,6 +239,31 @@ def test_a_table_taken_ahead_lands_as_its_two_batches_would_have(
     assert formed.works == at_turn
     if at_turn:
         assert formed.nets[name] == collapse(at_turn[name])
+
+
+class _Read(list[RemoteTransaction]):
+    """Transactions that count how often they are read through."""
+
+    reads = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return super().__iter__()
+
+
+def test_a_batchs_commits_are_made_once_and_only_when_asked() -> None:
+    """A batch of 100,000 transactions made 100,000 pairs that only a stamped table or a
+    TRUNCATE reads: they are made when one first asks, then kept for the others."""
+    transactions = _Read(tx(end=100 + 10 * n) for n in range(5))
+    commits = Commits((), transactions)
+    assert len(commits) == 5 and transactions.reads == 0
+    assert commits[3] == (130, 0) and commits[-1] == (140, 0)
+    assert list(commits[1:3]) == [(110, 0), (120, 0)] and list(commits) == [*commits]
+    taken = Commits(commits, [tx(end=500)])  # a take: the batch's, then what it saw
+    assert len(taken) == 6 and taken[5] == (500, 0) and taken[4] == (140, 0)
+    assert transactions.reads == 1
+    with pytest.raises(IndexError):
+        commits[5]
 
 
 def test_only_a_keyed_table_formed_so_far_is_taken_and_what_is_left_stays_pending() -> None:
