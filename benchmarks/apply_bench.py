@@ -35,7 +35,6 @@ from benchmarks.harness import (
     TABLE,
     BenchWarehouse,
     PgsubRun,
-    jvm_peak_rss_mb,
     long_load_publisher,
     lsn_of,
     percentile,
@@ -44,6 +43,7 @@ from benchmarks.harness import (
     wait_for,
     write_results,
 )
+from benchmarks.memory import jvm_peak_rss_mb
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector

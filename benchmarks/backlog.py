@@ -45,14 +45,13 @@ from benchmarks.harness import (
     TABLE,
     NativeRun,
     PgsubRun,
-    WriterMemory,
-    jvm_peak_rss_mb,
     long_load_publisher,
     lsn_of,
     stop_on_sigterm,
     wait_for,
     write_results,
 )
+from benchmarks.memory import WriterMemory, jvm_peak_rss_mb
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector

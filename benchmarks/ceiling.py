@@ -22,11 +22,11 @@ from benchmarks.harness import (
     NativeRun,
     PgsubRun,
     bench_publisher,
-    peak_rss,
     percentile,
     steady_load,
     stop_on_sigterm,
 )
+from benchmarks.memory import peak_rss
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster

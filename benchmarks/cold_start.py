@@ -33,7 +33,8 @@ from typing import Any
 
 import yaml
 
-from benchmarks.harness import stop_on_sigterm, vm_hwm_mb, write_results
+from benchmarks.harness import stop_on_sigterm, write_results
+from benchmarks.memory import vm_hwm_mb
 from benchmarks.tables_bench import publisher_with_tables, run_native
 from subscriber.runtime.embedded import PgCluster
 

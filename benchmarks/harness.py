@@ -1,4 +1,5 @@
-"""What the benchmarks share: the bench table, positions, waits, the steady load, pgsub's run.
+"""What the benchmarks share: the bench table, positions, waits, the steady load, pgsub's run
+(memory figures: ``benchmarks.memory``).
 
 ``PgsubRun`` runs a subscription the way the daemon does (``SubscriptionRunner``
 on a thread, local Spark, a temporary warehouse, optionally its maintenance
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -142,94 +142,6 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def vm_hwm_mb(pid: int) -> float | None:
-    """A live process's peak resident memory (VmHWM), MB."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def jvm_peak_rss_mb() -> float | None:
-    """VmHWM of this process's Spark driver JVM."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"java" in cmdline and f"PPid:\t{os.getpid()}" in status:
-            for line in status.splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    return None
-
-
-class Sampled:
-    """Something sampled every ``interval`` seconds by a thread of its own, inside a ``with``
-    block (``sample``, given the seconds since the block began)."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Self:
-        self._started = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            self.sample(time.monotonic() - self._started)
-            if self._done.wait(self.interval):
-                return
-
-    def sample(self, at: float) -> None:
-        raise NotImplementedError
-
-
-class ResidentMemory(Sampled):
-    """This process's resident memory (MB), sampled every ``interval`` seconds inside a
-    ``with`` block: what a run of an hour holds at its end against its start, where the
-    peak alone would not tell growth from a spike."""
-
-    def __init__(self, interval: float) -> None:
-        super().__init__(interval)
-        self.samples: list[tuple[float, float]] = []  # (seconds since the start, MB)
-        self._page = os.sysconf("SC_PAGE_SIZE")
-
-    def sample(self, at: float) -> None:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        self.samples.append((at, pages * self._page / 2**20))
-
-    def peaks(self, seconds: float) -> list[float]:
-        """The largest sample of each span of ``seconds`` from the start."""
-        spans: dict[int, float] = {}
-        for at, mb in self.samples:
-            span = int(at // seconds)
-            spans[span] = max(mb, spans.get(span, 0.0))
-        return [spans[i] for i in sorted(spans)]
-
-
-def peak_rss() -> dict[str, float | None]:
-    """This process's peak RSS and its Spark driver JVM's, in MB, as the scenarios report
-    them (call it while the JVM runs)."""
-    return {
-        "peak_rss_python_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "peak_rss_jvm_mb": jvm_peak_rss_mb(),
-    }
 
 
 def long_load_publisher() -> PgCluster:
@@ -472,42 +384,3 @@ class BenchWarehouse:
 def folder_bytes(path: Path) -> int:
     """The bytes of every file under ``path``."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def writer_peaks_mb(tables: Any) -> list[int]:
-    """Each running writer process's peak RSS (``VmHWM``), in MB."""
-    return [int(mb) for pid in tables.writer_pids() if (mb := vm_hwm_mb(pid)) is not None]
-
-
-class WriterMemory(Sampled):
-    """The peak of the writer processes' and their server's memory together, sampled each
-    second: their proportional set size (PSS: a page shared by n processes counts 1/n in
-    each), since the processes share the pages of the server they are forked from - the
-    sum of their peak RSS counts those once a process."""
-
-    def __init__(self, tables: Any) -> None:
-        super().__init__(1.0)
-        self.peak_mb = 0.0
-        self._tables = tables
-
-    def sample(self, at: float) -> None:
-        pids = set(self._tables.writer_pids())
-        pids |= {parent for pid in pids if (parent := _parent(pid)) is not None}
-        self.peak_mb = max(self.peak_mb, sum(_pss_kb(pid) for pid in pids) / 1024)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid"))
-
-
-def _pss_kb(pid: int) -> int:
-    try:
-        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) for line in rollup.splitlines()
-                 if line.startswith("Pss:")), 0)  # fmt: skip

@@ -31,15 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from apply.delta.spark.session import SparkSettings, build_session
-from benchmarks.harness import (
-    TABLE,
-    PgsubRun,
-    jvm_peak_rss_mb,
-    lsn_of,
-    stop_on_sigterm,
-    vm_hwm_mb,
-    wait_for,
-)
+from benchmarks.harness import TABLE, PgsubRun, lsn_of, stop_on_sigterm, wait_for
+from benchmarks.memory import jvm_peak_rss_mb, vm_hwm_mb
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster

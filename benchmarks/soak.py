@@ -35,11 +35,11 @@ from benchmarks.harness import (
     PgsubRun,
     bench_publisher,
     folder_bytes,
-    peak_rss,
     percentile,
     steady_load,
     stop_on_sigterm,
 )
+from benchmarks.memory import peak_rss
 from subscriber.runtime.config import MaintenanceConfig
 from subscriber.runtime.daemon import tune_garbage_collector
 

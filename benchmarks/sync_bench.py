@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from apply.delta.spark.session import SparkSettings, build_session, stop_sessions
-from benchmarks.harness import BenchWarehouse, PgsubRun, jvm_peak_rss_mb, stop_on_sigterm
+from benchmarks.harness import BenchWarehouse, PgsubRun, stop_on_sigterm
+from benchmarks.memory import jvm_peak_rss_mb
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
 from tablesync.state import TableState

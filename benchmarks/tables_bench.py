@@ -41,17 +41,14 @@ from benchmarks.harness import (
     TABLE,
     BenchWarehouse,
     PgsubRun,
-    ResidentMemory,
-    WriterMemory,
     folder_bytes,
-    jvm_peak_rss_mb,
     lsn_of,
     percentile,
     steady_load,
     stop_on_sigterm,
     write_results,
-    writer_peaks_mb,
 )
+from benchmarks.memory import ResidentMemory, WriterMemory, jvm_peak_rss_mb, writer_peaks_mb
 from benchmarks.soak import windows
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import MaintenanceConfig
