@@ -11,31 +11,34 @@ from pathlib import Path
 from typing import Any, Self
 
 
-def vm_hwm_mb(pid: int) -> float | None:
-    """A live process's peak resident memory (VmHWM), MB."""
+def _field(path: str, name: str) -> int | None:
+    """The number after ``name:`` in a ``/proc`` file of ``Name: value`` lines (kB where
+    it has a unit); None when the file or the line is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+        text = Path(path).read_text()
     except OSError:
         return None
-    return None
+    lead = f"{name}:"
+    return next((int(line.split()[1]) for line in text.splitlines() if line.startswith(lead)), None)
+
+
+def vm_hwm_mb(pid: int) -> float | None:
+    """A live process's peak resident memory (VmHWM), MB."""
+    kb = _field(f"/proc/{pid}/status", "VmHWM")
+    return None if kb is None else kb / 1024
 
 
 def jvm_peak_rss_mb() -> float | None:
     """VmHWM of this process's Spark driver JVM."""
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+        if not pid.isdigit() or _parent(int(pid)) != os.getpid():
             continue
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"java" in cmdline and f"PPid:\t{os.getpid()}" in status:
-            for line in status.splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
+        if b"java" in cmdline:
+            return vm_hwm_mb(int(pid))
     return None
 
 
@@ -122,17 +125,8 @@ class WriterMemory(Sampled):
 
 
 def _parent(pid: int) -> int | None:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid"))
+    return _field(f"/proc/{pid}/status", "PPid")
 
 
 def _pss_kb(pid: int) -> int:
-    try:
-        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) for line in rollup.splitlines()
-                 if line.startswith("Pss:")), 0)  # fmt: skip
+    return _field(f"/proc/{pid}/smaps_rollup", "Pss") or 0

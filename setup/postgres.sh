@@ -31,6 +31,9 @@ fi
 # we are root (the checkout may sit below a folder only root can enter).
 if [ "$(id -u)" = 0 ]; then root=/opt/pgsub/postgresql; else root="$(pwd)/.pg"; fi
 
+# A build that fails half-way leaves neither its download nor its stage folder behind.
+trap 'rm -rf "${work:-}" "${stage:-}"' EXIT
+
 for spec in "${EMBEDDED[@]}"; do
   major="${spec%%=*}"
   version="${spec#*=}"
