@@ -19,7 +19,8 @@ none of those three unless the subscription asks for them
   1M-row table's one 41-MB file for a batch of ten updates, every second
   (docs/performance.md, "What a batch writes"); with them it writes its
   rows and a bitmap per touched file. A batch that changes much of a small
-  table rewrites it, and the table stays readable by every reader. A
+  table rewrites it, and so does any batch of a table of 64 KiB or less
+  (``VECTORS_MIN_REWRITE``): the table stays readable by every reader. A
   table holding more than ``deletion_vectors_above`` (256 MiB) of Parquet
   gains them whatever its batches (``size_gain``): past it pgsub's
   MERGEs leave delta-rs for Spark.
@@ -60,6 +61,12 @@ REWRITE_FACTOR: Final = 4
 # What a batch written with deletion vectors writes beyond its rows: a Parquet footer, a
 # vector file, the commit's actions (the table's files it touches, added again with a vector).
 VECTOR_OVERHEAD: Final = 4096
+# A batch that would rewrite no more than this never makes its table gain deletion vectors
+# (``auto``): a table this small costs about a batch's fixed parts to rewrite - a 75-column
+# table's one-row Parquet file is 24 KB of footer and page headers, a batch that only deletes
+# writes no rows - and ten such rewrites a second stay under the 1 MiB/s floor of the
+# chart's write-amplification alert. Its readers are worth more than the bytes.
+VECTORS_MIN_REWRITE: Final = 64 * 2**10
 
 # Delta refuses these characters in a column name unless column mapping is on.
 _UNSTORABLE: Final = re.compile(r"[ ,;{}()\n\t=]")
@@ -168,10 +175,12 @@ def write_gain(
 ) -> Gain | None:
     """Deletion vectors, when a batch of ``rows`` rows of about ``row_bytes`` bytes each (in
     Parquet) would rewrite ``rewrite`` bytes of the table's files without them, more than
-    ``rewrite_factor`` times what it writes with them, and ``auto`` lets it gain them."""
+    ``rewrite_factor`` times what it writes with them and more than ``VECTORS_MIN_REWRITE``,
+    and ``auto`` lets it gain them."""
     if (
         features.deletion_vectors is not FeatureMode.AUTO
         or properties.get(DELETION_VECTORS) == "true"
+        or rewrite <= VECTORS_MIN_REWRITE
     ):
         return None
     with_vectors = rows * row_bytes + VECTOR_OVERHEAD

@@ -151,6 +151,11 @@ def test_a_batch_that_would_rewrite_far_more_than_it_writes_gains_deletion_vecto
     assert "rewrite_factor: 4" in gained.reason
     assert write_gain({}, rewrite=60_000, rows=1_500, row_bytes=30, features=AUTO) is None
     assert write_gain({}, rewrite=12_000, rows=1, row_bytes=30, features=AUTO) is None
+    # A small table is rewritten whatever the batch: a 75-column table's 24-KB file for a
+    # batch that only deletes (no rows written), or for one row.
+    assert write_gain({}, rewrite=24_020, rows=0, row_bytes=24_020, features=AUTO) is None
+    assert write_gain({}, rewrite=65_536, rows=1, row_bytes=30, features=AUTO) is None
+    assert write_gain({}, rewrite=65_537, rows=1, row_bytes=30, features=AUTO) is not None
     never = TableFeatures(deletion_vectors=FeatureMode.NEVER)
     assert write_gain({}, rewrite=41_000_000, rows=10, row_bytes=41, features=never) is None
     on = {DELETION_VECTORS: "true"}

@@ -23,7 +23,7 @@ from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
 from subscriber.replication.lsn import ZERO, Lsn
 from tests.support.delta_log import operations, writers
-from tests.unit.apply.builders import batch, ins, relation, tx, upd
+from tests.unit.apply.builders import batch, dele, ins, relation, tx, upd
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +118,27 @@ def test_a_batch_that_changes_most_of_a_small_table_rewrites_it(
     assert operations(folder)[-1] == "WRITE"  # rewritten whole
     table = deltalake.DeltaTable(str(folder)).to_pyarrow_table()
     assert sorted(table.column("v").to_pylist()).count("b") == 90
+
+
+def test_a_small_table_keeps_every_reader_whatever_its_batches(spark: Any, warehouse: Path) -> None:
+    """A table of a few tens of KB: a batch that only deletes (it would write no rows with
+    vectors) and a one-row update each rewrite it; it never gains deletion vectors."""
+    tables = _tables(spark, warehouse, FeatureMode.AUTO)
+    folder = warehouse / "public" / "t"
+    copy = tables.write(
+        SCHEMA,
+        _net(*(ins(T, i, f"{i:064d}") for i in range(2_000))),
+        CommitMark("sub1", Lsn(100), 0),
+    )
+    # Past four times a vector batch's fixed 4 KiB, under the 64-KiB floor.
+    assert 16_384 < copy.written_bytes < 65_536, copy
+    deleted = tables.write(SCHEMA, _net(dele(T, 7, None)), CommitMark("sub1", Lsn(200), 0))
+    updated = tables.write(SCHEMA, _net(upd(T, 8, "b")), CommitMark("sub1", Lsn(300), 0))
+    assert deleted.deleted == 1 and updated.updated == 1
+    assert "readerFeatures" not in _protocol(folder)  # every reader still opens it
+    assert operations(folder)[-2:] == ["WRITE", "WRITE"]  # rewritten whole, twice
+    table = deltalake.DeltaTable(str(folder)).to_pyarrow_table()
+    assert table.num_rows == 1_999 and table.column("v").to_pylist().count("b") == 1
 
 
 def test_never_keeps_rewriting_and_says_what_it_costs(spark: Any, warehouse: Path) -> None:
