@@ -50,6 +50,7 @@ from benchmarks.harness import (
     stop_on_sigterm,
     wait_for,
     write_results,
+    writer_processes,
 )
 from benchmarks.memory import WriterMemory, jvm_peak_rss_mb
 from subscriber.replication.lsn import Lsn
@@ -135,8 +136,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
         "publications": ["pub_bench_pgsub"],
         "batch": {"max_changes": args.max_changes, "max_delay": args.max_delay},
     }
-    if args.writer_processes:
-        settings["writer_processes"] = args.writer_processes
+    settings["writer_processes"] = args.writer_processes
     try:
         with publisher.connect("bench") as pub:
             loaded = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
@@ -171,7 +171,10 @@ def main() -> None:
     parser.add_argument("--max-changes", type=int, default=100_000)
     parser.add_argument("--max-delay", type=float, default=1.0)
     parser.add_argument(
-        "--writer-processes", type=int, default=0, help="pgsub's writer_processes (0: threads)"
+        "--writer-processes",
+        type=writer_processes,
+        default="auto",
+        help="pgsub's writer_processes: auto (the default), 0 (threads) or a number",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results/backlog.json"))
     args = parser.parse_args()

@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from benchmarks.harness import stop_on_sigterm, write_results
-from benchmarks.memory import vm_hwm_mb
+from benchmarks.harness import stop_on_sigterm, write_results, writer_processes
+from benchmarks.memory import pss_mb, vm_hwm_mb
 from benchmarks.tables_bench import publisher_with_tables, run_native
 from subscriber.runtime.embedded import PgCluster
 
@@ -45,8 +45,9 @@ class ColdStart:
     ready_seconds: float | None = None  # to every table READY
     endpoint_seconds: float | None = None  # to the HTTP endpoint's first answer
     first_table_seconds: float | None = None  # to the first table READY
-    peak_rss_python_mb: float | None = None
+    peak_rss_python_mb: float | None = None  # the daemon's, and its writer processes' (PSS)
     peak_rss_jvm_mb: float | None = None  # None: no JVM was started
+    writer_processes_mb: float | None = None  # their server's and theirs, PSS; None: none ran
     notes: list[str] = field(default_factory=list)
 
 
@@ -77,6 +78,27 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _sample_children(pid: int, figures: ColdStart) -> None:
+    """The peaks of the daemon's JVM (its RSS) and of its writer processes' server and theirs
+    (their PSS together), so far."""
+    writers: set[int] = set()
+    for child in _children(pid):
+        if b"java" in _command(child):
+            jvm = vm_hwm_mb(child) or 0.0
+            figures.peak_rss_jvm_mb = max(figures.peak_rss_jvm_mb or 0.0, jvm) or None
+        else:
+            writers |= {child, *_children(child)}
+    if writers:
+        figures.writer_processes_mb = max(figures.writer_processes_mb or 0.0, pss_mb(writers))
+
+
+def _command(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> ColdStart:
     """One cold ``pgsub run`` with ``spark.start: start``, its own subscription and slot."""
     figures = ColdStart(f"pgsub run, spark.start {start}")
@@ -95,6 +117,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> Col
                 "copy_data": True,
                 "max_sync_workers": args.sync_workers,
                 "spool_dir": str(folder / "spool"),
+                "writer_processes": args.writer_processes,
             }
         ],
     }
@@ -108,13 +131,11 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> Col
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: the JVM goes with it
     )
-    jvm_peak: float | None = None
     try:
         while time.monotonic() - started < args.timeout:
             if process.poll() is not None:
                 raise SystemExit(f"pgsub exited with {process.returncode}: see {log.name}")
-            for child in _children(process.pid):
-                jvm_peak = max(jvm_peak or 0.0, vm_hwm_mb(child) or 0.0) or None
+            _sample_children(process.pid, figures)
             status = _status(port)
             now = time.monotonic() - started
             if status is None:
@@ -129,8 +150,8 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> Col
                 figures.ready_seconds = now
                 break
             time.sleep(0.05)
-        figures.peak_rss_python_mb = vm_hwm_mb(process.pid)
-        figures.peak_rss_jvm_mb = jvm_peak
+        daemon = vm_hwm_mb(process.pid)
+        figures.peak_rss_python_mb = daemon and daemon + (figures.writer_processes_mb or 0)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
@@ -141,6 +162,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> Col
                 process.wait()
         log.close()
     figures.notes.append(f"max_sync_workers {args.sync_workers}; log: {log.name}")
+    figures.notes.append(f"writer_processes: {args.writer_processes}")
     if figures.peak_rss_jvm_mb is None:
         figures.notes.append("no JVM was started")
     return figures
@@ -156,6 +178,12 @@ def main() -> None:
         "--spark-start",
         default="on_demand,at_start",
         help="spark.start of each pgsub run, in turn (comma-separated)",
+    )
+    parser.add_argument(
+        "--writer-processes",
+        type=writer_processes,
+        default="auto",
+        help="pgsub's writer_processes: auto (the default), 0 (threads) or a number",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results/cold_start.json"))
     args = parser.parse_args()

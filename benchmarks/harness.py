@@ -213,6 +213,11 @@ class NativeRun:
         self.subscriber.destroy()
 
 
+def writer_processes(value: str) -> int | str:
+    """``--writer-processes``: ``auto`` or a number of processes (0: the threads)."""
+    return value if value == "auto" else int(value)
+
+
 class PgsubRun:
     """One subscription of pgsub, run as the daemon runs it, with a temporary warehouse
     (``warehouse``: the one an earlier run kept, kept again)."""

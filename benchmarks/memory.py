@@ -121,7 +121,12 @@ class WriterMemory(Sampled):
     def sample(self, at: float) -> None:
         pids = set(self._tables.writer_pids())
         pids |= {parent for pid in pids if (parent := _parent(pid)) is not None}
-        self.peak_mb = max(self.peak_mb, sum(_pss_kb(pid) for pid in pids) / 1024)
+        self.peak_mb = max(self.peak_mb, pss_mb(pids))
+
+
+def pss_mb(pids: set[int]) -> float:
+    """The processes' proportional set size together, MB (a gone one counts 0)."""
+    return sum(_pss_kb(pid) for pid in pids) / 1024
 
 
 def _parent(pid: int) -> int | None:

@@ -47,6 +47,7 @@ from benchmarks.harness import (
     steady_load,
     stop_on_sigterm,
     write_results,
+    writer_processes,
 )
 from benchmarks.memory import ResidentMemory, WriterMemory, jvm_peak_rss_mb, writer_peaks_mb
 from benchmarks.soak import windows
@@ -208,9 +209,8 @@ def run_pgsub(
     if args.checkpoint_interval is not None:
         figures.notes.append(f"checkpoint_interval: {args.checkpoint_interval:g} s")
         settings["checkpoint_interval"] = args.checkpoint_interval
-    if args.writer_processes:
-        figures.notes.append(f"writer_processes: {args.writer_processes}")
-        settings["writer_processes"] = args.writer_processes
+    figures.notes.append(f"writer_processes: {args.writer_processes}")
+    settings["writer_processes"] = args.writer_processes
     with (
         PgsubRun(
             spark,
@@ -314,7 +314,10 @@ def main() -> None:
         help="leave PostgreSQL's subscriber out (before/after runs of pgsub alone)",
     )
     parser.add_argument(
-        "--writer-processes", type=int, default=0, help="pgsub's writer_processes (0: threads)"
+        "--writer-processes",
+        type=writer_processes,
+        default="auto",
+        help="pgsub's writer_processes: auto (the default), 0 (threads) or a number",
     )
     parser.add_argument(
         "--lags", type=Path, help="append each run's lag samples (10 a second) to this file"

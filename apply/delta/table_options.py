@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from apply.core.features import PORTABLE, TableFeatures
 from apply.core.maintenance_policy import DEFAULT_POLICY, MaintenancePolicy
 from apply.history.changelog import MIRRORS, History
+
+if TYPE_CHECKING:
+    from apply.delta.writer.merge_processes import WriterProcesses
 
 
 class CreatedTables(Protocol):
@@ -47,8 +50,9 @@ class TableOptions:
     # None: asked once (apply.delta.placement.sees_folder).
     spark_sees_warehouse: bool | None = None
     # Keyed batches of a local warehouse's tables merged in this many processes of their own
-    # (apply.delta.writer.merge_processes); 0: by the apply process's writer threads.
-    writer_processes: int = 0
+    # (apply.delta.writer.merge_processes); 0: by the apply process's writer threads; auto:
+    # chosen by the subscription's tables as it starts (DeltaTables.start_writers).
+    writer_processes: WriterProcesses = 0
     writer_setup: Callable[[], None] | None = None  # what such a process runs first (its logs)
 
 

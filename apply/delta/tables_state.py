@@ -39,7 +39,7 @@ from apply.delta.table_options import DEFAULT_OPTIONS, CreatedTables, Forgetful,
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import latest_version
 from apply.delta.writer.local_tables import folder, is_table
-from apply.delta.writer.merge_processes import MergeProcesses
+from apply.delta.writer.merge_processes import MergeProcesses, processes_for, usable_cpus
 from apply.delta.writer.write_cost import commit_bytes
 from apply.history.changelog import HistoryMode
 from apply.history.stamps import PLAIN, Keeping
@@ -83,19 +83,18 @@ class TablesState:
         self._reachable = self._placed.reachable
         self._durability = Durability(self._on_local_disk)
         self._local_merges = self._placed.local_merges
-        # Keyed batches: by this process's writer threads, or in writer processes (local disk).
+        # Keyed batches: by this process's writer threads, or in writer processes (local
+        # disk); ``auto``: chosen by the subscription's tables as it starts (``start_writers``).
+        self._writer_processes = options.writer_processes
+        self._writer_setup = options.writer_setup
         self._merge_processes: MergeProcesses | None = None
-        if options.writer_processes and self._on_local_disk:
-            self._merge_processes = MergeProcesses(
-                options.writer_processes,
-                self._local_merges.max_bytes,
-                features,
-                options.writer_setup,
-            )
+        self._writers_started = False
         self.subscription = subscription
         self.create_tables = options.create_tables
         self.track_origin = track_origin
         self.features = features
+        if options.writer_processes != "auto":
+            self._merge_processes = self._processes(options.writer_processes)
         self.shared_tables = shared_tables
         self.maintenance = maintenance
         self.history = options.history
@@ -240,8 +239,32 @@ class TablesState:
         """The running writer processes' ids (``writer_processes``; none by default)."""
         return [] if self._merge_processes is None else self._merge_processes.pids()
 
-    def start_writers(self) -> None:
-        """The writer processes, if any, started in the background (the subscription starts)."""
+    def _processes(self, count: int) -> MergeProcesses | None:
+        if not count or not self._on_local_disk:
+            return None
+        return MergeProcesses(
+            count, self._local_merges.max_bytes, self.features, self._writer_setup
+        )
+
+    def start_writers(self, tables: int) -> None:
+        """The writer processes, if any, started in the background as the subscription of
+        ``tables`` tables starts; ``auto`` chooses them now (``processes_for``), once: the
+        same tables are written by the same processes until the daemon stops."""
+        if self._writers_started:
+            return
+        self._writers_started = True
+        if self._writer_processes == "auto" and self._on_local_disk:
+            cpus = usable_cpus()
+            count = processes_for("auto", tables, cpus)
+            self._merge_processes = self._processes(count)
+            log.info(
+                "writer processes chosen",
+                subscription=self.subscription,
+                processes=count,
+                tables=tables,
+                cpus=cpus,
+                setting="auto",
+            )
         if self._merge_processes is not None:
             self._merge_processes.start()
 

@@ -244,10 +244,10 @@ class SubscriptionConfig(_Strict):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     # Keyed batches of a local warehouse's tables merged in this many processes of their own,
     # each table always by the same one (0: by the apply process's threads). Many small
-    # tables' batches and lag p99 about a fifth shorter on two cores (200 tables); each process
-    # holds its tables' logs and key indexes, 260 MB at 100 tables (docs/performance.md,
-    # "Writer processes, measured").
-    writer_processes: int = Field(0, ge=0, le=16)
+    # tables' lag p99 about a third shorter on two cores (200 tables), for about 200 MB.
+    # auto: two when the subscription has 100 tables or more and the daemon may use two cores
+    # (its cgroup's quota), else none; chosen as it starts (docs/apply.md, "Writer processes").
+    writer_processes: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = "auto"
     # Local scratch for streamed transactions, those larger than a batch and the staged
     # initial copy (default: <system temp>/pgsub-<uid>/<name>-<warehouse digest>, mode 700);
     # emptied at start, as the publisher resends what it held.

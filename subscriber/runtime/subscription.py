@@ -186,10 +186,8 @@ class SubscriptionRunner:
         self.tables.close()
 
     def _begin(self) -> None:
-        """The subscription shown enabled; its writer processes, if any, started beside its
-        first steps, not by its first copy."""
+        """The subscription shown enabled."""
         self._metrics.subscription_enabled.labels(self.name).set(1)
-        self.tables.start_writers()
 
     def _resume_point(self, flushed: Lsn) -> Lsn:
         """Where the leader stands as it starts, for the table-sync handoff: past ``flushed``
@@ -222,6 +220,9 @@ class SubscriptionRunner:
         )
         try:
             published = self._tables_to_sync(flushed)
+            # Its writer processes, if any (``auto``: by its tables), started once, beside
+            # its first steps, not by its first copy.
+            self.tables.start_writers(len(published))
             if exported is not None:
                 self._two_phase()  # pending while the tables are copied, as PostgreSQL's
                 InitialLoad(

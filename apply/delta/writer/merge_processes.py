@@ -24,6 +24,15 @@ error it was; a process that exits fails the writes it had (nothing
 confirmed, the batch retried) and is started again at its next write. The
 processes start with the subscription (``start``) and exit with the daemon:
 ``close``, or, when the daemon is killed, at the end of their pipe.
+
+``writer_processes: auto`` (the daemon's default) chooses as the subscription
+starts (``processes_for``): two processes when it has at least
+``AUTO_TABLES`` tables and the daemon may use two cores (``usable_cpus``: its
+cgroup's CPU quota, as a container's limit sets it, and its CPU affinity -
+not the node's count), none otherwise. Many small tables are where the
+processes pay; a few large ones drain a backlog faster by the apply
+process's threads, which need no net pickled over nor a key index read twice
+(docs/performance.md, "Writer processes chosen by themselves").
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import math
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -41,7 +52,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
 
@@ -61,8 +73,71 @@ THREADS: Final = 2
 # What the server the processes are forked from imports first (the writer's modules).
 SERVER_MODULE: Final = "apply.delta.writer.writer_server"
 CLOSE_SECONDS: Final = 30.0
+# ``writer_processes: auto``: this many processes for a subscription of at least
+# ``AUTO_TABLES`` tables, when the daemon may use as many cores.
+AUTO_PROCESSES: Final = 2
+AUTO_TABLES: Final = 100
+CGROUPS: Final = Path("/sys/fs/cgroup")
 
 log = structlog.get_logger(__name__)
+
+# ``writer_processes``: a number of processes (0: the apply process's threads), or ``auto``.
+WriterProcesses = int | Literal["auto"]
+
+
+def processes_for(setting: WriterProcesses, tables: int, cpus: int) -> int:
+    """How many writer processes a subscription of ``tables`` tables runs, by its
+    ``writer_processes`` and the cores it may use (``auto``: see the module's docstring)."""
+    if setting != "auto":
+        return setting
+    return AUTO_PROCESSES if tables >= AUTO_TABLES and cpus >= AUTO_PROCESSES else 0
+
+
+def usable_cpus(membership: str | None = None, root: Path = CGROUPS) -> int:
+    """The cores this process may use: its CPU affinity, bounded by the CPU quota of its
+    cgroup and of every cgroup above it (a container's CPU limit), rounded up.
+    ``membership``: ``/proc/self/cgroup``'s text."""
+    cpus = len(os.sched_getaffinity(0))
+    if membership is None:
+        try:
+            membership = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            return cpus
+    quotas = [q for folder in _cpu_folders(membership, root) if (q := _quota(folder))]
+    return max(1, min(cpus, math.ceil(min(quotas)))) if quotas else cpus
+
+
+def _cpu_folders(membership: str, root: Path) -> list[Path]:
+    """The folders of the cgroups that may hold this process's CPU quota, its own and each
+    above it: v2 (``0::/path``) and v1's ``cpu`` controller (``4:cpu,cpuacct:/path``)."""
+    folders: list[Path] = []
+    for line in membership.splitlines():
+        number, controllers, path = line.split(":", 2)
+        if number == "0" and not controllers:
+            base = root
+        elif "cpu" in controllers.split(","):
+            base = root / controllers if (root / controllers).is_dir() else root / "cpu"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        folders += [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+    return folders
+
+
+def _quota(folder: Path) -> float | None:
+    """A cgroup's CPU quota in cores (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``); None when it
+    has none, or the folder is not there."""
+    try:
+        limit, period = (folder / "cpu.max").read_text().split()[:2]  # v2: "max 100000"
+    except (OSError, ValueError):
+        try:
+            limit = (folder / "cpu.cfs_quota_us").read_text().strip()  # v1: -1 for none
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if not (limit.isdigit() and period.isdigit()) or not int(period):
+        return None  # "max", -1
+    return int(limit) / int(period)
 
 
 class MergeProcesses:

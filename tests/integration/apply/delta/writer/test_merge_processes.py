@@ -18,11 +18,13 @@ from typing import Any
 import deltalake
 import pyarrow as pa
 import pytest
+from structlog.testing import capture_logs
 
 from apply.columns.schema import target_schema
+from apply.delta import tables_state
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
-from apply.delta.writer.merge_processes import MergeProcesses
+from apply.delta.writer.merge_processes import AUTO_TABLES, MergeProcesses
 from apply.worker.applier import BatchApplier
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation
@@ -206,9 +208,50 @@ def test_writer_processes_start_with_the_subscription_and_none_outlives_close(
 ) -> None:
     tables = DeltaTables(spark, str(warehouse), "sub1", TableOptions(writer_processes=2))
     try:
-        tables.start_writers()  # in the background, before any table asks
+        tables.start_writers(1)  # in the background, before any table asks; a set number
         wait_until(lambda: len(tables.writer_pids()) == 2, timeout=120, what="both started")
         started = tables.writer_pids()
     finally:
         tables.close()
     assert not any(map(alive, started))
+
+
+def test_auto_starts_two_processes_for_many_tables_and_none_for_a_few(
+    spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``writer_processes: auto`` (the daemon's default) on a local warehouse: two processes
+    for a subscription of ``AUTO_TABLES`` tables when two cores are usable, and they merge
+    its batches; none for fewer tables, or on one core; chosen once."""
+    monkeypatch.setattr(tables_state, "usable_cpus", lambda: 2)
+    auto = TableOptions(writer_processes="auto")
+    few = DeltaTables(spark, str(warehouse / "few"), "sub1", auto)
+    many = DeltaTables(spark, str(warehouse / "many"), "sub1", auto)
+    try:
+        with capture_logs() as logs:
+            few.start_writers(AUTO_TABLES - 1)
+            many.start_writers(AUTO_TABLES)
+        chosen = [
+            (e["tables"], e["processes"]) for e in logs if e["event"] == "writer processes chosen"
+        ]
+        assert chosen == [(AUTO_TABLES - 1, 0), (AUTO_TABLES, 2)]
+        wait_until(lambda: len(many.writer_pids()) == 2, timeout=120, what="both started")
+        assert few.writer_pids() == []
+        for tables in (few, many):
+            applier = BatchApplier("sub1", tables, lambda oid: None)
+            try:
+                applier.apply(batch(tx(*(ins(t, 1, "one") for t in TABLES), end=100)))
+            finally:
+                applier.close()
+        for t in TABLES:
+            assert rows(warehouse / "many" / "public" / t.name) == [(1, "one")]
+            assert rows(warehouse / "few" / "public" / t.name) == [(1, "one")]
+        started = many.writer_pids()
+        many.start_writers(1)  # chosen once: the same processes go on
+        assert many.writer_pids() == started
+    finally:
+        few.close()
+        many.close()
+    monkeypatch.setattr(tables_state, "usable_cpus", lambda: 1)
+    one_core = DeltaTables(spark, str(warehouse / "one"), "sub1", auto)
+    one_core.start_writers(1_000)
+    assert one_core.writer_pids() == []
