@@ -87,7 +87,8 @@ class TablesState:
         # disk); ``auto``: chosen by the subscription's tables as it starts (``start_writers``).
         self._writer_processes = options.writer_processes
         self._writer_setup = options.writer_setup
-        self._merge_processes: MergeProcesses | None = None
+        self._merge_processes: MergeProcesses | None = None  # the processes written by
+        self._owned_processes: MergeProcesses | None = None  # those started, to close
         self._writers_started = False
         self.subscription = subscription
         self.create_tables = options.create_tables
@@ -95,6 +96,7 @@ class TablesState:
         self.features = features
         if options.writer_processes != "auto":
             self._merge_processes = self._processes(options.writer_processes)
+            self._owned_processes = self._merge_processes
         self.shared_tables = shared_tables
         self.maintenance = maintenance
         self.history = options.history
@@ -232,12 +234,12 @@ class TablesState:
     def _forget_open(self, path: str) -> None:
         """The table's open log and key index, here and in its writer process, dropped."""
         self._local_merges.forget(path)
-        if self._merge_processes is not None:
-            self._merge_processes.forget(path)
+        if self._owned_processes is not None:
+            self._owned_processes.forget(path)
 
     def writer_pids(self) -> list[int]:
         """The running writer processes' ids (``writer_processes``; none by default)."""
-        return [] if self._merge_processes is None else self._merge_processes.pids()
+        return [] if self._owned_processes is None else self._owned_processes.pids()
 
     def _processes(self, count: int) -> MergeProcesses | None:
         if not count or not self._on_local_disk:
@@ -248,30 +250,47 @@ class TablesState:
 
     def start_writers(self, tables: int) -> None:
         """The writer processes, if any, started in the background as the subscription of
-        ``tables`` tables starts; ``auto`` chooses them now (``processes_for``), once: the
-        same tables are written by the same processes until the daemon stops."""
+        ``tables`` tables starts; ``auto`` chooses them now (``processes_for``), once, and
+        the threads write until they have all started: from then on each table is written
+        by its process until the daemon stops."""
         if self._writers_started:
             return
         self._writers_started = True
-        if self._writer_processes == "auto" and self._on_local_disk:
-            cpus = usable_cpus()
-            count = processes_for("auto", tables, cpus)
-            self._merge_processes = self._processes(count)
-            log.info(
-                "writer processes chosen",
-                subscription=self.subscription,
-                processes=count,
-                tables=tables,
-                cpus=cpus,
-                setting="auto",
-            )
-        if self._merge_processes is not None:
-            self._merge_processes.start()
+        if self._writer_processes != "auto" or not self._on_local_disk:
+            if self._merge_processes is not None:
+                self._merge_processes.start()
+            return
+        cpus = usable_cpus()
+        count = processes_for("auto", tables, cpus)
+        log.info(
+            "writer processes chosen",
+            subscription=self.subscription,
+            processes=count,
+            tables=tables,
+            cpus=cpus,
+            setting="auto",
+        )
+        processes = self._owned_processes = self._processes(count)
+        if processes is not None:
+            processes.start(then=lambda: self._write_by(processes))
+
+    def _write_by(self, processes: MergeProcesses) -> None:
+        """The processes take the keyed tables over from the threads, once each has opened
+        those it will write; the threads' open tables are let go (their memory)."""
+        with self._lock:
+            keyed = [(self.path(t), s) for t, s in self._schemas.items() if s.key]
+        processes.take_over(keyed)
+        self._merge_processes = processes
+        for path, _ in keyed:
+            self._local_merges.forget(path)
+        log.info(
+            "tables written by writer processes", subscription=self.subscription, opened=len(keyed)
+        )
 
     def close(self) -> None:
         """The writer processes, if any, ended (the subscription stops)."""
-        if self._merge_processes is not None:
-            self._merge_processes.close()
+        if self._owned_processes is not None:
+            self._owned_processes.close()
 
     def appends_changes(self, table: str) -> bool:
         return table != MESSAGES_TABLE and self.history.of(table) is HistoryMode.CHANGELOG

@@ -245,7 +245,7 @@ class SubscriptionConfig(_Strict):
     # Keyed batches of a local warehouse's tables merged in this many processes of their own,
     # each table always by the same one (0: by the apply process's threads). Many small
     # tables' lag p99 about a third shorter on two cores (200 tables), for about 200 MB.
-    # auto: two when the subscription has 100 tables or more and the daemon may use two cores
+    # auto: two when the subscription has 200 tables or more and the daemon may use two cores
     # (its cgroup's quota), else none; chosen as it starts (docs/apply.md, "Writer processes").
     writer_processes: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = "auto"
     # Local scratch for streamed transactions, those larger than a batch and the staged

@@ -221,7 +221,7 @@ class SubscriptionRunner:
         try:
             published = self._tables_to_sync(flushed)
             # Its writer processes, if any (``auto``: by its tables), started once, beside
-            # its first steps, not by its first copy.
+            # its first copies: the threads write until they are up.
             self.tables.start_writers(len(published))
             if exported is not None:
                 self._two_phase()  # pending while the tables are copied, as PostgreSQL's

@@ -76,7 +76,7 @@ CLOSE_SECONDS: Final = 30.0
 # ``writer_processes: auto``: this many processes for a subscription of at least
 # ``AUTO_TABLES`` tables, when the daemon may use as many cores.
 AUTO_PROCESSES: Final = 2
-AUTO_TABLES: Final = 100
+AUTO_TABLES: Final = 200
 CGROUPS: Final = Path("/sys/fs/cgroup")
 
 log = structlog.get_logger(__name__)
@@ -155,20 +155,23 @@ class MergeProcesses:
         self._shards = [_Shard(number, self._settings) for number in range(count)]
         self._starting: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self, then: Callable[[], None] | None = None) -> None:
         """The processes started in the background (about a second: their server imports
         the writer's modules), not by the first copy's warm; one not started is started by
-        its first ask."""
+        its first ask. ``then``: called once every process has started."""
         self._starting = threading.Thread(
             target=self._start_all,
+            args=(then,),
             name="writer-processes-start",
             daemon=True,
         )
         self._starting.start()
 
-    def _start_all(self) -> None:
+    def _start_all(self, then: Callable[[], None] | None) -> None:
         for shard in self._shards:
             shard.start()
+        if then is not None and all(shard.running for shard in self._shards):
+            then()
 
     def merge(
         self,
@@ -191,6 +194,17 @@ class MergeProcesses:
         self._of(path).send("warm", path, schema).add_done_callback(
             lambda done: _warm_failed(path, done)
         )
+
+    def take_over(self, tables: list[tuple[str, TargetSchema]]) -> None:
+        """Each of ``tables`` (path, schema) opened in its process, its key index read, and
+        waited for: before the processes take over tables the threads have written, so that
+        their first batches do not open them (a second over 200 tables)."""
+        sent = [(path, self._of(path).send("warm", path, schema)) for path, schema in tables]
+        for path, answer in sent:
+            try:
+                answer.result()
+            except TargetTableError as exc:  # its process gone: left to the table's next ask
+                log.info("table left to its first batch", path=path, error=str(exc))
 
     def forget(self, path: str) -> None:
         shard = self._of(path)

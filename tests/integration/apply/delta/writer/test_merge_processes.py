@@ -216,35 +216,60 @@ def test_writer_processes_start_with_the_subscription_and_none_outlives_close(
     assert not any(map(alive, started))
 
 
+def _apply(tables: DeltaTables, *transactions: Any) -> None:
+    applier = BatchApplier("sub1", tables, lambda oid: None)
+    try:
+        applier.apply(batch(*transactions))
+    finally:
+        applier.close()
+
+
 def test_auto_starts_two_processes_for_many_tables_and_none_for_a_few(
     spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``writer_processes: auto`` (the daemon's default) on a local warehouse: two processes
-    for a subscription of ``AUTO_TABLES`` tables when two cores are usable, and they merge
-    its batches; none for fewer tables, or on one core; chosen once."""
+    for a subscription of ``AUTO_TABLES`` tables when two cores are usable; the threads write
+    until both have started and opened the tables the threads wrote, then the processes
+    write them; none for fewer tables, or on one core; chosen once."""
     monkeypatch.setattr(tables_state, "usable_cpus", lambda: 2)
     auto = TableOptions(writer_processes="auto")
     few = DeltaTables(spark, str(warehouse / "few"), "sub1", auto)
     many = DeltaTables(spark, str(warehouse / "many"), "sub1", auto)
     try:
+        for tables in (few, many):  # before the choice (the first start's copies): threads
+            _apply(tables, tx(*(ins(t, 1, "one") for t in TABLES), end=100))
+        assert len(many._local_merges._open) == len(TABLES)
         with capture_logs() as logs:
             few.start_writers(AUTO_TABLES - 1)
             many.start_writers(AUTO_TABLES)
+            wait_until(
+                lambda: any(e["event"] == "tables written by writer processes" for e in logs),
+                timeout=120,
+                what="both started, the tables opened in them",
+            )
         chosen = [
             (e["tables"], e["processes"]) for e in logs if e["event"] == "writer processes chosen"
         ]
         assert chosen == [(AUTO_TABLES - 1, 0), (AUTO_TABLES, 2)]
-        wait_until(lambda: len(many.writer_pids()) == 2, timeout=120, what="both started")
-        assert few.writer_pids() == []
+        (taken,) = [e for e in logs if e["event"] == "tables written by writer processes"]
+        assert taken["opened"] == len(TABLES)
+        assert len(many.writer_pids()) == 2 and few.writer_pids() == []
+        assert not many._local_merges._open  # let go: the processes hold them now
         for tables in (few, many):
-            applier = BatchApplier("sub1", tables, lambda oid: None)
-            try:
-                applier.apply(batch(tx(*(ins(t, 1, "one") for t in TABLES), end=100)))
-            finally:
-                applier.close()
+            _apply(
+                tables,
+                tx(
+                    *(upd(t, 1, "uno") for t in TABLES),
+                    *(ins(t, 2, "two") for t in TABLES),
+                    end=200,
+                ),
+            )
         for t in TABLES:
-            assert rows(warehouse / "many" / "public" / t.name) == [(1, "one")]
-            assert rows(warehouse / "few" / "public" / t.name) == [(1, "one")]
+            assert rows(warehouse / "many" / "public" / t.name) == [(1, "uno"), (2, "two")]
+            assert rows(warehouse / "few" / "public" / t.name) == [(1, "uno"), (2, "two")]
+            assert many.applied_lsn(t.qualified_name) == Lsn(200)
+        # Merged in the processes: the apply process opened none of the many's tables again.
+        assert not many._local_merges._open and len(few._local_merges._open) == len(TABLES)
         started = many.writer_pids()
         many.start_writers(1)  # chosen once: the same processes go on
         assert many.writer_pids() == started
