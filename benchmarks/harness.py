@@ -20,7 +20,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -144,18 +145,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@contextmanager
+def destroyed_if_unfinished(cluster: PgCluster) -> Iterator[PgCluster]:
+    """``cluster`` while it is made ready, destroyed if that fails or is stopped (SIGTERM,
+    Ctrl-C): the benchmark's own ``finally`` holds it only once it is handed over."""
+    try:
+        yield cluster
+    except BaseException:
+        cluster.destroy()
+        raise
+
+
 def long_load_publisher() -> PgCluster:
     """A PostgreSQL 15 publisher with an empty database ``bench``, its WAL kept through
     loads of millions of rows (no checkpoint in their middle)."""
     publisher = PgCluster(
         major=15, settings={"max_wal_size": "4GB", "checkpoint_timeout": "30min"}
     ).start()
-    try:
-        with publisher.connect() as conn:
-            conn.execute("CREATE DATABASE bench")
-    except BaseException:
-        publisher.destroy()
-        raise
+    with destroyed_if_unfinished(publisher), publisher.connect() as conn:
+        conn.execute("CREATE DATABASE bench")
     return publisher
 
 
@@ -163,9 +171,9 @@ def bench_publisher(rows: int, names: Sequence[str], **settings: str) -> PgClust
     """A PostgreSQL 15 publisher with database ``bench``: per name a table of ``rows`` rows
     (``TABLE``) and a publication ``pub_<name>``."""
     publisher = PgCluster(major=15, settings={"max_wal_size": "4GB", **settings}).start()
-    with publisher.connect() as conn:
+    with destroyed_if_unfinished(publisher), publisher.connect() as conn:
         conn.execute("CREATE DATABASE bench")
-    with publisher.connect("bench") as conn:
+    with destroyed_if_unfinished(publisher), publisher.connect("bench") as conn:
         for name in names:
             conn.execute(TABLE.format(name=name))
             conn.execute(

@@ -41,6 +41,7 @@ from benchmarks.harness import (
     TABLE,
     BenchWarehouse,
     PgsubRun,
+    destroyed_if_unfinished,
     folder_bytes,
     lsn_of,
     percentile,
@@ -104,9 +105,9 @@ def publisher_with_tables(args: argparse.Namespace) -> PgCluster:
             "max_wal_senders": str(args.tables + 20),
         },
     ).start()
-    with publisher.connect() as conn:
+    with destroyed_if_unfinished(publisher), publisher.connect() as conn:
         conn.execute("CREATE DATABASE bench")
-    with publisher.connect("bench") as conn:
+    with destroyed_if_unfinished(publisher), publisher.connect("bench") as conn:
         for schema in SCHEMAS:
             conn.execute(f"CREATE SCHEMA {schema}")
             for i in range(1, args.tables + 1):
