@@ -2,7 +2,8 @@
 writer processes (apply/delta/writer/merge_processes.py). The daemon is killed -9 after one
 table's commit of a many-table batch: its writer processes go with it (the end of their
 pipe), and the next daemon brings every table to the publisher's rows, read by Spark and
-delta-rs, exactly once; stopped, it leaves no process behind."""
+delta-rs, exactly once; stopped, it leaves no process behind. And ``auto``, the default: a
+daemon of 200 tables chooses two by itself."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import psycopg
 import pytest
 
+from apply.delta.writer.merge_processes import AUTO_TABLES, usable_cpus
 from tests.support.daemon import (
     DaemonProcess,
     every_table_ready,
@@ -98,3 +101,72 @@ def test_tables_merged_in_writer_processes_through_a_kill(
         for table in TABLES:
             path = str(warehouse / "public" / table)
             assert_delta_equals_publisher(conn, f"public.{table}", spark, path, ("id",))
+
+
+MANY = [f"m{i}" for i in range(AUTO_TABLES)]
+
+
+def many_step(conn: psycopg.Connection[Any], n: int) -> None:
+    pick = random.Random(n)
+    with conn.transaction():
+        for table in pick.sample(MANY, 20):
+            conn.execute(f"UPDATE {table} SET n = n + 1 WHERE id = %s", [pick.randint(1, 5)])
+            conn.execute(f"INSERT INTO {table} VALUES (%s, 'new', 0)", [10 + n])
+
+
+def test_a_daemon_of_many_tables_chooses_writer_processes_by_itself(
+    publisher: PgDatabase,
+    tmp_path: Path,
+    daemons: Callable[..., DaemonProcess],
+) -> None:
+    """``writer_processes`` left to its default (``auto``): a subscription of ``AUTO_TABLES``
+    small tables on a local warehouse, on a machine with two usable cores, copies them with
+    the threads and streams its changes through two writer processes, which take the tables
+    over once up; every table equals the publisher's, read by delta-rs (none gained a reader
+    feature), and no process outlives the daemon."""
+    statements = [
+        f"CREATE TABLE {t} (id int PRIMARY KEY, v text, n int);"
+        f"INSERT INTO {t} SELECT g, 'v', 0 FROM generate_series(1, 5) g"
+        for t in MANY
+    ]
+    statements.append(f"CREATE PUBLICATION pub FOR TABLE {', '.join(MANY)}")
+    publisher.execute(";".join(statements))
+    warehouse = tmp_path / "warehouse"
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, warehouse, copy_data=True, batch={"max_delay": "300ms"})
+    expected = 2 if usable_cpus() >= 2 else 0
+    with Writer(publisher, many_step, pause=0.02) as writer:
+        daemon = daemons(config, port)
+        wait_until(
+            lambda: every_table_ready(daemon, len(MANY)), timeout=600, what="every table READY"
+        )
+        if expected:  # the processes up, the tables handed over: later writes are theirs
+            wait_until(
+                lambda: any(
+                    e.get("event") == "tables written by writer processes" for e in daemon.events()
+                ),
+                timeout=300,
+                what="the writer processes to take the tables over",
+            )
+        written = writer.written
+        wait_until(lambda: writer.written >= written + 50, timeout=600, what="50 more writes")
+        writer.stop()
+        wait_confirmed(publisher, timeout=600)
+        events = daemon.events()
+        (chosen,) = [e for e in events if e.get("event") == "writer processes chosen"]
+        assert (chosen["tables"], chosen["processes"]) == (len(MANY), expected), chosen
+        taken = [e for e in events if e.get("event") == "tables written by writer processes"]
+        assert len(taken) == (1 if expected else 0), daemon.logs()
+        assert daemon.terminate() == 0, daemon.logs()
+    wait_until(
+        lambda: not group_commands(daemon.process.pid),
+        timeout=60,
+        what=f"the daemon's processes to exit: {group_commands(daemon.process.pid)}",
+    )
+    with publisher.connect() as conn:
+        for table in MANY:
+            want = conn.execute(f"SELECT id, v, n FROM {table} ORDER BY id").fetchall()
+            delta = deltalake.DeltaTable(str(warehouse / "public" / table))
+            assert not delta.protocol().reader_features, table  # every reader opens it
+            got = delta.to_pyarrow_table().sort_by("id").to_pylist()
+            assert [(r["id"], r["v"], r["n"]) for r in got] == want, table
