@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from benchmarks.harness import stop_on_sigterm, write_results, writer_processes
-from benchmarks.memory import pss_mb, vm_hwm_mb
+from benchmarks.memory import children, command, pss_mb, vm_hwm_mb
 from benchmarks.tables_bench import publisher_with_tables, run_native
 from subscriber.runtime.embedded import PgCluster
 
@@ -65,38 +65,18 @@ def _status(port: int) -> dict[str, Any] | None:
         return None
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
 def _sample_children(pid: int, figures: ColdStart) -> None:
     """The peaks of the daemon's JVM (its RSS) and of its writer processes' server and theirs
     (their PSS together), so far."""
     writers: set[int] = set()
-    for child in _children(pid):
-        if b"java" in _command(child):
+    for child in children(pid):
+        if b"java" in command(child):
             jvm = vm_hwm_mb(child) or 0.0
             figures.peak_rss_jvm_mb = max(figures.peak_rss_jvm_mb or 0.0, jvm) or None
         else:
-            writers |= {child, *_children(child)}
+            writers |= {child, *children(child)}
     if writers:
         figures.writer_processes_mb = max(figures.writer_processes_mb or 0.0, pss_mb(writers))
-
-
-def _command(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> ColdStart:

@@ -30,16 +30,23 @@ def vm_hwm_mb(pid: int) -> float | None:
 
 def jvm_peak_rss_mb() -> float | None:
     """VmHWM of this process's Spark driver JVM."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or _parent(int(pid)) != os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"java" in cmdline:
-            return vm_hwm_mb(int(pid))
+    for pid in children(os.getpid()):
+        if b"java" in command(pid):
+            return vm_hwm_mb(pid)
     return None
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == pid]
+
+
+def command(pid: int) -> bytes:
+    """A process's command line (NUL-separated); empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 class Sampled:

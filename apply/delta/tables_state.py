@@ -39,7 +39,7 @@ from apply.delta.table_options import DEFAULT_OPTIONS, CreatedTables, Forgetful,
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import latest_version
 from apply.delta.writer.local_tables import folder, is_table
-from apply.delta.writer.merge_processes import MergeProcesses, processes_for, usable_cpus
+from apply.delta.writer.merge_processes import MergeProcesses, auto_processes, usable_cpus
 from apply.delta.writer.write_cost import commit_bytes
 from apply.history.changelog import HistoryMode
 from apply.history.stamps import PLAIN, Keeping
@@ -250,7 +250,7 @@ class TablesState:
 
     def start_writers(self, tables: int) -> None:
         """The writer processes, if any, started in the background as the subscription of
-        ``tables`` tables starts; ``auto`` chooses them now (``processes_for``), once, and
+        ``tables`` tables starts; ``auto`` chooses them now (``auto_processes``), once, and
         the threads write until they have all started: from then on each table is written
         by its process until the daemon stops."""
         if self._writers_started:
@@ -261,7 +261,7 @@ class TablesState:
                 self._merge_processes.start()
             return
         cpus = usable_cpus()
-        count = processes_for("auto", tables, cpus)
+        count = auto_processes(tables, cpus)
         log.info(
             "writer processes chosen",
             subscription=self.subscription,

@@ -26,7 +26,7 @@ processes start with the subscription (``start``) and exit with the daemon:
 ``close``, or, when the daemon is killed, at the end of their pipe.
 
 ``writer_processes: auto`` (the daemon's default) chooses as the subscription
-starts (``processes_for``): two processes when it has at least
+starts (``auto_processes``): two processes when it has at least
 ``AUTO_TABLES`` tables and the daemon may use two cores (``usable_cpus``: its
 cgroup's CPU quota, as a container's limit sets it, and its CPU affinity -
 not the node's count), none otherwise. Many small tables are where the
@@ -85,11 +85,9 @@ log = structlog.get_logger(__name__)
 WriterProcesses = int | Literal["auto"]
 
 
-def processes_for(setting: WriterProcesses, tables: int, cpus: int) -> int:
-    """How many writer processes a subscription of ``tables`` tables runs, by its
-    ``writer_processes`` and the cores it may use (``auto``: see the module's docstring)."""
-    if setting != "auto":
-        return setting
+def auto_processes(tables: int, cpus: int) -> int:
+    """How many writer processes ``writer_processes: auto`` runs for a subscription of
+    ``tables`` tables and the ``cpus`` cores it may use (see the module's docstring)."""
     return AUTO_PROCESSES if tables >= AUTO_TABLES and cpus >= AUTO_PROCESSES else 0
 
 

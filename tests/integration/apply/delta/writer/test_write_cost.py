@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from apply.batching.collapse import KeyedNet, collapse
 from apply.columns.schema import target_schema
 from apply.core.features import FeatureMode, TableFeatures
-from apply.core.records import CommitMark
+from apply.core.records import CommitMark, WriteResult
 from apply.delta.table_options import TableOptions
 from apply.delta.tables import DeltaTables
 from subscriber.replication.lsn import ZERO, Lsn
@@ -44,6 +44,10 @@ def _tables(spark: Any, warehouse: Path, vectors: FeatureMode) -> DeltaTables:
     return tables
 
 
+def _write(tables: DeltaTables, lsn: int, *changes: Any) -> WriteResult:
+    return tables.write(SCHEMA, _net(*changes), CommitMark("sub1", Lsn(lsn), 0))
+
+
 def _commits(folder: Path) -> list[Path]:
     return sorted((folder / "_delta_log").glob("*.json"))
 
@@ -61,18 +65,10 @@ def test_ten_updates_of_a_large_table_write_their_rows_not_the_table(
 ) -> None:
     tables = _tables(spark, warehouse, FeatureMode.AUTO)
     folder = warehouse / "public" / "t"
-    copy = tables.write(
-        SCHEMA,
-        _net(*(ins(T, i, f"row {i:08d}") for i in range(200_000))),
-        CommitMark("sub1", Lsn(100), 0),
-    )
+    copy = _write(tables, 100, *(ins(T, i, f"row {i:08d}") for i in range(200_000)))
     assert copy.written_bytes > 1_000_000  # the table's first rows: its size
     with capture_logs() as logs:
-        ten = tables.write(
-            SCHEMA,
-            _net(*(upd(T, i, "changed") for i in range(0, 200_000, 20_000))),
-            CommitMark("sub1", Lsn(200), 0),
-        )
+        ten = _write(tables, 200, *(upd(T, i, "changed") for i in range(0, 200_000, 20_000)))
     assert ten.updated == 10
     assert ten.written_bytes < 16_384, ten  # its rows, a vector file, its commit
     assert 0 < ten.changed_bytes < 200
@@ -83,11 +79,7 @@ def test_ten_updates_of_a_large_table_write_their_rows_not_the_table(
     assert [a["protocol"]["minReaderVersion"] for a in last if "protocol" in a] == [3]
     assert any("deletionVector" in a.get("add", {}) for a in last)
     # The next batch writes with them, its snapshot read again only when asked for.
-    again = tables.write(
-        SCHEMA,
-        _net(*(upd(T, i, "again") for i in range(5, 200_000, 40_000))),
-        CommitMark("sub1", Lsn(300), 0),
-    )
+    again = _write(tables, 300, *(upd(T, i, "again") for i in range(5, 200_000, 40_000)))
     assert again.updated == 5 and again.written_bytes < 16_384, again
     protocols = [c for c in _commits(folder) if '"protocol"' in c.read_text()]
     assert len(protocols) == 2  # the table's creation, then the first batch with vectors
@@ -107,12 +99,8 @@ def test_a_batch_that_changes_most_of_a_small_table_rewrites_it(
 ) -> None:
     tables = _tables(spark, warehouse, FeatureMode.AUTO)
     folder = warehouse / "public" / "t"
-    tables.write(
-        SCHEMA, _net(*(ins(T, i, "a") for i in range(100))), CommitMark("sub1", Lsn(100), 0)
-    )
-    most = tables.write(
-        SCHEMA, _net(*(upd(T, i, "b") for i in range(90))), CommitMark("sub1", Lsn(200), 0)
-    )
+    _write(tables, 100, *(ins(T, i, "a") for i in range(100)))
+    most = _write(tables, 200, *(upd(T, i, "b") for i in range(90)))
     assert most.updated == 90
     assert "readerFeatures" not in _protocol(folder)  # every reader still opens it
     assert operations(folder)[-1] == "WRITE"  # rewritten whole
@@ -125,15 +113,11 @@ def test_a_small_table_keeps_every_reader_whatever_its_batches(spark: Any, wareh
     vectors) and a one-row update each rewrite it; it never gains deletion vectors."""
     tables = _tables(spark, warehouse, FeatureMode.AUTO)
     folder = warehouse / "public" / "t"
-    copy = tables.write(
-        SCHEMA,
-        _net(*(ins(T, i, f"{i:064d}") for i in range(2_000))),
-        CommitMark("sub1", Lsn(100), 0),
-    )
+    copy = _write(tables, 100, *(ins(T, i, f"{i:064d}") for i in range(2_000)))
     # Past four times a vector batch's fixed 4 KiB, under the 64-KiB floor.
     assert 16_384 < copy.written_bytes < 65_536, copy
-    deleted = tables.write(SCHEMA, _net(dele(T, 7, None)), CommitMark("sub1", Lsn(200), 0))
-    updated = tables.write(SCHEMA, _net(upd(T, 8, "b")), CommitMark("sub1", Lsn(300), 0))
+    deleted = _write(tables, 200, dele(T, 7, None))
+    updated = _write(tables, 300, upd(T, 8, "b"))
     assert deleted.deleted == 1 and updated.updated == 1
     assert "readerFeatures" not in _protocol(folder)  # every reader still opens it
     assert operations(folder)[-2:] == ["WRITE", "WRITE"]  # rewritten whole, twice
@@ -144,12 +128,8 @@ def test_a_small_table_keeps_every_reader_whatever_its_batches(spark: Any, wareh
 def test_never_keeps_rewriting_and_says_what_it_costs(spark: Any, warehouse: Path) -> None:
     tables = _tables(spark, warehouse, FeatureMode.NEVER)
     folder = warehouse / "public" / "t"
-    tables.write(
-        SCHEMA,
-        _net(*(ins(T, i, f"row {i:08d}") for i in range(200_000))),
-        CommitMark("sub1", Lsn(100), 0),
-    )
-    one = tables.write(SCHEMA, _net(upd(T, 7, "changed")), CommitMark("sub1", Lsn(200), 0))
+    _write(tables, 100, *(ins(T, i, f"row {i:08d}") for i in range(200_000)))
+    one = _write(tables, 200, upd(T, 7, "changed"))
     assert "readerFeatures" not in _protocol(folder)
     assert one.written_bytes > 1_000_000  # the whole table, for one row: the metric shows it
     assert one.changed_bytes < 20

@@ -1,22 +1,20 @@
 """``writer_processes: auto``: two writer processes for a subscription of many tables when the
 daemon may use two cores, by its cgroup's CPU quota (a container's limit), not the node's
-count (``merge_processes.processes_for``, ``usable_cpus``)."""
+count (``merge_processes.auto_processes``, ``usable_cpus``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from apply.delta.writer.merge_processes import AUTO_TABLES, processes_for, usable_cpus
+from apply.delta.writer.merge_processes import AUTO_TABLES, auto_processes, usable_cpus
 
 
 def test_auto_runs_two_processes_for_many_tables_on_two_cores() -> None:
-    assert processes_for("auto", AUTO_TABLES, cpus=2) == 2
-    assert processes_for("auto", 1_000, cpus=16) == 2
-    assert processes_for("auto", AUTO_TABLES - 1, cpus=16) == 0  # a few tables: the threads
-    assert processes_for("auto", 1_000, cpus=1) == 0  # one core: no lock to share out
-    assert processes_for(0, 1_000, cpus=16) == 0  # a number is taken as it is
-    assert processes_for(3, 1, cpus=1) == 3
+    assert auto_processes(AUTO_TABLES, cpus=2) == 2
+    assert auto_processes(1_000, cpus=16) == 2
+    assert auto_processes(AUTO_TABLES - 1, cpus=16) == 0  # a few tables: the threads
+    assert auto_processes(1_000, cpus=1) == 0  # one core: no lock to share out
 
 
 def _cgroup(root: Path, folder: str, name: str, text: str) -> None:
