@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apply.delta.spark.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, lazy_session
 from benchmarks.harness import (
     TABLE,
     BenchWarehouse,
@@ -43,7 +43,7 @@ from benchmarks.harness import (
     wait_for,
     write_results,
 )
-from benchmarks.memory import jvm_peak_rss_mb
+from benchmarks.memory import jvm_peak_rss_mb, jvm_text
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
@@ -215,7 +215,8 @@ def main() -> None:
         warehouse = BenchWarehouse(args.warehouse_in)
         try:
             conf = warehouse.spark_conf
-            spark = build_session(SparkSettings(master="local[*]", conf=conf))
+            # As `pgsub run` holds it (`spark.start: on_demand`): a JVM once a table needs one.
+            spark = lazy_session(SparkSettings(master="local[*]", conf=conf))
             tune_garbage_collector()  # as `pgsub run` does
             ours = run_pgsub(publisher, args, spark, warehouse)
         finally:
@@ -248,7 +249,7 @@ def report(args: argparse.Namespace, native: Figures, ours: Figures) -> None:
     for name, a, b in rows:
         print(f"| {name} | {a:,.2f} | {b:,.2f} | {ratio(a, b)} |")
     print(f"| (b) kept up | {ours.kept_up} | {native.kept_up} | |")
-    memory = f"{ours.peak_rss_python_mb or 0:.0f} / {ours.peak_rss_jvm_mb or 0:.0f}"
+    memory = f"{ours.peak_rss_python_mb or 0:.0f} / {jvm_text(ours.peak_rss_jvm_mb)}"
     print(f"| peak RSS python / JVM (MB) | {memory} | - | |")
     write_results(args, ours, native)
 

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from apply.delta.spark.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, lazy_session
 from benchmarks.harness import (
     NativeRun,
     PgsubRun,
@@ -81,7 +81,8 @@ def main() -> None:
     try:
         with NativeRun(publisher, "ceiling_native") as native:
             theirs = step(publisher, "ceiling_native", rates, args, native.position)
-        spark = build_session(SparkSettings(master="local[*]"))
+        # As `pgsub run` holds it (`spark.start: on_demand`): a JVM once the table needs one.
+        spark = lazy_session(SparkSettings(master="local[*]"))
         tune_garbage_collector()
         with PgsubRun(
             spark,

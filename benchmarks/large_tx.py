@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from apply.delta.spark.session import SparkSettings, build_session
+from apply.delta.spark.session import SparkSettings, lazy_session
 from benchmarks.harness import TABLE, PgsubRun, lsn_of, stop_on_sigterm, wait_for
-from benchmarks.memory import jvm_peak_rss_mb, vm_hwm_mb
+from benchmarks.memory import jvm_peak_rss_mb, jvm_text, vm_hwm_mb
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
@@ -118,7 +118,8 @@ def run_pgsub(publisher: PgCluster, rows: int, max_changes: int) -> Figures:
     # Made now, so that its decoding starts after the native subscriber's transaction.
     with ReplicationConnection(publisher.dsn("bench")) as replication:
         replication.create_slot("bench")
-    spark = build_session(SparkSettings(master="local[*]"))
+    # As `pgsub run` holds it (`spark.start: on_demand`): a JVM once the table needs one.
+    spark = lazy_session(SparkSettings(master="local[*]"))
     tune_garbage_collector()  # as `pgsub run` does
     spilled = [0.0]
     done = threading.Event()
@@ -188,7 +189,7 @@ def main() -> None:
     print(
         f"\n{args.rows:,}-row streamed transaction: pgsub {ours.rows_per_s:,.0f} rows/s,"
         f" PostgreSQL {native.rows_per_s:,.0f} rows/s ({ratio:.2f}x); peak RSS pgsub Python"
-        f" {ours.peak_rss_mb or 0:,.0f} MB / JVM {ours.peak_rss_jvm_mb or 0:,.0f} MB,"
+        f" {ours.peak_rss_mb or 0:,.0f} MB / JVM (MB) {jvm_text(ours.peak_rss_jvm_mb)},"
         f" PostgreSQL apply worker {native.peak_rss_mb or 0:,.0f} MB;"
         f" spooled {ours.peak_spill_mb or 0:,.0f} MB"
     )

@@ -36,6 +36,12 @@ def jvm_peak_rss_mb() -> float | None:
     return None
 
 
+def jvm_text(mb: float | None) -> str:
+    """A scenario's JVM figure as the benchmarks print it: none when no table needed Spark
+    (the daemon starts it on demand)."""
+    return "no JVM" if mb is None else f"{mb:,.0f}"
+
+
 def children(pid: int) -> list[int]:
     """The live processes whose parent is ``pid``."""
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == pid]
