@@ -139,3 +139,26 @@ def test_a_nets_bytes_are_its_rows_as_the_publisher_sent_them() -> None:
     full = relation("id", "v", identity=ReplicaIdentity.FULL)
     multiset = net_of(batch(tx(ins(full, 1, "ab"), ins(full, 1, "ab"), dele(full, 2, "c"))))
     assert net_bytes(multiset) == 2 * (1 + 2) + (1 + 1)
+
+
+def test_a_net_sent_to_a_writer_process_arrives_whole_and_in_order() -> None:
+    """A writer process's net crosses as one plain tuple a row (``KeyedNet.__reduce__``):
+    every field of every row, images, toast keys and partners, in the rows' order."""
+    import pickle
+
+    net = keyed(
+        batch(
+            tx(ins(T, 5, "a", "huge"), upd(T, 5, "b", ...), dele(T, 4, None, None)),
+            tx(upd(T, 2, "c", ..., old=(1, None, None)), ins(T, 4, "again", "y"), end=200),
+            tx(upd(T, 7, "d", ...), end=300),
+        )
+    )
+    net.commits = [(100, 1), (200, 2), (300, 3)]
+    sent = pickle.dumps(net)
+    assert b"_keyed_net" in sent  # not the dataclass's own, a Python call a row and image
+    back = pickle.loads(sent)
+    assert back == net
+    assert list(back.rows) == list(net.rows)
+    assert [type(r.image) for r in back.rows.values()] == [type(r.image) for r in net.rows.values()]
+    assert back.rows[(b"2",)].toast_key == (b"1",) and back.rows[(b"1",)].partner == (b"2",)
+    assert back.rows[(b"4",)].reinserted and back.rows[(b"7",)].keeps_target_values
