@@ -244,10 +244,11 @@ class SubscriptionConfig(_Strict):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     # Keyed batches of a local warehouse's tables merged in this many processes of their own,
     # each table always by the same one (0: by the apply process's threads). Many small
-    # tables' lag p99 shorter on two cores (200 tables: 1.24-1.29 s against 1.45-1.46 s on a
-    # fast hour, more on slow ones), for about 200 MB.
-    # auto: two when the subscription has 200 tables or more and the daemon may use two cores
-    # (its cgroup's quota), else none; chosen as it starts (docs/apply.md, "Writer processes").
+    # tables' lag p99 shorter on two cores (1,000 tables at 500/s: 1.40-1.86 s against
+    # 3.16-4.39 s), for about 200 MB; at 200 tables a tenth shorter at 1,000/s but behind at
+    # 8,000/s where the threads keep up. auto: two when the subscription has 1,000 tables or
+    # more and the daemon may use two cores (its cgroup's quota), else none; chosen as it
+    # starts (docs/apply.md, "Writer processes").
     writer_processes: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = "auto"
     # Local scratch for streamed transactions, those larger than a batch and the staged
     # initial copy (default: <system temp>/pgsub-<uid>/<name>-<warehouse digest>, mode 700);

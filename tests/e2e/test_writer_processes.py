@@ -3,7 +3,7 @@ writer processes (apply/delta/writer/merge_processes.py). The daemon is killed -
 table's commit of a many-table batch: its writer processes go with it (the end of their
 pipe), and the next daemon brings every table to the publisher's rows, read by Spark and
 delta-rs, exactly once; stopped, it leaves no process behind. And ``auto``, the default: a
-daemon of 200 tables chooses two by itself."""
+daemon of 1,000 tables (``AUTO_TABLES``) chooses two by itself."""
 
 from __future__ import annotations
 

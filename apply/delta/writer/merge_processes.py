@@ -30,9 +30,15 @@ starts (``auto_processes``): two processes when it has at least
 ``AUTO_TABLES`` tables and the daemon may use two cores (``usable_cpus``: its
 cgroup's CPU quota, as a container's limit sets it, and its CPU affinity -
 not the node's count), none otherwise. Many small tables are where the
-processes pay; a few large ones drain a backlog faster by the apply
-process's threads, which need no net pickled over nor a key index read twice
-(docs/performance.md, "Writer processes chosen by themselves").
+processes pay: a batch of a thousand tables is mostly each table's fixed
+Python, which the processes share out. Fewer tables take more changes each,
+and the processes' own CPU (each net pickled over and read back, each table
+open twice) then costs more than the lock they spare: at 200 tables they
+shave a tenth off the lag at 1,000 changes a second, but fall behind at
+8,000 a second where the threads keep up, with the publisher on the same
+two cores; a few large tables drain a backlog faster by the threads too
+(docs/performance.md, "Writer processes chosen by themselves" and "8,000/s
+over 200 tables with writer processes").
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ CLOSE_SECONDS: Final = 30.0
 # ``writer_processes: auto``: this many processes for a subscription of at least
 # ``AUTO_TABLES`` tables, when the daemon may use as many cores.
 AUTO_PROCESSES: Final = 2
-AUTO_TABLES: Final = 200
+AUTO_TABLES: Final = 1000
 CGROUPS: Final = Path("/sys/fs/cgroup")
 
 log = structlog.get_logger(__name__)
