@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import stop_on_sigterm
+from benchmarks.memory import jvm_text
 
 # Each scenario's figures, in bench-<name>.json beside --out. A stored run from before the
 # backlog was added has none: ``render`` leaves its row out.
@@ -73,7 +74,7 @@ def memory(figures: dict[str, Any], python: str = "peak_rss_python_mb") -> str:
     if figures.get(python) is None:
         return "-"
     jvm = figures.get("peak_rss_jvm_mb")
-    return f"{mb(figures[python])} / {'no JVM' if jvm is None else mb(jvm)}"
+    return f"{mb(figures[python])} / {jvm_text(jvm)}"
 
 
 def soak_row(soak: dict[str, Any]) -> str:

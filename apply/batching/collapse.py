@@ -115,8 +115,18 @@ class KeyedNet:
             )
             for row in self.rows.values()
         ]
-        fields = (self.relation, self.key_columns, self.truncated, self.key_kinds)
-        return (_keyed_net, (*fields, self.truncate_tx, self.commits, rows))
+        return (
+            _keyed_net,
+            (
+                self.relation,
+                self.key_columns,
+                self.truncated,
+                self.key_kinds,
+                self.truncate_tx,
+                self.commits,
+                rows,
+            ),
+        )
 
 
 # A ``KeyedRow`` as ``KeyedNet.__reduce__`` sends it: its fields in order, its image as
