@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apply.delta.spark.session import SparkSettings, lazy_session
 from benchmarks.harness import (
     TABLE,
     BenchWarehouse,
     PgsubRun,
+    daemon_session,
     long_load_publisher,
     lsn_of,
     percentile,
@@ -215,8 +215,7 @@ def main() -> None:
         warehouse = BenchWarehouse(args.warehouse_in)
         try:
             conf = warehouse.spark_conf
-            # As `pgsub run` holds it (`spark.start: on_demand`): a JVM once a table needs one.
-            spark = lazy_session(SparkSettings(master="local[*]", conf=conf))
+            spark = daemon_session(conf)
             tune_garbage_collector()  # as `pgsub run` does
             ours = run_pgsub(publisher, args, spark, warehouse)
         finally:

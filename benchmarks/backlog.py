@@ -39,12 +39,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from apply.delta.spark.session import SparkSettings, lazy_session
 from benchmarks.apply_bench import LOAD
 from benchmarks.harness import (
     TABLE,
     NativeRun,
     PgsubRun,
+    daemon_session,
     long_load_publisher,
     lsn_of,
     stop_on_sigterm,
@@ -192,9 +192,7 @@ def main() -> None:
             conn.execute(LOAD.format(name="bench_pgsub", rows=args.rows))
             conn.execute("VACUUM ANALYZE")
         # pgsub first: PostgreSQL's subscriber's slot, made after, decodes none of its WAL.
-        # As `pgsub run` holds it (`spark.start: on_demand`, the default): a JVM only once the
-        # table needs Spark, and its start in the figure if the drain is what needs it.
-        spark = lazy_session(SparkSettings(master="local[*]"))
+        spark = daemon_session()  # its JVM, if the drain needs one, in the figure
         tune_garbage_collector()  # as `pgsub run` does
         ours = run_pgsub(publisher, args, spark)
         print(json.dumps(asdict(ours), indent=2), flush=True)

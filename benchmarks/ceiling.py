@@ -17,11 +17,11 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from apply.delta.spark.session import SparkSettings, lazy_session
 from benchmarks.harness import (
     NativeRun,
     PgsubRun,
     bench_publisher,
+    daemon_session,
     percentile,
     steady_load,
     stop_on_sigterm,
@@ -81,8 +81,7 @@ def main() -> None:
     try:
         with NativeRun(publisher, "ceiling_native") as native:
             theirs = step(publisher, "ceiling_native", rates, args, native.position)
-        # As `pgsub run` holds it (`spark.start: on_demand`): a JVM once the table needs one.
-        spark = lazy_session(SparkSettings(master="local[*]"))
+        spark = daemon_session()
         tune_garbage_collector()
         with PgsubRun(
             spark,

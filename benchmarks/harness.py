@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from apply.delta.spark.session import SparkSettings, lazy_session
 from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
@@ -308,6 +309,12 @@ class PgsubRun:
         if not self._keeps:
             shutil.rmtree(self.warehouse, ignore_errors=True)
         shutil.rmtree(self.spool, ignore_errors=True)
+
+
+def daemon_session(conf: dict[str, str] | None = None) -> Any:
+    """A local Spark session held as `pgsub run` holds it (`spark.start: on_demand`, the
+    default): its JVM starts only once a table needs Spark, and counts in the figures then."""
+    return lazy_session(SparkSettings(master="local[*]", conf=conf or {}))
 
 
 def stop_on_sigterm() -> None:

@@ -30,8 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from apply.delta.spark.session import SparkSettings, lazy_session
-from benchmarks.harness import TABLE, PgsubRun, lsn_of, stop_on_sigterm, wait_for
+from benchmarks.harness import TABLE, PgsubRun, daemon_session, lsn_of, stop_on_sigterm, wait_for
 from benchmarks.memory import jvm_peak_rss_mb, jvm_text, vm_hwm_mb
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
@@ -118,8 +117,7 @@ def run_pgsub(publisher: PgCluster, rows: int, max_changes: int) -> Figures:
     # Made now, so that its decoding starts after the native subscriber's transaction.
     with ReplicationConnection(publisher.dsn("bench")) as replication:
         replication.create_slot("bench")
-    # As `pgsub run` holds it (`spark.start: on_demand`): a JVM once the table needs one.
-    spark = lazy_session(SparkSettings(master="local[*]"))
+    spark = daemon_session()
     tune_garbage_collector()  # as `pgsub run` does
     spilled = [0.0]
     done = threading.Event()

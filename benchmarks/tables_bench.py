@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apply.delta.spark.session import SparkSettings, lazy_session
 from benchmarks.harness import (
     TABLE,
     BenchWarehouse,
     PgsubRun,
+    daemon_session,
     destroyed_if_unfinished,
     folder_bytes,
     lsn_of,
@@ -336,7 +336,7 @@ def main() -> None:
         conf = next((w.spark_conf for w in warehouses if w.spark_conf), {})
         # As `pgsub run` holds it (`spark.start: on_demand`, the default): a JVM only once a
         # table needs Spark - these small tables' copies and batches do not.
-        spark = lazy_session(SparkSettings(master="local[*]", conf=conf))
+        spark = daemon_session(conf)
         tune_garbage_collector()  # as `pgsub run` does
         ours = []
         for warehouse in warehouses:  # each its own subscription and slot
