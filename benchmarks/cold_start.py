@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -141,6 +142,9 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> Col
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         log.close()
+        # The daemon has ended: its 200 tables go, its log (named below) stays to be read.
+        for made in ("warehouse", "spool"):
+            shutil.rmtree(folder / made, ignore_errors=True)
     figures.notes.append(f"max_sync_workers {args.sync_workers}; log: {log.name}")
     figures.notes.append(f"writer_processes: {args.writer_processes}")
     if figures.peak_rss_jvm_mb is None:
