@@ -44,6 +44,7 @@ from benchmarks.harness import (
     write_results,
 )
 from benchmarks.memory import jvm_peak_rss_mb, jvm_text
+from subscriber.replication.catalog import wal_end
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
@@ -99,7 +100,7 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
 
             with publisher.connect("bench") as pub:
                 pub.execute("UPDATE bench_native SET n = n + 1")
-                target = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
+                target = wal_end(pub)
             figures.update_seconds = wait_for(applied, target)
             figures.update_rows_per_s = args.rows / figures.update_seconds
             if args.seconds:
@@ -140,7 +141,7 @@ def run_pgsub(
         batch=batch,
     ) as run:
         with publisher.connect("bench") as pub:
-            loaded = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
+            loaded = wal_end(pub)
         started = time.monotonic()
         run.start()
         # The N-row load was written after pgsub's slot was made: it arrives as one transaction.
@@ -152,7 +153,7 @@ def run_pgsub(
         requests = warehouse.requests()
         with publisher.connect("bench") as pub:
             pub.execute("UPDATE bench_pgsub SET n = n + 1")
-            target = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
+            target = wal_end(pub)
         figures.update_seconds = wait_for(run.position, target)
         figures.update_rows_per_s = args.rows / figures.update_seconds
         if warehouse.server is not None:

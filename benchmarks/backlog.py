@@ -46,13 +46,13 @@ from benchmarks.harness import (
     PgsubRun,
     daemon_session,
     long_load_publisher,
-    lsn_of,
     stop_on_sigterm,
     wait_for,
     write_results,
     writer_processes,
 )
 from benchmarks.memory import WriterMemory, jvm_peak_rss_mb, jvm_text
+from subscriber.replication.catalog import wal_end
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
@@ -88,7 +88,7 @@ def backlog(publisher: PgCluster, table: str, args: argparse.Namespace) -> Lsn:
     ]  # fmt: skip
     subprocess.run(pgbench, check=True, capture_output=True)  # noqa: S603
     with publisher.connect("bench") as conn:
-        return lsn_of(conn, "SELECT pg_current_wal_insert_lsn()")
+        return wal_end(conn)
 
 
 def restart_after(publisher: PgCluster, slot: str, lsn: Lsn, timeout: float = 120) -> None:
@@ -139,7 +139,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
     settings["writer_processes"] = args.writer_processes
     try:
         with publisher.connect("bench") as pub:
-            loaded = lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
+            loaded = wal_end(pub)
         with PgsubRun(spark, warehouse=warehouse, **settings) as first:
             first.start()
             wait_for(first.position, loaded)  # the N rows, one streamed INSERT; then it stops

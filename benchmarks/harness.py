@@ -32,6 +32,7 @@ import psycopg
 from apply.delta.spark.session import SparkSettings, lazy_session
 from apply.delta.state_store import CheckpointStore
 from subscriber.metrics import Metrics
+from subscriber.replication.catalog import wal_end
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import MaintenanceConfig, SubscriptionConfig
 from subscriber.runtime.embedded import PgCluster, bin_dir
@@ -106,9 +107,7 @@ def steady_load(
     def sample() -> None:
         with publisher.connect("bench") as conn:
             while not done.is_set():
-                samples.append(
-                    (time.monotonic(), lsn_of(conn, "SELECT pg_current_wal_insert_lsn()"))
-                )
+                samples.append((time.monotonic(), wal_end(conn)))
                 time.sleep(0.1)
 
     def observe() -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from benchmarks.harness import TABLE, PgsubRun, daemon_session, lsn_of, stop_on_sigterm, wait_for
 from benchmarks.memory import jvm_peak_rss_mb, jvm_text, vm_hwm_mb
+from subscriber.replication.catalog import wal_end
 from subscriber.replication.stream import ReplicationConnection
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
@@ -60,7 +61,7 @@ def insert(publisher: PgCluster, name: str, rows: int) -> tuple[float, Any]:
         started = time.monotonic()
         pub.execute(INSERT.format(name=name, rows=rows))
         seconds = time.monotonic() - started
-        return seconds, lsn_of(pub, "SELECT pg_current_wal_insert_lsn()")
+        return seconds, wal_end(pub)
 
 
 def run_native(publisher: PgCluster, rows: int) -> Figures:

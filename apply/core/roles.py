@@ -58,10 +58,10 @@ class PreparedTransactions(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PreparedLeftovers:
-    """Stagings whose transaction the publisher no longer held prepared when it was at
-    ``seen_at`` (its WAL insert position then). Their COMMIT/ROLLBACK PREPARED lies before
-    ``seen_at``: once the flush passes it, one still staged was left by a crash between
-    applying its finish and forgetting it, and is forgotten."""
+    """Stagings whose transaction the publisher no longer held prepared when its WAL ended at
+    ``seen_at`` (``catalog.wal_end``). Their COMMIT/ROLLBACK PREPARED lies before ``seen_at``:
+    once the flush passes it, one still staged was left by a crash between applying its finish
+    and forgetting it, and is forgotten."""
 
     stagings: tuple[tuple[str, int], ...]  # (gid, xid)
     seen_at: Lsn

@@ -21,7 +21,7 @@ from psycopg import pq
 
 from subscriber.replication import session
 from subscriber.replication.errors import ConnectionLostError, ReplicationError
-from subscriber.replication.lsn import Lsn
+from subscriber.replication.lsn import Lsn, record_end
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,21 +82,35 @@ def slot_wal(conn: psycopg.Connection[Any], slot: str) -> SlotWal | None:
     )
 
 
+WAL_END_QUERY: Final = (
+    "SELECT CASE WHEN pg_catalog.pg_is_in_recovery()"
+    " THEN pg_catalog.pg_last_wal_replay_lsn()"
+    " ELSE pg_catalog.pg_current_wal_insert_lsn() END::text,"
+    " pg_catalog.current_setting('wal_block_size')::int,"
+    " pg_catalog.pg_size_bytes(pg_catalog.current_setting('wal_segment_size'))"
+)
+
+
+def wal_end(conn: psycopg.Connection[Any]) -> Lsn:
+    """Where the server's WAL ends now, as a slot can confirm it: the end of its last record
+    (``record_end``; on a standby, the last one replayed). A target of "caught up with every
+    transaction committed so far" is this, not ``pg_current_wal_insert_lsn()``, which can lie
+    past a page header that no slot reaches until more WAL is written."""
+    row = conn.execute(WAL_END_QUERY).fetchone()
+    assert row is not None
+    position, block_size, segment_size = row
+    return record_end(Lsn.parse(str(position)), int(block_size), int(segment_size))
+
+
 def prepared_transactions(conn: psycopg.Connection[Any]) -> tuple[set[tuple[str, int]], Lsn]:
-    """The database's prepared transactions (gid, xid) and the WAL insert position after
-    them: a transaction missing from the set was finished below that position."""
+    """The database's prepared transactions (gid, xid) and the WAL's end after them
+    (``wal_end``): a transaction missing from the set was finished below that position."""
     prepared = conn.execute(
         "SELECT gid, transaction::text::bigint FROM pg_catalog.pg_prepared_xacts"
         " WHERE database = pg_catalog.current_database()"
     ).fetchall()
     # Read after the list: whatever finished before the list was read lies below it.
-    row = conn.execute(
-        "SELECT CASE WHEN pg_catalog.pg_is_in_recovery()"
-        " THEN pg_catalog.pg_last_wal_replay_lsn()"
-        " ELSE pg_catalog.pg_current_wal_insert_lsn() END::text"
-    ).fetchone()
-    assert row is not None
-    return {(str(gid), int(xid)) for gid, xid in prepared}, Lsn.parse(str(row[0]))
+    return {(str(gid), int(xid)) for gid, xid in prepared}, wal_end(conn)
 
 
 # Values rendered by one statement: one result column each (a target list holds 1,664 at

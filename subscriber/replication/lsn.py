@@ -40,3 +40,22 @@ ZERO: Final = Lsn(0)
 # An LSN read from the wire as an unsigned 64-bit integer: in range by construction, so
 # made without ``Lsn.__new__``'s check (0.2 us less, and a transaction's frames carry five).
 unpacked: Final = cast(Callable[[int], Lsn], partial(int.__new__, Lsn))
+
+# A WAL page opens with a short header; a segment's first page with a long one.
+SHORT_PAGE_HEADER: Final = 24
+LONG_PAGE_HEADER: Final = 40
+
+
+def record_end(insert: Lsn, block_size: int, segment_size: int) -> Lsn:
+    """Where the last WAL record ends, from ``pg_current_wal_insert_lsn()`` (``insert``).
+
+    When that record ended at a page's end, the insert position points past the next page's
+    header, where the next record will begin. No record ends there, so no slot can confirm it
+    before more WAL is written - on an idle server, never. "Everything written so far" is
+    this position, the one a commit reports and a slot confirms.
+    """
+    if insert % segment_size == LONG_PAGE_HEADER:
+        return Lsn(insert - LONG_PAGE_HEADER)
+    if insert % block_size == SHORT_PAGE_HEADER:
+        return Lsn(insert - SHORT_PAGE_HEADER)
+    return insert

@@ -29,6 +29,7 @@ import psycopg
 import structlog
 from psycopg.types.json import Jsonb
 
+from subscriber.replication.catalog import wal_end
 from subscriber.replication.errors import UsageError
 from subscriber.replication.lsn import Lsn
 from subscriber.runtime.config import (
@@ -90,11 +91,9 @@ def _publisher(cluster: PgCluster) -> str:
     return dsn
 
 
-def _insert_lsn(dsn: str) -> Lsn:
+def _wal_end(dsn: str) -> Lsn:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    return Lsn.parse(str(row[0]))
+        return wal_end(conn)
 
 
 def clear_previous_run(warehouse: Path) -> None:
@@ -120,7 +119,7 @@ def clear_previous_run(warehouse: Path) -> None:
 
 
 def _catch_up(daemon: Daemon, dsn: str, timeout: float = 300) -> None:
-    target = _insert_lsn(dsn)
+    target = _wal_end(dsn)
     deadline = time.monotonic() + timeout
     log.info("demo catching up before stopping", target_lsn=str(target))
     while time.monotonic() < deadline and daemon.check_spark():

@@ -136,7 +136,7 @@ def test_a_finished_copy_catches_up_to_everything_the_slot_confirmed(
     doomed = daemons(config, port, "tablesync.before_syncdone")
     assert doomed.wait_exit(timeout=300) == -9, doomed.logs()
     publisher.execute("INSERT INTO bag SELECT g, 'skipped' FROM generate_series(1, 500) g")
-    written = publisher.fetchval("SELECT pg_current_wal_insert_lsn()")
+    written = str(publisher.wal_end())
 
     def advanced() -> bool:  # not past the WAL flushed yet: tried until it is
         return bool(

@@ -236,7 +236,7 @@ def group_commands(group: int) -> list[str]:
 
 def wait_confirmed(publisher: PgDatabase, slot: str = "sub1", timeout: float = 180) -> None:
     """Wait until the slot confirms everything the publisher has written so far."""
-    target = publisher.fetchval("SELECT pg_current_wal_insert_lsn()")
+    target = str(publisher.wal_end())
 
     def confirmed() -> bool:
         return bool(

@@ -10,6 +10,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from subscriber.replication.catalog import wal_end
+from subscriber.replication.lsn import Lsn
 from tests.support.pgcluster import PgCluster, wait_until
 
 _names = itertools.count(1)
@@ -56,6 +58,12 @@ class PgDatabase:
     def fetchval(self, query: str, params: Sequence[Any] | None = None) -> Any:
         rows = self.fetch(query, params)
         return rows[0][0] if rows else None
+
+    def wal_end(self) -> Lsn:
+        """Where the WAL ends now, as a slot can confirm it (``catalog.wal_end``): the target
+        of "caught up with everything committed so far"."""
+        with self.connect() as conn:
+            return wal_end(conn)
 
     def set_config(self, name: str, value: str) -> None:
         """A per-database setting (e.g. logical_decoding_work_mem) for new sessions."""

@@ -100,8 +100,8 @@ class Replication:
 
     def caught_up(self, timeout: float = 120) -> None:
         """Wait until every transaction committed on the publisher so far is applied."""
-        # The insert position: with synchronous_commit off the write position lags commits.
-        target = Lsn.parse(self.publisher.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+        # From the insert position: with synchronous_commit off the write position lags commits.
+        target = self.publisher.wal_end()
 
         def done() -> bool:
             runner = self.runner

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from subscriber.replication.commands import StreamOptions
 from subscriber.replication.errors import ProtocolError
-from subscriber.replication.lsn import Lsn
+from subscriber.replication.lsn import SHORT_PAGE_HEADER, Lsn
 from subscriber.replication.messages import Begin, Commit, Insert, LogicalMessage, Message
 from subscriber.replication.pgoutput import PgOutputDecoder
 from subscriber.replication.progress import HeldProgress, Progress
@@ -60,6 +60,77 @@ def test_idle_slot_confirmed_flush_advances(publisher: PgDatabase) -> None:
             return Lsn.parse(db.confirmed_flush_lsn("s1") or "0/0") >= target
 
         wait_until(confirmed, timeout=30, what="confirmed_flush_lsn to pass the WAL written")
+    finally:
+        stream.stop()
+
+
+def end_wal_at_a_page_boundary(db: PgDatabase) -> Lsn:
+    """Write non-transactional logical messages until one ends exactly at a WAL page's end;
+    returns that end (the insert position then points past the next page's header)."""
+    with db.connect() as conn:
+
+        def insert() -> int:
+            return Lsn.parse(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+
+        def emit(size: int) -> None:
+            conn.execute("SELECT pg_logical_emit_message(false, 'fill', repeat('x', %s))", [size])
+
+        for attempt in range(200):
+            start = insert()
+            emit(100)
+            size = insert() - start  # this record's size, aligned (when on one page)
+            room = 8192 - insert() % 8192
+            wanted = 100 + room - size - 8 * (attempt % 4)  # alignment: a few sizes in turn
+            if wanted > 0:
+                emit(wanted)
+                if insert() % 8192 == SHORT_PAGE_HEADER:
+                    return Lsn(insert() - SHORT_PAGE_HEADER)
+    raise AssertionError("no record ended at a page's end in 200 tries")
+
+
+def test_an_idle_slot_confirms_the_wal_end_when_the_last_record_ends_a_page(
+    publisher: PgDatabase,
+) -> None:
+    """The insert position then lies past the next page's header, where no record ends: the
+    WAL's end (``wal_end``) is the page boundary, and the slot of an idle stream confirms it
+    with no WAL after it (a target of the insert position waits for more WAL: on an idle
+    server, forever)."""
+    db = publisher
+    db.execute("CREATE TABLE t (a int); CREATE PUBLICATION p FOR TABLE t")
+    create_slot(db, "s1")
+    progress = Progress()
+    connection = ReplicationConnection(db.replication_dsn)
+    stream = connection.start_replication(
+        "s1", Lsn(0), StreamOptions(("p",)), progress, status_interval=0.5, wal_receiver_timeout=2.0
+    )
+
+    def inserting() -> Lsn:
+        return Lsn.parse(db.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+
+    def confirmed_alone(boundary: Lsn, target: Lsn) -> bool | None:
+        """Whether the slot confirmed ``target`` with no WAL after ``boundary`` (None: other
+        WAL came - autovacuum, a standby snapshot - and the page boundary is behind)."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert stream.read(timeout=0.2) is None  # a message of no table, not published
+            confirmed = Lsn.parse(db.confirmed_flush_lsn("s1") or "0/0")
+            if inserting() != boundary + SHORT_PAGE_HEADER:
+                return None
+            if confirmed >= target:
+                return confirmed == target == boundary
+        return False
+
+    try:
+        for _ in range(5):
+            boundary = end_wal_at_a_page_boundary(db)
+            target = db.wal_end()
+            outcome = confirmed_alone(boundary, target)
+            if outcome is not None:
+                assert outcome, (
+                    f"slot s1 did not confirm {target} (the last record ends at {boundary})"
+                )
+                return
+        raise AssertionError("other WAL kept coming after the page boundary: five tries")
     finally:
         stream.stop()
 

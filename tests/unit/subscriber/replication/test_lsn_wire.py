@@ -3,7 +3,7 @@ import struct
 import pytest
 
 from subscriber.replication.errors import ProtocolError
-from subscriber.replication.lsn import Lsn
+from subscriber.replication.lsn import Lsn, record_end
 from subscriber.replication.wire import (
     Keepalive,
     XLogData,
@@ -19,6 +19,19 @@ def test_lsn_text_round_trip() -> None:
     assert str(lsn) == "16/B374D848"
     assert str(Lsn(0)) == "0/0"
     assert Lsn.parse("0/1528540") < Lsn.parse("0/1528570")
+
+
+@pytest.mark.parametrize(
+    ("insert", "end"),
+    [
+        ("0/1504018", "0/1504000"),  # past a page's short header: the page boundary
+        ("0/5000028", "0/5000000"),  # past a segment's first (long) header
+        ("0/1504020", "0/1504020"),  # after a record on the page: that record's end
+        ("1/0", "1/0"),
+    ],
+)
+def test_the_wal_end_is_the_last_record_end_not_past_a_page_header(insert: str, end: str) -> None:
+    assert record_end(Lsn.parse(insert), 8192, 16 << 20) == Lsn.parse(end)
 
 
 @pytest.mark.parametrize("text", ["", "1", "G/0", "1/2/3", "123456789/0"])
