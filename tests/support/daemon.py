@@ -89,7 +89,8 @@ def write_subscriptions(
     sees_warehouse: bool | None = None,
     **settings: Any,
 ) -> int:
-    """A config with one subscription of publication ``pub`` per (name, publisher); the port."""
+    """A config with one subscription of publication ``pub`` per (name, publisher), each
+    spooling beside ``path``; the port."""
     port = free_port()
     subscriptions = [
         {
@@ -99,6 +100,9 @@ def write_subscriptions(
             "copy_data": False,
             "status_interval": "1s",
             "wal_retrieve_retry_interval": "1s",
+            # Beside the config, in the test's own folder: not the daemon's default under
+            # /tmp/pgsub-<uid>/, where each test's (empty) spool would stay behind.
+            "spool_dir": str(path.parent / f"spool-{name}"),
             **settings,
         }
         for name, publisher in publishers.items()
