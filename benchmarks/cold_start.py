@@ -142,7 +142,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> Col
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         log.close()
-        # The daemon has ended: its 200 tables go, its log (named below) stays to be read.
+        # The daemon has ended: its tables go, its log (named below) stays to be read.
         for made in ("warehouse", "spool"):
             shutil.rmtree(folder / made, ignore_errors=True)
     figures.notes.append(f"max_sync_workers {args.sync_workers}; log: {log.name}")
