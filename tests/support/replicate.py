@@ -44,11 +44,10 @@ class Replication:
             "copy_data": False,
             "status_interval": 1,
             "wal_retrieve_retry_interval": 0.5,
-        }
-        if isinstance(warehouse, Path):
             # Beside the test's warehouse, one spool per warehouse as the daemon's default
             # is; not that default's /tmp/pgsub-<uid>, where each run left a folder.
-            defaults["spool_dir"] = Path(f"{warehouse}.spool-{name}")
+            "spool_dir": Path(f"{warehouse}.spool-{name}"),
+        }
         self.config = SubscriptionConfig(
             name=name,
             connection=publisher.dsn,

@@ -64,27 +64,28 @@ def test_idle_slot_confirmed_flush_advances(publisher: PgDatabase) -> None:
         stream.stop()
 
 
+WAL_PAGE = 8192  # the test clusters' wal_block_size
+
+
+def insert_position(db: PgDatabase) -> Lsn:
+    return Lsn.parse(db.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+
+
 def end_wal_at_a_page_boundary(db: PgDatabase) -> Lsn:
     """Write non-transactional logical messages until one ends exactly at a WAL page's end;
     returns that end (the insert position then points past the next page's header)."""
-    with db.connect() as conn:
 
-        def insert() -> int:
-            return Lsn.parse(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+    def emit(size: int) -> Lsn:
+        db.execute("SELECT pg_logical_emit_message(false, 'fill', repeat('x', %s))", [size])
+        return insert_position(db)
 
-        def emit(size: int) -> None:
-            conn.execute("SELECT pg_logical_emit_message(false, 'fill', repeat('x', %s))", [size])
-
-        for attempt in range(200):
-            start = insert()
-            emit(100)
-            size = insert() - start  # this record's size, aligned (when on one page)
-            room = 8192 - insert() % 8192
-            wanted = 100 + room - size - 8 * (attempt % 4)  # alignment: a few sizes in turn
-            if wanted > 0:
-                emit(wanted)
-                if insert() % 8192 == SHORT_PAGE_HEADER:
-                    return Lsn(insert() - SHORT_PAGE_HEADER)
+    for attempt in range(200):
+        start = insert_position(db)
+        after = emit(100)
+        size = after - start  # this record's size, aligned (when on one page)
+        wanted = 100 + WAL_PAGE - after % WAL_PAGE - size - 8 * (attempt % 4)  # a few in turn
+        if wanted > 0 and (end := emit(wanted)) % WAL_PAGE == SHORT_PAGE_HEADER:
+            return Lsn(end - SHORT_PAGE_HEADER)
     raise AssertionError("no record ended at a page's end in 200 tries")
 
 
@@ -104,9 +105,6 @@ def test_an_idle_slot_confirms_the_wal_end_when_the_last_record_ends_a_page(
         "s1", Lsn(0), StreamOptions(("p",)), progress, status_interval=0.5, wal_receiver_timeout=2.0
     )
 
-    def inserting() -> Lsn:
-        return Lsn.parse(db.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
-
     def confirmed_alone(boundary: Lsn, target: Lsn) -> bool | None:
         """Whether the slot confirmed ``target`` with no WAL after ``boundary`` (None: other
         WAL came - autovacuum, a standby snapshot - and the page boundary is behind)."""
@@ -114,7 +112,7 @@ def test_an_idle_slot_confirms_the_wal_end_when_the_last_record_ends_a_page(
         while time.monotonic() < deadline:
             assert stream.read(timeout=0.2) is None  # a message of no table, not published
             confirmed = Lsn.parse(db.confirmed_flush_lsn("s1") or "0/0")
-            if inserting() != boundary + SHORT_PAGE_HEADER:
+            if insert_position(db) != boundary + SHORT_PAGE_HEADER:
                 return None
             if confirmed >= target:
                 return confirmed == target == boundary
