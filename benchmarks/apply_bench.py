@@ -35,6 +35,7 @@ from benchmarks.harness import (
     BenchWarehouse,
     PgsubRun,
     daemon_session,
+    discard_cluster,
     long_load_publisher,
     lsn_of,
     percentile,
@@ -120,7 +121,7 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
                 )
             conn.execute("ALTER SUBSCRIPTION native DISABLE")
     finally:
-        subscriber.destroy()
+        discard_cluster(subscriber)
     return figures
 
 
@@ -223,7 +224,7 @@ def main() -> None:
             warehouse.close()
         print(json.dumps(asdict(ours), indent=2), flush=True)
     finally:
-        publisher.destroy()
+        discard_cluster(publisher)
     report(args, native, ours)
 
 

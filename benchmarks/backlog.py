@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import subprocess
 import tempfile
 import time
@@ -45,6 +44,8 @@ from benchmarks.harness import (
     NativeRun,
     PgsubRun,
     daemon_session,
+    discard,
+    discard_cluster,
     long_load_publisher,
     stop_on_sigterm,
     wait_for,
@@ -157,7 +158,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, spark: Any) -> Fig
             figures.peak_rss_python_mb += memory.peak_mb
             figures.peak_rss_jvm_mb = jvm_peak_rss_mb()
     finally:
-        shutil.rmtree(warehouse, ignore_errors=True)
+        discard(warehouse)
     figures.transactions_per_s = figures.transactions / figures.drain_seconds
     return figures
 
@@ -199,7 +200,7 @@ def main() -> None:
         native = run_native(publisher, args)
         print(json.dumps(asdict(native), indent=2), flush=True)
     finally:
-        publisher.destroy()
+        discard_cluster(publisher)
     write_results(args, ours, native)
     print(f"rows={args.rows:,} backlog={ours.transactions:,} single-row UPDATEs")
     print("| figure | pgsub | PostgreSQL 15 subscriber | pgsub / PostgreSQL |")

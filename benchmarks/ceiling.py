@@ -22,6 +22,7 @@ from benchmarks.harness import (
     PgsubRun,
     bench_publisher,
     daemon_session,
+    discard_cluster,
     percentile,
     steady_load,
     stop_on_sigterm,
@@ -94,7 +95,7 @@ def main() -> None:
             ours = step(publisher, "ceiling_pgsub", rates, args, run.position)
             memory = peak_rss()
     finally:
-        publisher.destroy()
+        discard_cluster(publisher)
     figures = {
         "pgsub": ours,
         "native": theirs,

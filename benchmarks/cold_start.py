@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,7 +33,13 @@ from typing import Any
 
 import yaml
 
-from benchmarks.harness import stop_on_sigterm, write_results, writer_processes
+from benchmarks.harness import (
+    discard,
+    discard_cluster,
+    stop_on_sigterm,
+    write_results,
+    writer_processes,
+)
 from benchmarks.memory import children, command, pss_mb, vm_hwm_mb
 from benchmarks.tables_bench import publisher_with_tables, run_native
 from subscriber.runtime.embedded import PgCluster
@@ -144,7 +149,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> Col
         log.close()
         # The daemon has ended: its tables go, its log (named below) stays to be read.
         for made in ("warehouse", "spool"):
-            shutil.rmtree(folder / made, ignore_errors=True)
+            discard(folder / made)
     figures.notes.append(f"max_sync_workers {args.sync_workers}; log: {log.name}")
     figures.notes.append(f"writer_processes: {args.writer_processes}")
     if figures.peak_rss_jvm_mb is None:
@@ -178,7 +183,7 @@ def main() -> None:
         native = run_native(publisher, args)
         runs = [run_pgsub(publisher, args, start) for start in args.spark_start.split(",")]
     finally:
-        publisher.destroy()
+        discard_cluster(publisher)
     for ours in runs:
         print(json.dumps(asdict(ours), indent=2), flush=True)
     print(f"\n{args.tables} tables x {args.rows} rows, from the start to every table READY")

@@ -11,6 +11,7 @@ origin's ``remote_lsn``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -44,6 +46,63 @@ CREATE TABLE {name} (
     id bigint PRIMARY KEY, n int NOT NULL, t text, ts timestamptz, amount numeric(12, 2)
 )
 """
+
+
+# The folder a benchmark's used folders are moved into (``discard``): the suite's, shared by
+# its scenarios' processes and emptied once they have all run; else this process's own,
+# emptied as it exits.
+TRASH_VARIABLE = "PGSUB_BENCH_TRASH"
+_own_trash: list[Path] = []
+
+
+def discard(folder: Path | str) -> None:
+    """``folder``, which the benchmark made and no longer needs, moved aside now and removed
+    once every scenario has run (``TRASH_VARIABLE``), not between two measurements.
+
+    On a file system without a journal (this machine's root: ext4, no journal) a file's
+    creation passes over every inode of its block group freed in the last minutes (the
+    kernel's ``recently_deleted``, which a journaled ext4 skips): after a clean-up of a few
+    thousand files, 0.2-0.9 ms of kernel time a file for minutes, against 0.02 ms. pgsub
+    creates three files a table a batch and PostgreSQL's subscriber none, so a scenario
+    measured right after another one's clean-up (PostgreSQL's subscriber's cluster, the
+    previous scenario's) charged it to pgsub alone (docs/performance.md, "The file system
+    under the benchmarks")."""
+    path = Path(folder)
+    if not path.exists():
+        return
+    try:
+        path.rename(_trash() / uuid.uuid4().hex)
+    except OSError:  # on another file system, or not this user's to move
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def discard_cluster(cluster: PgCluster) -> None:
+    """``cluster`` stopped at once, its folder ``discard``-ed."""
+    cluster.stop("immediate")
+    discard(cluster.root)
+
+
+def _trash() -> Path:
+    shared = os.environ.get(TRASH_VARIABLE)
+    if shared:
+        return Path(shared)
+    if not _own_trash:
+        _own_trash.append(Path(tempfile.mkdtemp(prefix="pgsub-bench-trash-")))
+        atexit.register(shutil.rmtree, _own_trash[0], ignore_errors=True)
+    return _own_trash[0]
+
+
+@contextmanager
+def shared_trash() -> Iterator[None]:
+    """Within the block, every benchmark process started discards into one folder, removed
+    when the block ends (``benchmarks.suite``'s scenarios)."""
+    trash = tempfile.mkdtemp(prefix="pgsub-bench-trash-")
+    os.environ[TRASH_VARIABLE] = trash
+    try:
+        yield
+    finally:
+        del os.environ[TRASH_VARIABLE]
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def lsn_of(conn: psycopg.Connection[Any], query: str) -> Lsn:
@@ -152,7 +211,7 @@ def destroyed_if_unfinished(cluster: PgCluster) -> Iterator[PgCluster]:
     try:
         yield cluster
     except BaseException:
-        cluster.destroy()
+        discard_cluster(cluster)
         raise
 
 
@@ -218,7 +277,7 @@ class NativeRun:
         self._conn.execute("ALTER SUBSCRIPTION native SET (slot_name = NONE)")
         self._conn.execute("DROP SUBSCRIPTION native")
         self._conn.close()
-        self.subscriber.destroy()
+        discard_cluster(self.subscriber)
 
 
 def writer_processes(value: str) -> int | str:
@@ -306,8 +365,8 @@ class PgsubRun:
         if self._thread.is_alive():
             self._thread.join(timeout=300)
         if not self._keeps:
-            shutil.rmtree(self.warehouse, ignore_errors=True)
-        shutil.rmtree(self.spool, ignore_errors=True)
+            discard(self.warehouse)
+        discard(self.spool)
 
 
 def daemon_session(conf: dict[str, str] | None = None) -> Any:
@@ -397,7 +456,7 @@ class BenchWarehouse:
 
         if self.server is not None:
             stop_s3_server(self.server)
-        shutil.rmtree(self._scratch, ignore_errors=True)
+        discard(self._scratch)
 
 
 def folder_bytes(path: Path) -> int:

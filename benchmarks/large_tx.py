@@ -30,7 +30,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import TABLE, PgsubRun, daemon_session, lsn_of, stop_on_sigterm, wait_for
+from benchmarks.harness import (
+    TABLE,
+    PgsubRun,
+    daemon_session,
+    discard_cluster,
+    lsn_of,
+    stop_on_sigterm,
+    wait_for,
+)
 from benchmarks.memory import jvm_peak_rss_mb, jvm_text, vm_hwm_mb
 from subscriber.replication.catalog import wal_end
 from subscriber.replication.stream import ReplicationConnection
@@ -109,7 +117,7 @@ def run_native(publisher: PgCluster, rows: int) -> Figures:
             figures.peak_rss_mb = peak[0] or None
             conn.execute("ALTER SUBSCRIPTION native DISABLE")
     finally:
-        subscriber.destroy()
+        discard_cluster(subscriber)
     return figures
 
 
@@ -179,7 +187,7 @@ def main() -> None:
         ours = run_pgsub(publisher, args.rows, args.max_changes)
         print(json.dumps(asdict(ours), indent=2), flush=True)
     finally:
-        publisher.destroy()
+        discard_cluster(publisher)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"rows": args.rows, "pgsub": asdict(ours), "native": asdict(native)}, indent=2)

@@ -34,6 +34,7 @@ from benchmarks.harness import (
     NativeRun,
     PgsubRun,
     bench_publisher,
+    discard_cluster,
     folder_bytes,
     percentile,
     steady_load,
@@ -252,7 +253,7 @@ def main() -> None:
         print(f"the publisher's last log lines: {kept_log}")
         raise
     finally:
-        publisher.destroy()
+        discard_cluster(publisher)
         closing.close()
     figures["pgsub"] = ours
     report(args, figures)

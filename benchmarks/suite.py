@@ -40,7 +40,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import stop_on_sigterm
+from benchmarks.harness import shared_trash, stop_on_sigterm
 from benchmarks.memory import jvm_text
 
 # Each scenario's figures, in bench-<name>.json beside --out. A stored run from before the
@@ -227,6 +227,28 @@ def main() -> None:
     stop_on_sigterm()
     folder = args.out.parent
     folder.mkdir(parents=True, exist_ok=True)
+    # Every scenario's folders are removed once they have all run, not before the next one
+    # (``benchmarks.harness.discard``).
+    with shared_trash():
+        _scenarios(args, folder)
+    figures = {name: json.loads((folder / f"bench-{name}.json").read_text()) for name in SCENARIOS}
+    machine = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {_cores()} cores",
+        "python": platform.python_version(),
+        "pyspark": version("pyspark"),
+        "delta-spark": version("delta-spark"),
+        "command": " ".join(sys.argv),
+    }
+    print("\n" + render(figures))
+    print(", ".join(f"{k}: {v}" for k, v in machine.items()))
+    args.out.write_text(json.dumps({"machine": machine, **figures}, indent=2))
+    print(f"figures written to {args.out}")
+
+
+def _scenarios(args: argparse.Namespace, folder: Path) -> None:
+    """Each scenario in its own process, one after the other; each writes its figures to
+    ``bench-<name>.json`` in ``folder``."""
     sync_json, stream_json, apply_json, large_json = (
         folder / f"bench-{n}.json" for n in ("sync", "stream", "apply", "large")
     )
@@ -265,19 +287,6 @@ def main() -> None:
         *("--rate", str(args.rate), "--window", str(max(1.0, args.soak_minutes / 6))),
         *("--out", str(soak_json)),
     )
-    figures = {name: json.loads((folder / f"bench-{name}.json").read_text()) for name in SCENARIOS}
-    machine = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {_cores()} cores",
-        "python": platform.python_version(),
-        "pyspark": version("pyspark"),
-        "delta-spark": version("delta-spark"),
-        "command": " ".join(sys.argv),
-    }
-    print("\n" + render(figures))
-    print(", ".join(f"{k}: {v}" for k, v in machine.items()))
-    args.out.write_text(json.dumps({"machine": machine, **figures}, indent=2))
-    print(f"figures written to {args.out}")
 
 
 def _cores() -> int:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from apply.delta.spark.session import SparkSettings, build_session, stop_sessions
-from benchmarks.harness import BenchWarehouse, PgsubRun, stop_on_sigterm
+from benchmarks.harness import BenchWarehouse, PgsubRun, discard, discard_cluster, stop_on_sigterm
 from benchmarks.memory import jvm_peak_rss_mb
 from subscriber.runtime.daemon import tune_garbage_collector
 from subscriber.runtime.embedded import PgCluster
@@ -85,7 +85,7 @@ def native(publisher: PgCluster, rows: int) -> float:
         with publisher.connect("bench") as pub:
             pub.execute("SELECT pg_drop_replication_slot('native')")
     finally:
-        subscriber.destroy()
+        discard_cluster(subscriber)
     return rows / seconds
 
 
@@ -201,7 +201,7 @@ def main() -> None:
         parser.error("--warehouse-in s3 takes one --ranges value (the bucket holds one table)")
     publisher = PgCluster(major=15, settings={"max_wal_size": "4GB"}).start()
     with contextlib.ExitStack() as stack:
-        stack.callback(publisher.destroy)
+        stack.callback(discard_cluster, publisher)
         with publisher.connect() as conn:
             conn.execute("CREATE DATABASE bench")
         with publisher.connect("bench") as conn:
@@ -212,7 +212,8 @@ def main() -> None:
         raw = raw_copy(publisher)
         theirs = None if args.skip_native else native(publisher, args.rows)
         master, remote = args.master, args.remote
-        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pgsub-bench-")))
+        root = Path(tempfile.mkdtemp(prefix="pgsub-bench-"))
+        stack.callback(discard, root)
         if master == "standalone":
             from tests.support.spark_cluster import standalone_cluster
 

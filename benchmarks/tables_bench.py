@@ -42,6 +42,7 @@ from benchmarks.harness import (
     PgsubRun,
     daemon_session,
     destroyed_if_unfinished,
+    discard_cluster,
     folder_bytes,
     lsn_of,
     percentile,
@@ -195,7 +196,7 @@ def run_native(publisher: PgCluster, args: argparse.Namespace) -> Figures:
             conn.execute("ALTER SUBSCRIPTION native SET (slot_name = NONE)")
             conn.execute("DROP SUBSCRIPTION native")
     finally:
-        subscriber.destroy()
+        discard_cluster(subscriber)
     return figures
 
 
@@ -343,7 +344,7 @@ def main() -> None:
             ours.append(run_pgsub(publisher, args, spark, warehouse))
             print(json.dumps(asdict(ours[-1]), indent=2), flush=True)
     finally:
-        publisher.destroy()
+        discard_cluster(publisher)
         for warehouse in warehouses:
             warehouse.close()
     if native is None:  # --pgsub-only: the JSON above

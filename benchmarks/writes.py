@@ -34,6 +34,7 @@ from benchmarks.harness import (
     NativeRun,
     PgsubRun,
     bench_publisher,
+    discard_cluster,
     folder_bytes,
     percentile,
     steady_load,
@@ -127,7 +128,7 @@ def one_size(spark: Any, rows: int, args: argparse.Namespace) -> dict[str, Any]:
             "kept_up": load.kept_up,
         }
     finally:
-        publisher.destroy()
+        discard_cluster(publisher)
     return figures
 
 
