@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -52,7 +53,6 @@ CREATE TABLE {name} (
 # its scenarios' processes and emptied once they have all run; else this process's own,
 # emptied as it exits.
 TRASH_VARIABLE = "PGSUB_BENCH_TRASH"
-_own_trash: list[Path] = []
 
 
 def discard(folder: Path | str) -> None:
@@ -84,12 +84,15 @@ def discard_cluster(cluster: PgCluster) -> None:
 
 def _trash() -> Path:
     shared = os.environ.get(TRASH_VARIABLE)
-    if shared:
-        return Path(shared)
-    if not _own_trash:
-        _own_trash.append(Path(tempfile.mkdtemp(prefix="pgsub-bench-trash-")))
-        atexit.register(shutil.rmtree, _own_trash[0], ignore_errors=True)
-    return _own_trash[0]
+    return Path(shared) if shared else _own_trash()
+
+
+@functools.cache
+def _own_trash() -> Path:
+    """This process's trash folder, made at its first ``discard`` and removed as it exits."""
+    trash = Path(tempfile.mkdtemp(prefix="pgsub-bench-trash-"))
+    atexit.register(shutil.rmtree, trash, ignore_errors=True)
+    return trash
 
 
 @contextmanager

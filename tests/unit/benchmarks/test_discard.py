@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.harness import TRASH_VARIABLE, discard, shared_trash
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _made(root: Path) -> tuple[Path, int]:
@@ -42,3 +46,13 @@ def test_a_folder_that_cannot_be_moved_is_removed_at_once(
     discard(folder)
     assert not folder.exists()
     discard(folder)  # gone already: nothing to do
+
+
+def test_a_process_without_a_shared_trash_empties_its_own_as_it_exits(tmp_path: Path) -> None:
+    folder, _ = _made(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != TRASH_VARIABLE}
+    env["TMPDIR"] = str(tmp_path)  # where the process makes its own trash
+    code = "import sys; from benchmarks.harness import discard; discard(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(folder)], check=True, env=env, cwd=ROOT)
+    assert not folder.exists()
+    assert not list(tmp_path.glob("pgsub-bench-trash-*"))  # emptied and removed at exit
