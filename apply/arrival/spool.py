@@ -54,6 +54,7 @@ import pyarrow as pa
 from apply.arrival.spool_frames import FRAME, SpoolError, decode_pickled, encode_frame
 from apply.arrival.spooled_piece import SpooledPiece
 from apply.columns.change_columns import ChangeColumns
+from apply.core import folders
 from apply.core.transactions import (
     Bounds,
     Change,
@@ -343,24 +344,14 @@ class SpooledTransaction:
 
 
 def private_directory(path: Path) -> Path:
-    """``path`` as a directory only this user can enter, made if missing.
-
-    Spool files hold row data. A directory made by someone else first (a
-    predictable name under a shared /tmp) or opened to others is refused,
-    not used.
-    """
-    try:
-        path.mkdir(parents=True, mode=0o700, exist_ok=True)
-        info = path.stat()
-    except OSError as exc:
-        raise SpoolError(f"cannot create the spool directory {path}: {exc}") from exc
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise SpoolError(
-            f"the spool directory {path} belongs to uid {info.st_uid} with mode "
-            f"{info.st_mode & 0o777:o}; it must be this user's ({os.getuid()}) with mode 700: "
-            "remove it, or set spool_dir to a directory of this user's"
-        )
-    return path
+    """``path`` as a spool directory only this user can enter (spool files hold row data),
+    made if missing."""
+    return folders.private_directory(
+        path,
+        what="the spool directory",
+        remedy="set spool_dir to a directory of this user's",
+        error=SpoolError,
+    )
 
 
 class SpoolDirectory:

@@ -17,8 +17,10 @@ def daemons(request: pytest.FixtureRequest) -> Iterator[Callable[..., DaemonProc
     started: list[DaemonProcess] = []
     request.node.pgsub_daemons = started  # read by ``pytest_runtest_makereport``
 
-    def start(config: Path, port: int, failpoints: str | None = None) -> DaemonProcess:
-        daemon = DaemonProcess(config, port, failpoints)
+    def start(
+        config: Path, port: int, failpoints: str | None = None, temp: Path | None = None
+    ) -> DaemonProcess:
+        daemon = DaemonProcess(config, port, failpoints, temp)
         started.append(daemon)
         return daemon
 

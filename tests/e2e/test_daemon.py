@@ -172,6 +172,43 @@ def test_daemon_replicates_serves_probes_and_stops_on_sigterm(
         )
 
 
+def test_the_next_start_removes_the_spark_scratch_of_a_killed_daemon(
+    publisher: PgDatabase, tmp_path: Path, daemons: Callable[..., DaemonProcess]
+) -> None:
+    """A JVM killed with its daemon cannot remove its scratch (Spark's jars and blocks: tens
+    of megabytes a crash, on the chart's spool volume across the container's restarts).
+    The next start removes it, and a daemon stopped by SIGTERM leaves none."""
+    publisher.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t")
+    config = tmp_path / "pgsub.yaml"
+    port = write_config(config, publisher, tmp_path / "warehouse", spark_start="at_start")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    scratch = temp / f"pgsub-{os.getuid()}" / "scratch"
+
+    def folders() -> list[Path]:
+        return sorted(p for p in scratch.iterdir() if p.is_dir())
+
+    first = daemons(config, port, temp=temp)
+    first.wait_ready()  # its JVM started before it streamed (spark.start: at_start)
+    (killed,) = folders()
+    made = {p.name.split("-")[0] for p in killed.iterdir()}
+    assert {"spark", "blockmgr"} <= made, made  # Spark's local dir is the process's folder
+    assert not [p for p in temp.iterdir() if p.name.startswith(("spark-", "blockmgr-"))]
+    first.kill()
+    assert killed.is_dir()
+
+    second = daemons(config, port, temp=temp)
+    second.wait_ready()
+    (living,) = folders()
+    assert living != killed
+    (removed,) = [
+        e for e in second.events() if e["event"] == "scratch of stopped processes removed"
+    ]
+    assert removed["folders"] == 1 and removed["megabytes"] > 1, removed
+    assert second.terminate() == 0
+    assert folders() == []
+
+
 def _demo(warehouse: Path, *args: str) -> list[str]:
     return [
         sys.executable, "-m", "subscriber.runtime.cli", "demo", "--warehouse", str(warehouse),

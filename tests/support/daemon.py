@@ -135,13 +135,17 @@ def write_subscriptions(
 
 
 class DaemonProcess:
-    def __init__(self, config: Path, port: int, failpoints: str | None = None) -> None:
+    def __init__(
+        self, config: Path, port: int, failpoints: str | None = None, temp: Path | None = None
+    ) -> None:
         self.port = port
         env = dict(os.environ)
         env.pop("PGSUB_FAILPOINTS", None)
         env["JAVA_TOOL_OPTIONS"] = SHORT_LIVED_JVM
         if failpoints:
             env["PGSUB_FAILPOINTS"] = failpoints
+        if temp is not None:  # its TMPDIR (the Spark JVM's scratch is under it)
+            env["TMPDIR"] = str(temp)
         self.log_path = config.with_suffix(f".{int(time.time() * 1000)}.log")
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(

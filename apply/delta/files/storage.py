@@ -27,8 +27,6 @@ paths under it find it (``storage_for``).
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -77,13 +75,10 @@ class Storage:
         return options
 
     def spark_conf(self) -> dict[str, str]:
-        """Hadoop's S3A settings, as Spark configuration, for ``s3a://`` and ``s3://``. S3A
-        buffers what it uploads in files under this process's temp dir (``TMPDIR``: the
-        chart's spool volume), not under Hadoop's default ``/tmp``, which a read-only root
-        file system refuses."""
+        """Hadoop's S3A settings, as Spark configuration, for ``s3a://`` and ``s3://``
+        (where S3A buffers its uploads is the session's: ``session_conf``)."""
         hadoop = "spark.hadoop.fs."
         conf = {
-            f"{hadoop}s3a.buffer.dir": os.path.join(tempfile.gettempdir(), "pgsub-s3a"),
             f"{hadoop}s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
             f"{hadoop}AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
             "spark.delta.logStore.s3.impl": "io.delta.storage.S3SingleDriverLogStore",

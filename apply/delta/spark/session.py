@@ -26,6 +26,8 @@ import structlog
 from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
+from apply.delta.spark.scratch import process_scratch
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
@@ -92,23 +94,34 @@ def delta_jars(jars_dir: Path | None = None) -> list[Path]:
     return jars
 
 
-def session_conf(settings: SparkSettings, jars_dir: Path | None = None) -> dict[str, str]:
-    """The full Spark configuration for ``settings`` (pure apart from the jar lookup)."""
+def session_conf(
+    settings: SparkSettings, jars_dir: Path | None = None, scratch: Path | None = None
+) -> dict[str, str]:
+    """The full Spark configuration for ``settings`` (pure apart from the jar lookup), the
+    driver JVM's scratch in ``scratch`` (``process_scratch()``'s; Python's temp dir when
+    none is given)."""
     conf: dict[str, str] = dict(_DELTA_CONF)
-    if settings.remote is None and settings.master.startswith("local"):
+    local = settings.remote is None and settings.master.startswith("local")
+    if local:
         conf.update(_LOCAL_CONF)
     if settings.remote is None:
         # The driver JVM's logging: one line per event, stack traces only when asked for.
         traces, tasks = ("true", "warn") if settings.jvm_traces else ("false", "error")
-        # The JVM's scratch space where Python's is (TMPDIR), not a fixed /tmp: the chart's
+        # The JVM's scratch under Python's temp dir (TMPDIR), not a fixed /tmp: the chart's
         # pod has a read-only root filesystem with TMPDIR on its spool volume.
-        scratch = tempfile.gettempdir()
+        temp = Path(tempfile.gettempdir())
+        scratch = scratch or temp
         conf["spark.driver.extraJavaOptions"] = (
             f"-Dlog4j2.configurationFile={_LOG4J_CONFIG} -Dpgsub.jvm.traces={traces} "
             f"-Dpgsub.jvm.task_failures={tasks} -Djava.io.tmpdir={scratch}"
         )
-        if settings.master.startswith("local"):
-            conf["spark.local.dir"] = scratch  # a cluster's workers set their executors' own
+        # S3A buffers what it uploads in files there, not under Hadoop's /tmp. A cluster's
+        # executors upload and set their own local dirs: the temp dir's path, not the
+        # driver's folder.
+        buffers = scratch / "s3a" if local else temp / "pgsub-s3a"
+        conf["spark.hadoop.fs.s3a.buffer.dir"] = str(buffers)
+        if local:
+            conf["spark.local.dir"] = str(scratch)
         if "PYSPARK_PYTHON" not in os.environ:
             # The Python of Spark's Python tasks (the initial copy's range readers): this
             # one - on a cluster at the same path on the executors (the chart's image is
@@ -130,7 +143,8 @@ def build_session(settings: SparkSettings, jars_dir: Path | None = None) -> Spar
         builder = builder.remote(settings.remote)
     else:
         builder = builder.master(settings.master)
-    conf = session_conf(settings, jars_dir)
+    scratch = process_scratch() if settings.remote is None else None
+    conf = session_conf(settings, jars_dir, scratch)
     for key, value in conf.items():
         builder = builder.config(key, value)
     python = conf.get("spark.pyspark.python")

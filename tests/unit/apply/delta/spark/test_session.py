@@ -64,6 +64,27 @@ def test_jvm_stack_traces_are_logged_only_at_debug(tmp_path: Path) -> None:
     assert "-Dpgsub.jvm.traces=true" in loud["spark.driver.extraJavaOptions"]
 
 
+def test_the_jvms_scratch_is_the_folder_given(tmp_path: Path) -> None:
+    """The process's own folder (``process_scratch``, removed after a crash by the next
+    start) holds the local JVM's temp files, Spark's local dir and S3A's buffers; a
+    cluster's executors keep their own local dirs and buffer under the temp dir's path."""
+    import tempfile
+
+    folder = make_jars(tmp_path / "lib")
+    scratch = tmp_path / "scratch"
+    local = session_conf(SparkSettings(master="local[2]"), folder, scratch)
+    assert f"-Djava.io.tmpdir={scratch}" in local["spark.driver.extraJavaOptions"]
+    assert local["spark.local.dir"] == str(scratch)
+    assert local["spark.hadoop.fs.s3a.buffer.dir"] == str(scratch / "s3a")
+    cluster = session_conf(SparkSettings(master="spark://m:7077"), folder, scratch)
+    assert f"-Djava.io.tmpdir={scratch}" in cluster["spark.driver.extraJavaOptions"]
+    assert "spark.local.dir" not in cluster
+    buffers = Path(tempfile.gettempdir()) / "pgsub-s3a"
+    assert cluster["spark.hadoop.fs.s3a.buffer.dir"] == str(buffers)
+    remote = session_conf(SparkSettings(remote="sc://spark:15002"), tmp_path / "absent")
+    assert not any("buffer.dir" in key or "local.dir" in key for key in remote)
+
+
 def test_a_spark_connect_token_never_reaches_the_log() -> None:
     from apply.delta.spark.session import masked_spark_url
 
