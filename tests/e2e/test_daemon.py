@@ -177,7 +177,8 @@ def test_the_next_start_removes_the_spark_scratch_of_a_killed_daemon(
 ) -> None:
     """A JVM killed with its daemon cannot remove its scratch (Spark's jars and blocks: tens
     of megabytes a crash, on the chart's spool volume across the container's restarts).
-    The next start removes it, and a daemon stopped by SIGTERM leaves none."""
+    The next start removes it, before it needs a JVM of its own, and a daemon stopped by
+    SIGTERM leaves none."""
     publisher.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t")
     config = tmp_path / "pgsub.yaml"
     port = write_config(config, publisher, tmp_path / "warehouse", spark_start="at_start")
@@ -197,10 +198,12 @@ def test_the_next_start_removes_the_spark_scratch_of_a_killed_daemon(
     first.kill()
     assert killed.is_dir()
 
+    # spark.start: on_demand, and nothing to need Spark for: no JVM
+    port = write_config(config, publisher, tmp_path / "warehouse")
     second = daemons(config, port, temp=temp)
     second.wait_ready()
     (living,) = folders()
-    assert living != killed
+    assert living != killed and "java" not in group_commands(second.process.pid)
     (removed,) = [
         e for e in second.events() if e["event"] == "scratch of stopped processes removed"
     ]

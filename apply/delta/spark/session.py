@@ -205,6 +205,8 @@ def lazy_session(settings: SparkSettings) -> SparkSession:
     """The process's session as ``build_session`` makes it, started when first used
     (``LazySession``); a bad setting still fails at once (``session_conf``)."""
     session_conf(settings)  # the jars are there, the settings are whole: checked now
+    if settings.remote is None:
+        process_scratch()  # killed processes' scratch removed at start, not at the JVM's
 
     def build() -> SparkSession:
         started = time.monotonic()
