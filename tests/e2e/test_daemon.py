@@ -62,6 +62,25 @@ def test_bad_connection_settings_exit_2_without_a_traceback(
     assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
 
 
+def test_a_scratch_folder_open_to_others_exits_2_naming_it(tmp_path: Path) -> None:
+    """Another user's (or a world-writable) ``pgsub-<uid>`` under a shared TMPDIR must not
+    receive the JVM's files: refused at start, before any connection."""
+    shared = tmp_path / "tmp" / f"pgsub-{os.getuid()}"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    config = tmp_path / "pgsub.yaml"
+    config.write_text(
+        f"warehouse: {tmp_path / 'warehouse'}\n"
+        "subscriptions:\n  - {name: s, connection: host=127.0.0.1 port=1, publications: [p],"
+        f" spool_dir: {tmp_path / 'spool'}}}\n"
+    )
+    result = pgsub("run", "-c", str(config), env={**os.environ, "TMPDIR": str(shared.parent)})
+    assert result.returncode == 2, result.stderr
+    assert f"Spark's scratch folder {shared} belongs to uid" in result.stderr
+    assert "mode 777" in result.stderr and "set TMPDIR" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_missing_config_exits_2(tmp_path: Path) -> None:
     result = pgsub("run", "-c", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2 and "cannot read the config file" in result.stderr

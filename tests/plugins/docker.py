@@ -103,6 +103,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.killpg(pid, signal.SIGTERM)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
+                with contextlib.suppress(ChildProcessError):  # not this process's child
+                    os.waitpid(pid, os.WNOHANG)  # this process's (no xdist): reaped, not a zombie
                 os.killpg(pid, 0)  # raises once the group is gone
                 time.sleep(0.5)
             os.killpg(pid, signal.SIGKILL)

@@ -34,14 +34,16 @@ from pathlib import Path
 import structlog
 
 from apply.core.folders import private_directory
+from subscriber.replication.errors import UsageError
 
 log = structlog.get_logger(__name__)
 
 _HELD = ".held"
 
 
-class ScratchError(RuntimeError):
-    """The scratch folder cannot be made or is not this user's alone."""
+class ScratchError(UsageError):
+    """The scratch folder cannot be made or is not this user's alone (exit 2, as a bad
+    config: ``TMPDIR`` is the user's to fix)."""
 
 
 @dataclass(frozen=True, slots=True)
