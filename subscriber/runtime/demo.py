@@ -154,24 +154,25 @@ def run_demo(warehouse: Path, *, seconds: float | None = None, port: int = 9187)
     clear_previous_run(warehouse)
     cluster = PgCluster(major=DEFAULT_MAJOR).start()
     traffic_stop = threading.Event()
+    spool: Path | None = None
     try:
         dsn = _publisher(cluster)
         log.info("demo publisher ready", host="127.0.0.1", port=cluster.port, dbname="demo")
+        subscription = SubscriptionConfig(
+            name="demo",
+            connection=dsn,
+            publications=["demo_pub"],
+            copy_data=True,
+            status_interval=1.0,
+        )
+        spool = subscription.spool_path(str(warehouse))
         daemon = Daemon(
             Config(
                 warehouse=str(warehouse),
                 spark=SparkConfig(master="local[2]", start="at_start"),  # its JVM shown at work
                 metrics=MetricsConfig(host="127.0.0.1", port=port),
                 log=LogConfig(format="auto"),
-                subscriptions=[
-                    SubscriptionConfig(
-                        name="demo",
-                        connection=dsn,
-                        publications=["demo_pub"],
-                        copy_data=True,
-                        status_interval=1.0,
-                    )
-                ],
+                subscriptions=[subscription],
             )
         )
 
@@ -191,3 +192,5 @@ def run_demo(warehouse: Path, *, seconds: float | None = None, port: int = 9187)
     finally:
         traffic_stop.set()
         cluster.destroy()
+        if spool is not None:  # the run's spool goes with its publisher
+            shutil.rmtree(spool, ignore_errors=True)

@@ -3,10 +3,12 @@
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -240,19 +242,31 @@ def _demo(warehouse: Path, *args: str) -> list[str]:
 
 def test_demo_replicates_its_publisher_and_checks_itself_each_run(tmp_path: Path) -> None:
     """The README's first command: ``make demo`` runs ``pgsub demo``; run again in the same
-    checkout, it starts clean (a new publisher each run) and replicates again."""
-    for run in (1, 2):
-        result = subprocess.run(
-            _demo(tmp_path / "wh", "--seconds", "20", "--port", "0"),
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        output = result.stdout[-3000:] + result.stderr[-3000:]
-        assert result.returncode == 0, f"run {run}: {output}"
-        assert "accounts: 1000 rows on the publisher, 1000 in Delta" in result.stdout, output
-        assert "Delta tables match the publisher." in result.stdout
+    checkout, it starts clean (a new publisher each run) and replicates again; it leaves
+    nothing under its temp dir (its publisher, its spool, its JVM's scratch)."""
+    # Not under pytest's own temp dir, which the publisher's unprivileged OS user (the demo
+    # runs PostgreSQL as one when started as root) cannot enter.
+    temp = Path(tempfile.mkdtemp(prefix="pgsub-demo-test-"))
+    temp.chmod(0o755)
+    try:
+        for run in (1, 2):
+            result = subprocess.run(
+                _demo(tmp_path / "wh", "--seconds", "20", "--port", "0"),
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env={**os.environ, "TMPDIR": str(temp)},
+            )
+            output = result.stdout[-3000:] + result.stderr[-3000:]
+            assert result.returncode == 0, f"run {run}: {output}"
+            assert "accounts: 1000 rows on the publisher, 1000 in Delta" in result.stdout, output
+            assert "Delta tables match the publisher." in result.stdout
+            left = sorted(str(p.relative_to(temp)) for p in temp.rglob("*"))
+            own = f"pgsub-{os.getuid()}"
+            assert left == [own, f"{own}/scratch", f"{own}/scratch/.lock"], left
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_demo_whose_jvm_dies_with_it_ends_at_once_with_its_comparison(tmp_path: Path) -> None:
