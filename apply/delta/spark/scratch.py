@@ -80,10 +80,16 @@ def claim(root: Path) -> tuple[Path, Reclaimed]:
             remedy="set TMPDIR to a directory of this user's",
             error=ScratchError,
         )
-    with _root_lock(root):
-        reclaimed = _reclaim(root)
-        folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
-        held = _lock(folder / _HELD, wait=True)
+    try:
+        with _root_lock(root):
+            reclaimed = _reclaim(root)
+            folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
+            held = _lock(folder / _HELD, wait=True)
+    except OSError as exc:  # a file system without locks (some network or FUSE ones)
+        raise ScratchError(
+            f"cannot make or lock Spark's scratch folder under {root}: {exc}; set TMPDIR to "
+            "a directory of a local file system"
+        ) from exc
     assert held is not None  # a blocking lock returns one
     atexit.register(_release, folder, held)
     return folder, reclaimed

@@ -68,3 +68,22 @@ def test_a_folder_open_to_others_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ScratchError, match=r"must be this user.s .* with mode 700"):
         claim(shared / "scratch")
     assert not (shared / "scratch").exists()
+
+
+def test_a_file_system_without_locks_is_named_with_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some network and FUSE file systems refuse flock (ENOLCK): a clear error at start, not
+    a traceback."""
+    import errno
+    import fcntl
+
+    def refused(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    root = tmp_path / "pgsub-1000" / "scratch"
+    with pytest.raises(
+        ScratchError, match=r"cannot make or lock .* No locks available; set TMPDIR"
+    ):
+        claim(root)
