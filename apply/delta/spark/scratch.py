@@ -1,7 +1,7 @@
 """The Spark JVM's scratch folder: one per process, held while it lives, reclaimed after.
 
 A local Spark JVM keeps its scratch under its temp dir and Spark's local dir:
-the session's jars and Python files (``spark-*``, about 75 MB), the
+the session's Python files and a cluster's jars (``spark-*``), the
 shuffle's blocks (``blockmgr-*``), the native libraries it unpacks
 (``liblz4-java-*.so``, ``snappy-*.so``), S3A's upload buffers. It removes
 them as it exits; one that is killed (an OOM kill, a failed liveness probe,

@@ -3,9 +3,10 @@
 ``apply.delta`` is the only package that imports pyspark (docs/architecture.md);
 the process holds the session as ``apply.delta.spark.session.SparkSession``.
 The Delta jars are resolved by Maven at set-up time (``make jars``) into a
-local folder; the session is pointed at them with ``spark.jars`` so that
-starting a session never downloads anything. A Spark Connect server
-(``sc://``) carries its own jars and needs none of this.
+local folder, so that starting a session never downloads anything: a
+local session's JVM starts with them on its class path, a cluster's
+application carries them to its executors (``spark.jars``). A Spark Connect
+server (``sc://``) carries its own jars and needs none of this.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ _LOCAL_CONF: Mapping[str, str] = {
     "spark.driver.host": "127.0.0.1",
 }
 
+
+_CLASS_PATH = "spark.driver.extraClassPath"
 
 # What a failing Spark or Delta call raises, in the driver (PySpark) or from the JVM (py4j).
 SparkErrors = (PySparkException, Py4JError)
@@ -128,9 +131,19 @@ def session_conf(
             # theirs too) - not PySpark's default of whatever `python3` is first on PATH,
             # which may lack pyarrow.
             conf["spark.pyspark.python"] = sys.executable
-    if settings.remote is None and "spark.jars" not in settings.conf:
-        conf["spark.jars"] = ",".join(str(j) for j in delta_jars(jars_dir))
-    conf.update(settings.conf)
+    chosen = dict(settings.conf)  # the user's, over pgsub's
+    if settings.remote is None and "spark.jars" not in chosen:
+        jars = [str(j) for j in delta_jars(jars_dir)]
+        if local:
+            # One JVM is driver and executor: the jars on its class path as it starts, not
+            # in spark.jars, which a local executor copies (73 MB with S3A's SDK) into its
+            # scratch at every start before loading them (about 0.7 s more to every JVM
+            # start, docs/performance.md). A class path of the user's comes after them.
+            theirs = chosen.pop(_CLASS_PATH, None)
+            conf[_CLASS_PATH] = os.pathsep.join([*jars, theirs] if theirs else jars)
+        else:
+            conf["spark.jars"] = ",".join(jars)  # the executors fetch them from the driver
+    conf.update(chosen)
     return conf
 
 

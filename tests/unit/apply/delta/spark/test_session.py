@@ -1,5 +1,6 @@
 """The session configuration is pure; jars come from a folder, never a download."""
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,23 @@ def make_jars(folder: Path) -> Path:
 
 
 def test_local_session_points_spark_at_the_jars(tmp_path: Path) -> None:
+    """A local JVM starts with them on its class path (not copied into its scratch at each
+    start, as spark.jars is); a cluster's executors fetch them (spark.jars); a user's
+    class path comes after them, a user's spark.jars replaces them."""
     folder = make_jars(tmp_path / "lib")
+    jars = [str(p) for p in sorted(folder.glob("*.jar"))]
     conf = session_conf(SparkSettings(master="local[2]"), folder)
-    assert conf["spark.jars"].split(",") == [str(p) for p in sorted(folder.glob("*.jar"))]
-    assert "spark.jars.packages" not in conf
+    assert conf["spark.driver.extraClassPath"].split(os.pathsep) == jars
+    assert "spark.jars" not in conf and "spark.jars.packages" not in conf
+    cluster = session_conf(SparkSettings(master="spark://m:7077"), folder)
+    assert cluster["spark.jars"].split(",") == jars and "spark.driver.extraClassPath" not in cluster
+    mine = {"spark.driver.extraClassPath": "/opt/mine.jar"}
+    added = session_conf(SparkSettings(master="local[2]", conf=mine), folder)
+    assert added["spark.driver.extraClassPath"].split(os.pathsep) == [*jars, "/opt/mine.jar"]
+    own = {"spark.jars": "/opt/delta.jar", **mine}
+    replaced = session_conf(SparkSettings(master="local[2]", conf=own), folder)
+    assert replaced["spark.jars"] == "/opt/delta.jar"
+    assert replaced["spark.driver.extraClassPath"] == "/opt/mine.jar"
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.sql.session.timeZone"] == "UTC"
 
