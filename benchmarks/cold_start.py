@@ -85,8 +85,10 @@ def _sample_children(pid: int, figures: ColdStart) -> None:
         figures.writer_processes_mb = max(figures.writer_processes_mb or 0.0, pss_mb(writers))
 
 
-def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> ColdStart:
-    """One cold ``pgsub run`` with ``spark.start: start``, its own subscription and slot."""
+def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str, run: int) -> ColdStart:
+    """One cold ``pgsub run`` with ``spark.start: start``, its own subscription and slot: a
+    slot of an earlier run would make it resume there and sync each table by a worker of its
+    own instead of loading them all under its new slot's snapshot, as a first start does."""
     figures = ColdStart(f"pgsub run, spark.start {start}")
     folder = Path(tempfile.mkdtemp(prefix="pgsub-bench-cold-"))
     port = _free_port()
@@ -97,7 +99,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str) -> Col
         "log": {"format": "json", "level": "info"},
         "subscriptions": [
             {
-                "name": f"cold_{start}",
+                "name": f"cold_{run}_{start}",
                 "connection": publisher.dsn("bench"),
                 "publications": ["pub_ours"],
                 "copy_data": True,
@@ -181,7 +183,8 @@ def main() -> None:
     publisher = publisher_with_tables(args)
     try:
         native = run_native(publisher, args)
-        runs = [run_pgsub(publisher, args, start) for start in args.spark_start.split(",")]
+        starts = args.spark_start.split(",")
+        runs = [run_pgsub(publisher, args, start, n) for n, start in enumerate(starts, 1)]
     finally:
         discard_cluster(publisher)
     for ours in runs:
