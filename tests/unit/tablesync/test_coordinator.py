@@ -327,6 +327,43 @@ def test_a_table_handed_over_at_the_leaders_position_is_ready_in_the_same_pass()
     assert sync.status(TABLE.relid).state is TableState.READY
 
 
+def test_workers_waiting_together_catch_up_side_by_side_and_are_ready_in_one_write() -> None:
+    """Two workers at SYNCWAIT both get CATCHUP at the leader's position before either is
+    SYNCDONE (one at a time held each catch-up behind the other's); the leader returns only
+    after both, and both are READY in one stored write."""
+    store = MemoryStore()
+    both_given = threading.Barrier(2, timeout=3)  # broken if CATCHUP came one at a time
+    given: dict[int, Lsn | None] = {}
+
+    def worker(table: PublishedTable, stop: threading.Event) -> None:
+        sync.store(table.relid, TableState.DATASYNC)
+        sync.store(table.relid, TableState.FINISHEDCOPY, Lsn(10))
+        given[table.relid] = sync.wait_for_catchup(table.relid, Lsn(10), stop)
+        both_given.wait()  # catching up, while the other does too
+        sync.store(table.relid, TableState.SYNCDONE, Lsn(50))
+
+    sync = SyncCoordinator(
+        SyncSettings("s", max_sync_workers=2),
+        store,
+        Metrics(),
+        lambda table: lambda stop: worker(table, stop),
+        clock=lambda: 0.0,
+    )
+    tables = [replace(TABLE, relid=n, name=f"t{n}") for n in (1, 2)]
+    sync.load(tables, Lsn(0))
+    sync.process(Lsn(0))  # starts both workers
+    wait_for(
+        lambda: all(sync.status(n).state is TableState.SYNCWAIT for n in (1, 2)), "two SYNCWAITs"
+    )
+    written = len(store.rows)
+    sync.process(Lsn(50))
+    assert given == {1: Lsn(50), 2: Lsn(50)}
+    assert [sync.status(n).state for n in (1, 2)] == [TableState.READY] * 2
+    ready = [r for r in store.rows[written:] if r.state == "r"]
+    assert sorted(r.relid for r in ready) == [1, 2]
+    assert len({r.recorded_at for r in ready}) == 1  # one write
+
+
 def test_tables_loaded_together_are_ready_in_one_write_and_need_no_worker() -> None:
     """The first start's load (tablesync.initial_load): INIT -> READY at the slot's
     consistent point for several tables in one stored write, and no worker is started
