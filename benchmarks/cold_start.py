@@ -11,8 +11,11 @@ until every ``pg_subscription_rel`` row is ``r`` (its server already runs,
 as a subscriber's does). Also: when pgsub's endpoint first answered, when
 its first table was READY, its peak memory (Python and the JVM, if one was
 started). Nothing here is a test: it prints a table and writes JSON.
+``--by-workers``: the slot is made before pgsub starts, so that a worker syncs
+every table (PostgreSQL's path, which its subscriber takes too) instead of
+the first start's load under the new slot's snapshot.
 
-    python -m benchmarks.cold_start --tables 200 --rows 2000
+    python -m benchmarks.cold_start --tables 200 --rows 2000 [--by-workers]
 """
 
 from __future__ import annotations
@@ -85,11 +88,23 @@ def _sample_children(pid: int, figures: ColdStart) -> None:
         figures.writer_processes_mb = max(figures.writer_processes_mb or 0.0, pss_mb(writers))
 
 
+def _make_slot(publisher: PgCluster, name: str) -> None:
+    """A slot made before pgsub's start: it resumes there, as after a restart in the middle
+    of its first sync, and syncs every table with a worker of its own - the path of tables
+    added by ``pgsub refresh`` or ``pgsub resync``."""
+    with publisher.connect("bench") as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+
+
 def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str, run: int) -> ColdStart:
     """One cold ``pgsub run`` with ``spark.start: start``, its own subscription and slot: a
     slot of an earlier run would make it resume there and sync each table by a worker of its
     own instead of loading them all under its new slot's snapshot, as a first start does."""
     figures = ColdStart(f"pgsub run, spark.start {start}")
+    name = f"cold_{run}_{start}"
+    if args.by_workers:
+        _make_slot(publisher, name)
+        figures.notes.append("every table synced by a worker (its slot made before the start)")
     folder = Path(tempfile.mkdtemp(prefix="pgsub-bench-cold-"))
     port = _free_port()
     config = {
@@ -99,7 +114,7 @@ def run_pgsub(publisher: PgCluster, args: argparse.Namespace, start: str, run: i
         "log": {"format": "json", "level": "info"},
         "subscriptions": [
             {
-                "name": f"cold_{run}_{start}",
+                "name": name,
                 "connection": publisher.dsn("bench"),
                 "publications": ["pub_ours"],
                 "copy_data": True,
@@ -175,6 +190,12 @@ def main() -> None:
         type=writer_processes,
         default="auto",
         help="pgsub's writer_processes: auto (the default), 0 (threads) or a number",
+    )
+    parser.add_argument(
+        "--by-workers",
+        action="store_true",
+        help="make each run's slot before it starts, so that a worker syncs every table"
+        " (tables added later, a restart mid-sync) instead of the first start's load",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results/cold_start.json"))
     args = parser.parse_args()
