@@ -3,6 +3,8 @@ however it ends (processes of their own, killed as the kernel kills them)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -56,6 +58,9 @@ def test_a_killed_process_folder_is_removed_by_the_next_claim_a_living_ones_kept
         assert kept.is_dir() and (kept / "blocks").is_file()  # its process holds it
         assert mine.is_dir() and mine.name.startswith(f"{os.getpid()}-")
     finally:
+        if killed.poll() is None:  # an assertion failed before its kill: none left behind
+            killed.kill()
+            killed.wait()
         living.communicate("\n", timeout=60)
     # A process that exits removes its own folder.
     assert living.returncode == 0 and not kept.exists()
@@ -75,8 +80,6 @@ def test_a_file_system_without_locks_is_named_with_what_to_do(
 ) -> None:
     """Some network and FUSE file systems refuse flock (ENOLCK): a clear error at start, not
     a traceback."""
-    import errno
-    import fcntl
 
     def refused(fd: int, operation: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
