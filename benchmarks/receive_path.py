@@ -73,11 +73,10 @@ def receive(data: list[bytes]) -> int:
             frames.append((unpacked(start), frame[XLOG_PAYLOAD:]))
             received = max(received, start, end)
         progress.note_received(unpacked(received))
-        for start, payload in frames:
-            for decoded in runs.push(payload, start):
-                tracker.observe(decoded)
-                if assembler.feed(decoded) is not None:
-                    assembled += 1
+        for decoded in runs.push_all(frames):
+            tracker.observe(decoded)
+            if assembler.feed(decoded) is not None:
+                assembled += 1
     return assembled
 
 

@@ -253,15 +253,22 @@ class TransactionAssembler:
             return made
         relations = self.relations
         changes: list[Change] = []
+        size = 0  # ``change_size`` of each, summed as they are made
         for message in whole.changes:
             relation = relations[message.relation_oid]
             if type(message) is Update:
-                changes.append(RowChange(relation, Op.UPDATE, message.new, message.old))
+                new, old = message.new, message.old
+                changes.append(RowChange(relation, Op.UPDATE, new, old))
             elif type(message) is Insert:
-                changes.append(RowChange(relation, Op.INSERT, message.new, None))
+                new, old = message.new, None
+                changes.append(RowChange(relation, Op.INSERT, new, None))
             else:
-                changes.append(RowChange(relation, Op.DELETE, None, cast(Delete, message).old))
-        size = sum(map(change_size, changes))
+                new, old = None, cast(Delete, message).old
+                changes.append(RowChange(relation, Op.DELETE, None, old))
+            if new is not None:
+                size += sum(map(len, filter(None, new.values)))
+            if old is not None:
+                size += sum(map(len, filter(None, old.values)))
         begin, commit, bound = whole.begin, whole.commit, self._spill_after
         if bound is not None and (len(changes) > bound.changes or size > bound.size):
             self._open = _Open(begin)  # past the bounds: into a spool, as one at a time

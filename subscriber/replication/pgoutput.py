@@ -58,6 +58,8 @@ _BEGIN: Final = struct.Struct("!QqI")
 _COMMIT: Final = struct.Struct("!BQQq")
 _BEGIN_SIZE: Final = 1 + _BEGIN.size  # the whole message, its type byte included
 _COMMIT_SIZE: Final = 1 + _COMMIT.size
+_BEGIN_TYPE: Final = ord("B")
+_COMMIT_TYPE: Final = b"C"
 _U32: Final = struct.Struct("!I").unpack_from
 # A row change's type and the byte naming its first row image (``decode_change``).
 _INSERT, _UPDATE, _DELETE = ord("I"), ord("U"), ord("D")
@@ -186,7 +188,47 @@ class PgOutputDecoder:
 
     def _plain_change(self, payload: bytes) -> Insert | Update | Delete | None:
         """``decode_change``'s direct read; None: the message is left to ``decode``."""
-        if self._open is None or self._stream_xid is not None or len(payload) < 8:
+        if self._open is None or self._stream_xid is not None:
+            return None
+        return self._change_within(payload)
+
+    def whole_at(
+        self, frames: Sequence[tuple[Lsn, bytes]], at: int, most: int
+    ) -> tuple[Begin, tuple[Insert | Update | Delete, ...], Commit, int] | None:
+        """The small transaction whose Begin is ``frames[at]`` (frames as (LSN, payload)),
+        read whole when it is all there - at most ``most`` row changes ``decode_change``
+        reads directly, then its Commit - and well formed: its Begin, its changes, its
+        Commit and the index of the frame after it, as ``decode_begin``, ``decode_change``
+        and ``decode_commit`` in turn would decode them. Nothing is kept of it (the session
+        is outside a transaction before and after). None: not such a transaction; its
+        frames are left to be decoded one at a time."""
+        begin = frames[at][1]
+        if len(begin) != _BEGIN_SIZE or self._open is not None or self._stream_xid is not None:
+            return None
+        if begin[0] != _BEGIN_TYPE:
+            return None
+        changes: list[Insert | Update | Delete] = []
+        for index in range(at + 1, min(len(frames), at + most + 2)):
+            payload = frames[index][1]
+            if payload[:1] == _COMMIT_TYPE:
+                if len(payload) != _COMMIT_SIZE:
+                    return None
+                final_lsn, commit_time, xid = _BEGIN.unpack_from(begin, 1)
+                flags, commit_lsn, end_lsn, time = _COMMIT.unpack_from(payload, 1)
+                if commit_lsn != final_lsn:
+                    return None
+                opened = Begin(unpacked(final_lsn), commit_time, xid)
+                commit = Commit(flags, opened.final_lsn, unpacked(end_lsn), time)
+                return opened, tuple(changes), commit, index + 1
+            change = self._change_within(payload) if len(changes) < most else None
+            if change is None:
+                return None
+            changes.append(change)
+        return None
+
+    def _change_within(self, payload: bytes) -> Insert | Update | Delete | None:
+        """A row change in an open transaction read directly; None: left to ``decode``."""
+        if len(payload) < 8:
             return None
         relation = self.relations.get(_U32(payload, 1)[0])
         kind, part = payload[0], payload[5]

@@ -84,8 +84,11 @@ class TransactionTracker:
 
     def observe(self, message: Decoded) -> None:
         progress = self._progress
+        if type(message) is WholeTransaction and not self._holding:
+            progress.handed_out(message.commit.end_lsn)  # read whole in one step: never open
+            return
         match message:
-            case WholeTransaction(commit=commit):
+            case WholeTransaction(commit=commit):  # its Begin was held: open since
                 self._holding = False
                 progress.close_transaction(commit.end_lsn)
             case Begin() if self._holding:
@@ -247,10 +250,9 @@ class Receiver:
                     if not frames:
                         continue
                 self._backoff.reset()
-                for start, payload in frames:
-                    for decoded in runs.push(payload, start):
-                        self._tracker.observe(decoded)
-                        self._deliver(decoded)
+                for decoded in runs.push_all(frames):
+                    self._tracker.observe(decoded)
+                    self._deliver(decoded)
         finally:
             self.streaming.clear()
             self._last_receipt = stream.last_message_time or self._last_receipt

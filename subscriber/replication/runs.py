@@ -17,7 +17,10 @@ whole"). Anything else in it (a Relation, an Origin, a Truncate, a
 message, more changes) hands on what was held as the messages it decoded
 to, in order, and goes on one message at a time. The caller learns when a
 Begin is held (``held``), so that the transaction counts as open from its
-Begin, as when the Begin is handed on at once.
+Begin, as when the Begin is handed on at once. ``push_all`` takes the frames
+one read of the stream brought: a small transaction all among them is read
+whole in one step, without holding its Begin (its Python a transaction is
+what a backlog of them waits on).
 """
 
 from __future__ import annotations
@@ -82,6 +85,26 @@ class RunDecoder:
     def holding(self) -> int:
         """How many row changes are held for the current run."""
         return len(self._payloads)
+
+    def push_all(self, frames: Sequence[tuple[Lsn, bytes]]) -> list[Decoded]:
+        """``push`` of each frame of ``frames`` ((LSN, payload), in stream order), what is
+        ready of all of them. A small transaction all there, from its Begin to its Commit,
+        is read whole at once (``PgOutputDecoder.whole_at``) - no Begin held, so ``held``
+        is not called for it: it is never open between two calls."""
+        out: list[Decoded] = []
+        whole_at = self.decoder.whole_at if self._on_held is not None else None
+        at, count = 0, len(frames)
+        while at < count:
+            if whole_at is not None and self._begin is None and not self._payloads:
+                whole = whole_at(frames, at, WHOLE_AT_MOST)
+                if whole is not None:
+                    begin, changes, commit, at = whole
+                    out.append(WholeTransaction(begin, changes, commit))
+                    continue
+            lsn, payload = frames[at]
+            out.extend(self.push(payload, lsn))
+            at += 1
+        return out
 
     def push(self, payload: bytes, lsn: Lsn) -> Sequence[Decoded]:
         kind = payload[0] if payload else -1

@@ -73,6 +73,11 @@ def test_runs_of_a_real_workload_decode_as_one_by_one(
     decoded = [d for payload, lsn in raw for d in runs.push(payload, lsn)]
     assert as_messages(decoded) == one_by_one
     assert any(isinstance(d, WholeTransaction) for d in decoded)  # the small ones
+    # As the receiver takes them: the frames each read brought, at once (``push_all``).
+    runs = RunDecoder(PgOutputDecoder(proto), max_messages=200, held=lambda: None)
+    frames = [(lsn, payload) for payload, lsn in raw]
+    lots = [frames[at : at + 7] for at in range(0, len(frames), 7)]
+    assert as_messages([d for lot in lots for d in runs.push_all(lot)]) == one_by_one
 
     walked = [g for d in decoded if isinstance(d, RowChanges) for g in d.groups if g.walked]
     assert len(walked) >= 10

@@ -97,3 +97,30 @@ def test_a_transaction_held_to_be_whole_holds_flush_back_from_its_begin() -> Non
         assert isinstance(handed[0], WholeTransaction) is (not between)
         progress.confirm_flushed(Lsn(0x310))
         assert progress.feedback().flush == Lsn(0x500)  # idle: opened once, closed once
+
+
+def test_a_transaction_read_whole_in_one_step_holds_flush_back_until_applied() -> None:
+    """A small transaction all in one read (``RunDecoder.push_all``) is never counted open -
+    it is handed on before the read's frames count as received - but as handed on: the slot's
+    flush stays put until it is applied, then moves to what was received."""
+    relation = b.relation(16384, "public", "t", [("id", 23, True)])
+    progress = Progress(Lsn(100))
+    tracker = TransactionTracker(progress)
+    held: list[int] = []
+
+    def hold() -> None:
+        held.append(1)
+        tracker.held()
+
+    runs = RunDecoder(PgOutputDecoder(2), held=hold)
+    runs.decoder.decode(relation)
+    stream = [b.begin(0x300, 7), b.insert(16384, [b"1"]), b.commit(0x300, 0x310)]
+    frames = [(Lsn(0x200 + at), payload) for at, payload in enumerate(stream)]
+    handed = runs.push_all(frames)
+    assert [type(d) for d in handed] == [WholeTransaction] and held == []
+    for decoded in handed:
+        tracker.observe(decoded)
+    progress.note_received(Lsn(0x500))  # the next read: the server's WAL end, past the commit
+    assert progress.feedback().flush == Lsn(100)
+    progress.confirm_flushed(Lsn(0x310))
+    assert progress.feedback().flush == Lsn(0x500)

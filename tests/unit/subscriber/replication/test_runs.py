@@ -14,6 +14,8 @@ from subscriber.replication.errors import ProtocolError
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Commit, Delete, Insert, Message, Update
 from subscriber.replication.pgoutput import WALK_AT_LEAST, PgOutputDecoder
+from subscriber.replication.progress import Progress
+from subscriber.replication.receiver import TransactionTracker
 from subscriber.replication.runs import WHOLE_AT_MOST, Decoded, RunDecoder, WholeTransaction
 from subscriber.replication.tuples import RowChanges
 from tests.support import pgoutput_builder as b
@@ -310,14 +312,18 @@ def transactions(rng: random.Random, count: int) -> tuple[list[bytes], int]:
     return out, whole
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+# Random streams of transactions (a seed), with up to two bytes changed or cut.
+random_streams = given(
     seed=st.integers(0, 2**32),
     mutations=st.lists(
         st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(-1, 255)),
         max_size=2,
     ),
 )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@random_streams
 def test_small_transactions_handed_on_whole_are_the_messages_one_by_one(
     seed: int, mutations: list[tuple[int, int, int]]
 ) -> None:
@@ -348,3 +354,62 @@ def session_outside() -> PgOutputDecoder:
     decoder = session()
     decoder.decode(b.commit(0x5000, 0x5008))
     return decoder
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@random_streams
+def test_frames_pushed_as_each_read_brought_them_decode_as_one_by_one(
+    seed: int, mutations: list[tuple[int, int, int]]
+) -> None:
+    """The same random streams, cut into the lots of frames reads bring (``push_all``, the
+    receiver's way): the same messages or the same error as decoding one by one, each small
+    transaction still handed on whole - read in one step when all of it is in one lot, its
+    Begin held across lots otherwise - and, told to a tracker, every transaction counted
+    open is closed: none is left open, whether it was held or read whole."""
+    rng = random.Random(seed)
+    payloads, whole = transactions(rng, 30)
+    mutate(payloads, mutations)
+    expected = outcome(lambda: one_by_one(session_outside(), payloads))
+    progress = Progress(Lsn(1))
+    tracker = TransactionTracker(progress)
+    runs = RunDecoder(session_outside(), max_messages=16, held=tracker.held)
+    frames = list(zip(lsns(payloads), payloads, strict=True))
+    handed: list[Decoded] = []
+
+    def decode_all() -> list[Message]:
+        at = 0
+        while at < len(frames):
+            lot = frames[at : at + rng.randint(1, 12)]
+            at += len(lot)
+            for decoded in runs.push_all(lot):
+                tracker.observe(decoded)
+                handed.append(decoded)
+        return as_messages(handed)
+
+    assert outcome(decode_all) == expected
+    if not mutations:
+        assert sum(isinstance(d, WholeTransaction) for d in handed) == whole
+        progress.confirm_flushed(Lsn(0xFFFF_FFFF))
+        progress.note_received(Lsn(0xFFFF_FFFF))
+        assert progress.feedback().flush == Lsn(0xFFFF_FFFF)  # none left open
+
+
+def test_a_small_transaction_all_in_one_lot_is_read_whole_without_holding_its_begin() -> None:
+    """``whole_at``'s way: a Begin, its row changes and its Commit in one lot come out as
+    one ``WholeTransaction`` - equal to what ``push`` makes of them one at a time - with no
+    Begin held; cut after its Begin, the same transaction is held until its Commit."""
+    stream = [
+        b.begin(0x7000, 701, commit_time=5),
+        b.update(16384, [b"1", b"x", None]),
+        b.insert(16390, [b"2", b"y"]),
+        b.commit(0x7000, 0x7010, commit_time=5),
+    ]
+    frames = list(zip(lsns(stream), stream, strict=True))
+    one_at_a_time = RunDecoder(session_outside(), held=lambda: None)
+    expected = [d for lsn, payload in frames for d in one_at_a_time.push(payload, lsn)]
+    held: list[int] = []
+    runs = RunDecoder(session_outside(), held=lambda: held.append(1))
+    assert runs.push_all(frames) == expected
+    assert isinstance(expected[0], WholeTransaction) and held == []
+    assert runs.push_all(frames[:1]) == [] and held == [1]
+    assert runs.push_all(frames[1:]) == expected
