@@ -142,7 +142,9 @@ class SyncCoordinator:
         status = self._statuses.get(relation.oid)
         if status is None or not status.applies(tx.final_lsn):
             return False
-        if status.qualified_name != relation.qualified_name:
+        # Its name's parts, not the quoted name: asked for every change (the quoted forms
+        # differ exactly when the parts do).
+        if status.name != relation.name or status.schema != relation.namespace:
             # Its changes would land in a new, empty Delta table under the new name.
             name = self.settings.subscription
             raise TableRenamedError(

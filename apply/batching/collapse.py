@@ -274,11 +274,15 @@ def fold_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: Layout) ->
     in order, gives the net effect of all of them (``apply.batching.forming``)."""
     rows = net.rows
     key_positions = [i for i, c in enumerate(net.relation.columns) if c.is_key]
+    # A key of one column (most tables) read without a generator: a change at a time.
+    first = key_positions[0] if len(key_positions) == 1 else None
 
     def key_of(image: TupleData) -> Key:
         if net.key_kinds is None:
             net.key_kinds = bytes(image.kinds[p] for p in key_positions)
         values = image.values
+        if first is not None:
+            return (values[first],)
         return tuple(values[p] for p in key_positions)
 
     for entry in changes:

@@ -47,7 +47,7 @@ from typing import Final, Protocol, overload
 
 from apply.batching.collapse import KeyedNet, Layout, fold_keyed, is_keyed
 from apply.core.batch import Batch, TableChange, TableWork
-from apply.core.transactions import MessageChange, RemoteTransaction, RowChange, TruncateChange
+from apply.core.transactions import MessageChange, RemoteTransaction, RowChange
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation
 
@@ -138,11 +138,9 @@ class Forming:
             self._abandon("a piece of a spooled transaction")
             return
         for ordinal, change in enumerate(tx.changes):
-            if isinstance(change, MessageChange):
-                self._abandon("a logical decoding message")
-                return
-            if isinstance(change, TruncateChange):
-                self._abandon("a TRUNCATE")
+            if type(change) is not RowChange:  # a Change is one of three
+                message = isinstance(change, MessageChange)
+                self._abandon("a logical decoding message" if message else "a TRUNCATE")
                 return
             try:
                 self._add_change(index, ordinal, tx, change)

@@ -160,9 +160,6 @@ class BatchApplier:
 
     # -- what the forming batch asks (``apply.batching.forming.FormingView``) ------------------
 
-    def applies(self, relation: Relation, tx: RemoteTransaction) -> bool:
-        return self._applies(relation, tx)
-
     def known_applied_lsn(self, table: str) -> Lsn | None:
         return self._applied.get(table)
 
@@ -188,6 +185,8 @@ class BatchApplier:
         self._applied.pop(relation.qualified_name, None)
         self._within.pop(relation.qualified_name, None)
         return False
+
+    applies = _applies  # what the forming batch asks, for each of its changes
 
     def _mark(self, batch: Batch, table: str) -> CommitMark:
         last = batch.transactions[-1]
@@ -240,7 +239,11 @@ class BatchApplier:
         batch: the
         transactions before it are applied first, then the change, then the rest.
         """
-        at = self._ddl.at(batch)
+        # A batch formed ahead holds no logical decoding message (``Forming`` abandons one
+        # that does): no schema change splits it, nothing of it goes to the messages table,
+        # and its 100,000 transactions after a backlog are not looked through for either.
+        plain = formed is not None
+        at = 0 if plain else self._ddl.at(batch)
         if at > 0:
             first = self.apply(Batch(batch.transactions[:at]))
             rest = self.apply(Batch(batch.transactions[at:]))
@@ -256,7 +259,7 @@ class BatchApplier:
             if name in work:  # images sent before the change, read under the new names
                 work[name] = renamed_work(work[name], change)
         self._settling.begin()
-        messages = self._messages(batch)
+        messages = None if plain else self._messages(batch)
         if while_writing is None or followed or messages is not None:
             ahead = None  # the messages table is written last: nothing is confirmed before
         with self._tables.written_together():

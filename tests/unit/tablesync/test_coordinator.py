@@ -10,9 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from apply.core.records import StoredTableState
+from apply.core.transactions import RemoteTransaction
 from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
-from tablesync.coordinator import SyncCoordinator
+from subscriber.replication.messages import Column, Relation, ReplicaIdentity
+from tablesync.coordinator import SyncCoordinator, TableRenamedError
 from tablesync.publication import PublishedTable
 from tablesync.settings import SyncSettings
 from tablesync.state import TableState
@@ -383,3 +385,36 @@ def test_tables_loaded_together_are_ready_in_one_write_and_need_no_worker() -> N
     sync.process(Lsn(40))
     wait_for(lambda: len(started) == 1, "a worker for t3 only")
     assert {s.relid: s.state for s in sync.statuses}[3] is not TableState.READY
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "renamed"),
+    [
+        ("public", "a.b", False),
+        ("public", "u", True),  # RENAME TO
+        ("other", "a.b", True),  # SET SCHEMA
+        ("public.a", "b", True),  # the same dotted text, split elsewhere
+        ("Public", "a.b", True),  # a case only quoting keeps
+    ],
+)
+def test_a_tables_changes_under_another_name_stop_the_leader(
+    namespace: str, name: str, renamed: bool
+) -> None:
+    """``should_apply``, asked for every change: a READY table's changes apply under its
+    own name; under any other - renamed, moved to another schema, or the same text split
+    differently into schema and name - they stop the subscription rather than land in a
+    new, empty Delta table, naming the resync that copies it again."""
+    store = MemoryStore()
+    store.record("s", [StoredTableState(7, "public", "a.b", TableState.READY.value, Lsn(5))])
+    sync = coordinator(store)
+    sync.load([PublishedTable(7, "public", "a.b", ("id",), None, False, 10)], Lsn(5))
+    columns = (Column("id", 23, -1, True),)
+    relation = Relation(7, namespace, name, ReplicaIdentity.DEFAULT, columns)
+    tx = RemoteTransaction(1, Lsn(10), Lsn(11), 0, ())
+    if not renamed:
+        assert sync.should_apply(relation, tx)
+        return
+    with pytest.raises(
+        TableRenamedError, match=r'renamed to .* `pgsub resync -c <config> s public\."a\.b"`'
+    ):
+        sync.should_apply(relation, tx)

@@ -19,13 +19,13 @@ from apply.batching.collapse import Net
 from apply.batching.conflict_handling import ConflictHandling
 from apply.batching.error_context import TransactionError
 from apply.columns.schema import TargetSchema
-from apply.core.batch import Batcher, TableFilter
+from apply.core.batch import Batch, Batcher, TableFilter
 from apply.core.errors import ApplyError, TargetTableError
 from apply.core.records import CommitMark, Within, WriteResult
 from apply.core.roles import Leader, PreparedLeftovers
-from apply.core.transactions import Bounds, PreparedFinish, RemoteTransaction
+from apply.core.transactions import Bounds, MessageChange, PreparedFinish, RemoteTransaction
 from apply.worker.applier import BatchApplier
-from apply.worker.worker import ApplyWorker
+from apply.worker.worker import ApplyWorker, _operations
 from apply.worker.worker_hooks import CatchUpHooks, LeaderHooks
 from conflicts.findings import Finding
 from conflicts.report import Conflict
@@ -34,7 +34,7 @@ from subscriber.metrics import Metrics
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, Insert, Relation
 from subscriber.replication.progress import Progress
-from tests.unit.apply.builders import ins, relation, row, tx, upd
+from tests.unit.apply.builders import dele, ins, relation, row, trunc, tx, upd
 from tests.unit.apply.memory import MemoryCheckpoints, MemorySkip, MemoryStaging, MemoryTables
 
 T = relation("id", "v")
@@ -783,3 +783,19 @@ def test_a_conflict_is_reported_before_its_transaction_is_confirmed() -> None:
     batches = [e for e in logs if e["event"] == "batch applied"]
     assert [e["formed_ahead"] for e in batches] == [False, True]
     assert reporter.flushed_at == [("update_missing", Lsn(100))]
+
+
+def test_a_batchs_changes_are_counted_by_operation() -> None:
+    """What ``pgsub_changes_applied_total`` counts of a batch: row changes by their
+    operation, a TRUNCATE and a logical decoding message by theirs."""
+    message = MessageChange(Lsn(0x60), True, "app", b"x")
+    counted = _operations(
+        Batch(
+            [
+                tx(ins(T, 1, "a"), upd(T, 1, "b"), ins(T, 2, "c"), end=100),
+                tx(dele(T, 2), trunc(T), message, end=200),
+                tx(end=300),
+            ]
+        )
+    )
+    assert counted == {"INSERT": 2, "UPDATE": 1, "DELETE": 1, "TRUNCATE": 1, "MESSAGE": 1}
