@@ -25,7 +25,7 @@ what a backlog of them waits on).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -86,12 +86,14 @@ class RunDecoder:
         """How many row changes are held for the current run."""
         return len(self._payloads)
 
-    def push_all(self, frames: Sequence[tuple[Lsn, bytes]]) -> list[Decoded]:
-        """``push`` of each frame of ``frames`` ((LSN, payload), in stream order), what is
-        ready of all of them. A small transaction all there, from its Begin to its Commit,
-        is read whole at once (``PgOutputDecoder.whole_at``) - no Begin held, so ``held``
-        is not called for it: it is never open between two calls."""
-        out: list[Decoded] = []
+    def push_all(self, frames: Sequence[tuple[Lsn, bytes]]) -> Iterator[Decoded]:
+        """``push`` of each frame of ``frames`` ((LSN, payload), in stream order), yielding
+        what is ready as it is: a frame is pushed only once the caller has taken what the
+        frames before it made, so that ``held`` for a Begin comes after the caller saw
+        everything before that Begin, as with ``push`` a frame at a time. A small
+        transaction all there, from its Begin to its Commit, is read whole at once
+        (``PgOutputDecoder.whole_at``) - no Begin held, so ``held`` is not called for it:
+        it is never open between two reads."""
         whole_at = self.decoder.whole_at if self._on_held is not None else None
         at, count = 0, len(frames)
         while at < count:
@@ -99,12 +101,11 @@ class RunDecoder:
                 whole = whole_at(frames, at, WHOLE_AT_MOST)
                 if whole is not None:
                     begin, changes, commit, at = whole
-                    out.append(WholeTransaction(begin, changes, commit))
+                    yield WholeTransaction(begin, changes, commit)
                     continue
             lsn, payload = frames[at]
-            out.extend(self.push(payload, lsn))
+            yield from self.push(payload, lsn)
             at += 1
-        return out
 
     def push(self, payload: bytes, lsn: Lsn) -> Sequence[Decoded]:
         kind = payload[0] if payload else -1

@@ -116,7 +116,7 @@ def test_a_transaction_read_whole_in_one_step_holds_flush_back_until_applied() -
     runs.decoder.decode(relation)
     stream = [b.begin(0x300, 7), b.insert(16384, [b"1"]), b.commit(0x300, 0x310)]
     frames = [(Lsn(0x200 + at), payload) for at, payload in enumerate(stream)]
-    handed = runs.push_all(frames)
+    handed = list(runs.push_all(frames))
     assert [type(d) for d in handed] == [WholeTransaction] and held == []
     for decoded in handed:
         tracker.observe(decoded)
