@@ -48,6 +48,7 @@ from apply.core.transactions import (
     RowChange,
     TruncateChange,
     change_size,
+    image_size,
 )
 from apply.schema_changes.ddl import DDL_PREFIX
 from subscriber.replication.lsn import Lsn
@@ -265,10 +266,7 @@ class TransactionAssembler:
             else:
                 new, old = None, cast(Delete, message).old
                 changes.append(RowChange(relation, Op.DELETE, None, old))
-            if new is not None:
-                size += sum(map(len, filter(None, new.values)))
-            if old is not None:
-                size += sum(map(len, filter(None, old.values)))
+            size += image_size(new) + image_size(old)
         begin, commit, bound = whole.begin, whole.commit, self._spill_after
         if bound is not None and (len(changes) > bound.changes or size > bound.size):
             self._open = _Open(begin)  # past the bounds: into a spool, as one at a time

@@ -8,6 +8,8 @@ of the change. ``apply.arrival.assembly`` builds these from decoded messages.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -61,11 +63,12 @@ def change_size(change: Change) -> int:
         return len(change.content)
     if not isinstance(change, RowChange):
         return 0
-    size = 0
-    for image in (change.new, change.old):
-        if image is not None:
-            size += sum(map(len, filter(None, image.values)))
-    return size
+    return image_size(change.new) + image_size(change.old)
+
+
+def image_size(image: TupleData | None) -> int:
+    """The bytes of a row image's values (none: 0)."""
+    return 0 if image is None else sum(map(len, filter(None, image.values)))
 
 
 def operation(change: Change) -> str:
@@ -73,6 +76,22 @@ def operation(change: Change) -> str:
     if isinstance(change, RowChange):
         return change.op.value
     return "MESSAGE" if isinstance(change, MessageChange) else "TRUNCATE"
+
+
+def operations(transactions: Sequence[RemoteTransaction]) -> Counter[str]:
+    """The changes of ``transactions`` counted by ``operation`` (row changes by their ``Op``
+    first, then named: a batch after a backlog holds 100,000 of them)."""
+    ops: Counter[Op] = Counter()
+    others: list[Change] = []
+    for tx in transactions:
+        for change in tx.changes:
+            if type(change) is RowChange:
+                ops[change.op] += 1
+            else:
+                others.append(change)
+    counted = Counter({op.value: count for op, count in ops.items()})
+    counted.update(map(operation, others))
+    return counted
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,12 +45,11 @@ from apply.core.records import BatchResult
 from apply.core.roles import PreparedTransactions
 from apply.core.transactions import (
     Change,
-    Op,
     PreparedFinish,
     RemoteTransaction,
     RowChange,
     TruncateChange,
-    operation,
+    operations,
 )
 from apply.worker.applier import BatchApplier
 from apply.worker.worker_hooks import WorkerHooks
@@ -61,22 +60,6 @@ from subscriber.replication.progress import Progress
 log = structlog.get_logger(__name__)
 
 RUN = 256  # the most transactions taken from the queue under one lock
-
-
-def _operations(batch: Batch) -> Counter[str]:
-    """The batch's changes counted by operation (row changes by their ``Op``, then named:
-    a batch after a backlog holds 100,000 of them)."""
-    ops: Counter[Op] = Counter()
-    others: list[Change] = []
-    for tx in batch.transactions:
-        for change in tx.changes:
-            if type(change) is RowChange:
-                ops[change.op] += 1
-            else:
-                others.append(change)
-    counted = Counter({op.value: count for op, count in ops.items()})
-    counted.update(map(operation, others))
-    return counted
 
 
 class ApplyWorker:
@@ -416,7 +399,7 @@ class ApplyWorker:
             self._applier.apply(batch)
             failpoint("apply.after_piece")
         piece = batch.transactions[0]
-        self._hooks.counted(_operations(batch))
+        self._hooks.counted(operations(batch.transactions))
         log.info(
             "transaction piece applied",
             subscription=self.subscription,
@@ -446,7 +429,7 @@ class ApplyWorker:
     ) -> None:
         with self._in_flight(batch) as started:
             result = self._applier.apply(batch, formed, while_writing, ahead)
-            self._hooks.counted(_operations(batch))
+            self._hooks.counted(operations(batch.transactions))
             self._finish(batch, result, started, changes=batch.change_count)
         self._batcher.applied(time.monotonic() - started)
 

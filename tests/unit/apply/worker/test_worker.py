@@ -19,13 +19,19 @@ from apply.batching.collapse import Net
 from apply.batching.conflict_handling import ConflictHandling
 from apply.batching.error_context import TransactionError
 from apply.columns.schema import TargetSchema
-from apply.core.batch import Batch, Batcher, TableFilter
+from apply.core.batch import Batcher, TableFilter
 from apply.core.errors import ApplyError, TargetTableError
 from apply.core.records import CommitMark, Within, WriteResult
 from apply.core.roles import Leader, PreparedLeftovers
-from apply.core.transactions import Bounds, MessageChange, PreparedFinish, RemoteTransaction
+from apply.core.transactions import (
+    Bounds,
+    MessageChange,
+    PreparedFinish,
+    RemoteTransaction,
+    operations,
+)
 from apply.worker.applier import BatchApplier
-from apply.worker.worker import ApplyWorker, _operations
+from apply.worker.worker import ApplyWorker
 from apply.worker.worker_hooks import CatchUpHooks, LeaderHooks
 from conflicts.findings import Finding
 from conflicts.report import Conflict
@@ -789,13 +795,11 @@ def test_a_batchs_changes_are_counted_by_operation() -> None:
     """What ``pgsub_changes_applied_total`` counts of a batch: row changes by their
     operation, a TRUNCATE and a logical decoding message by theirs."""
     message = MessageChange(Lsn(0x60), True, "app", b"x")
-    counted = _operations(
-        Batch(
-            [
-                tx(ins(T, 1, "a"), upd(T, 1, "b"), ins(T, 2, "c"), end=100),
-                tx(dele(T, 2), trunc(T), message, end=200),
-                tx(end=300),
-            ]
-        )
+    counted = operations(
+        [
+            tx(ins(T, 1, "a"), upd(T, 1, "b"), ins(T, 2, "c"), end=100),
+            tx(dele(T, 2), trunc(T), message, end=200),
+            tx(end=300),
+        ]
     )
     assert counted == {"INSERT": 2, "UPDATE": 1, "DELETE": 1, "TRUNCATE": 1, "MESSAGE": 1}
