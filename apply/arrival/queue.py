@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from apply.arrival.assembly import AssembledTransaction
 from apply.core.transactions import Bounds, RemoteTransaction
+from subscriber.replication.frozen import quick
 
 
 def in_memory_transaction(tx: AssembledTransaction) -> bool:
@@ -27,6 +28,7 @@ def _in_memory(tx: AssembledTransaction) -> tuple[int, int]:
     return (len(tx.changes), tx.size) if isinstance(tx, RemoteTransaction) else (1, 0)
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class Queued:
     tx: AssembledTransaction

@@ -40,10 +40,12 @@ from apply.core.transactions import (
     RowChange,
     TruncateChange,
 )
+from subscriber.replication.frozen import quick
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.messages import Relation
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class TableChange:
     """A change of one table with the index of its transaction in the batch."""

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from subscriber.replication.frozen import quick
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Relation, TupleData
 
@@ -23,6 +24,7 @@ class Op(Enum):
     DELETE = "DELETE"
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class RowChange:
     """One row change of one relation, as the publisher sent it."""
@@ -126,6 +128,7 @@ class PreparedFinish:
     commit_time: int
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class RemoteTransaction:
     """A committed remote transaction, ready to apply."""

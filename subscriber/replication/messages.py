@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+from subscriber.replication.frozen import quick
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.names import qualified_name
 
@@ -30,6 +31,7 @@ TEXT: Final = ord("t")
 BINARY: Final = ord("b")
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class TupleData:
     """One row image. ``kinds[i]`` is NULL/UNCHANGED/TEXT/BINARY; ``values[i]``
@@ -73,6 +75,7 @@ class Type:
     xid: int | None = None
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class Begin:
     final_lsn: Lsn
@@ -80,6 +83,7 @@ class Begin:
     xid: int
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class Commit:
     flags: int
@@ -94,6 +98,7 @@ class Origin:
     name: str
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class Insert:
     relation_oid: int
@@ -101,6 +106,7 @@ class Insert:
     xid: int | None = None
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class Update:
     relation_oid: int
@@ -110,6 +116,7 @@ class Update:
     xid: int | None = None
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class Delete:
     relation_oid: int

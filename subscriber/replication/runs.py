@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from subscriber.replication.frozen import quick
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, Delete, Insert, Message, Update
 from subscriber.replication.pgoutput import CHANGE_TYPES, WALK_AT_LEAST, PgOutputDecoder
@@ -42,6 +43,7 @@ _BEGIN: Final = ord("B")
 _COMMIT: Final = ord("C")
 
 
+@quick
 @dataclass(frozen=True, slots=True)
 class WholeTransaction:
     """A small transaction decoded to its Commit: the messages it was, as one item."""
