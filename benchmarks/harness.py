@@ -51,8 +51,9 @@ CREATE TABLE {name} (
 
 # The folder a benchmark's used folders are moved into (``discard``): the suite's, shared by
 # its scenarios' processes and emptied once they have all run; else this process's own,
-# emptied as it exits.
-TRASH_VARIABLE = "PGSUB_BENCH_TRASH"
+# emptied as it exits. Not ``PGSUB_...``: a ``pgsub run`` a scenario starts inherits it, and
+# reads every such variable as a config key (``subscriber.runtime.config_file``).
+TRASH_VARIABLE = "BENCH_PGSUB_TRASH"
 
 
 def discard(folder: Path | str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness import TRASH_VARIABLE, discard, shared_trash
+from subscriber.runtime.config_file import apply_environment
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -56,3 +57,12 @@ def test_a_process_without_a_shared_trash_empties_its_own_as_it_exits(tmp_path: 
     subprocess.run([sys.executable, "-c", code, str(folder)], check=True, env=env, cwd=ROOT)
     assert not folder.exists()
     assert not list(tmp_path.glob("pgsub-bench-trash-*"))  # emptied and removed at exit
+
+
+def test_a_pgsub_started_within_the_shared_trash_reads_its_config() -> None:
+    """A scenario's ``pgsub run`` (the cold start) inherits the trash's variable: it must not
+    be one pgsub reads as a config key (``PGSUB_BENCH_TRASH`` was: "names no config key",
+    and ``make bench`` stopped at the cold start)."""
+    with shared_trash():
+        assert TRASH_VARIABLE in os.environ
+        assert apply_environment({"warehouse": "/w"}, os.environ) == {"warehouse": "/w"}
