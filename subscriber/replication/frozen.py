@@ -15,6 +15,7 @@ same values, still frozen.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -29,9 +30,13 @@ def quick(cls: type[T]) -> type[T]:
         raise TypeError(f"{cls.__name__}: quick takes a frozen dataclass with slots")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: quick does not call __post_init__")
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # a dataclass, checked
+    taken = list(inspect.signature(cls.__init__).parameters)[1:]
+    if taken != [field.name for field in fields]:  # an InitVar, say: not a field
+        raise TypeError(f"{cls.__name__}: its __init__ takes more than its fields")
     namespace: dict[str, Any] = {}
     parameters, body = [], []
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]  # a dataclass, checked
+    for field in fields:
         name = field.name
         if not field.init or field.kw_only or field.default_factory is not dataclasses.MISSING:
             raise TypeError(f"{cls.__name__}.{name}: quick takes positional fields only")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import pytest
@@ -145,6 +145,11 @@ def test_quick_refuses_what_it_could_not_make_as_dataclasses_would() -> None:
         a: int
         b: int = field(default=0, init=False)
 
-    for cls in (Unfrozen, Unslotted, Checked, Factory, KeywordOnly, Derived, int):
+    @dataclass(frozen=True, slots=True)
+    class Passed:
+        a: int
+        b: InitVar[int]
+
+    for cls in (Unfrozen, Unslotted, Checked, Factory, KeywordOnly, Derived, Passed, int):
         with pytest.raises(TypeError):
             quick(cls)
