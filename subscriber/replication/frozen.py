@@ -31,15 +31,18 @@ def quick(cls: type[T]) -> type[T]:
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: quick does not call __post_init__")
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # a dataclass, checked
-    taken = list(inspect.signature(cls.__init__).parameters)[1:]
-    if taken != [field.name for field in fields]:  # an InitVar, say: not a field
-        raise TypeError(f"{cls.__name__}: its __init__ takes more than its fields")
+    # Each field a parameter, in order, by position or name; nothing else (an InitVar, a
+    # field left out of ``__init__`` or keyword-only would be made differently here).
+    taken = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    if [(p.name, p.kind) for p in taken] != [(f.name, positional) for f in fields]:
+        raise TypeError(f"{cls.__name__}: quick takes fields that are positional parameters")
     namespace: dict[str, Any] = {}
     parameters, body = [], []
     for field in fields:
         name = field.name
-        if not field.init or field.kw_only or field.default_factory is not dataclasses.MISSING:
-            raise TypeError(f"{cls.__name__}.{name}: quick takes positional fields only")
+        if field.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{name}: quick takes plain defaults only")
         namespace[f"_set_{name}"] = cls.__dict__[name].__set__
         if field.default is dataclasses.MISSING:
             parameters.append(name)
