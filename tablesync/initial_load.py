@@ -117,7 +117,8 @@ class InitialLoad:
         stopping: threading.Event,
         beat: Callable[[], None] = lambda: None,
     ) -> list[int]:
-        """Load what fits; the tables made READY. ``beat`` runs every half second."""
+        """Load what fits; the tables made READY. ``beat`` runs every half second, and once
+        READY is stored for the last of them."""
         waiting = {s.relid for s in self._handoff.statuses if s.state is TableState.INIT}
         tables = self._fitting([t for t in published if t.relid in waiting])
         if not tables:
@@ -138,11 +139,16 @@ class InitialLoad:
         for thread in threads:
             thread.start()
         ready: list[int] = []
-        while any(thread.is_alive() for thread in threads):
-            threads[0].join(SETTLE_INTERVAL)  # any thread: a half-second tick
+        while True:
+            alive = [thread for thread in threads if thread.is_alive()]
+            if alive:
+                alive[0].join(SETTLE_INTERVAL)  # a half-second tick, or sooner: one ended
+            # Once more after every thread has ended: the last tables are stored READY and
+            # shown so at once, not at the leader's first status sample.
             ready += self._settle()
             beat()
-        ready += self._settle()
+            if not alive:
+                break
         log.info(
             "initial load finished",
             subscription=self._context.subscription,

@@ -29,6 +29,19 @@ CREATE PUBLICATION pub FOR TABLE small, bag, empty, big;
 SMALL = {"public.small", "public.bag", "public.empty"}
 
 
+def published_tables(publisher: PgDatabase, count: int, *, rows: int) -> list[str]:
+    """Tables t0, t1, ... of ``rows`` rows each, in publication ``pub``; their names."""
+    tables = [f"t{n}" for n in range(count)]
+    publisher.execute(
+        "".join(f"CREATE TABLE {t} (id int PRIMARY KEY, v text);" for t in tables)
+        + "".join(
+            f"INSERT INTO {t} SELECT g, 'v' FROM generate_series(1, {rows}) g;" for t in tables
+        )
+        + f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)};"
+    )
+    return tables
+
+
 def step(conn: psycopg.Connection[Any], n: int) -> None:
     conn.execute("UPDATE small SET v = v || '+' WHERE id = %s", [n % 2000 + 1])
     conn.execute("INSERT INTO bag VALUES (%s, 'w')", [n])
@@ -97,12 +110,7 @@ def test_each_loaded_tables_names_are_made_durable_once_and_before_it_is_ready(
     import apply.delta.files.local_store as local_store
     from apply.delta.tables import DeltaTables
 
-    tables = [f"t{n}" for n in range(6)]
-    publisher.execute(
-        "".join(f"CREATE TABLE {t} (id int PRIMARY KEY, v text);" for t in tables)
-        + "".join(f"INSERT INTO {t} SELECT g, 'v' FROM generate_series(1, 50) g;" for t in tables)
-        + f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)};"
-    )
+    tables = published_tables(publisher, 6, rows=50)
     events: list[tuple[str, str]] = []
     sync_folder, remember = local_store._sync_folder, DeltaTables.remember_created
 
@@ -127,3 +135,42 @@ def test_each_loaded_tables_names_are_made_durable_once_and_before_it_is_ready(
         before = [event for event in events[:recorded] if event == log_folder]
         # Once before it is recorded: not twice (each commit's), not never (after the record).
         assert len(before) == 1, f"{name}: its log's folder fsynced {len(before)} times first"
+
+
+def test_status_shows_the_loaded_tables_ready_when_the_load_ends(
+    publisher: PgDatabase, spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/status`` shows each loaded table READY once the load has stored it - the last
+    ones too, not only at the leader's first status sample half a second later. Each copy
+    and each status look slowed, the last copy ends while the status is looked at."""
+    import time
+
+    from subscriber.runtime.subscription import SubscriptionRunner
+    from tablesync.initial_load import InitialLoad
+
+    tables = published_tables(publisher, 4, rows=20)
+    shown: list[dict[str, str]] = []
+    run = InitialLoad.run
+
+    def run_and_look(self: InitialLoad, *args: Any, **kwargs: Any) -> list[int]:
+        ready = run(self, *args, **kwargs)
+        status = kwargs["beat"].__self__.status  # the runner's ``_loading``
+        shown.append({str(t["table"]): str(t["state"]) for t in status.tables})
+        return ready
+
+    copy, look = InitialLoad._copy, SubscriptionRunner._loading
+
+    def slow_copy(self: InitialLoad, *args: Any) -> None:
+        copy(self, *args)
+        time.sleep(0.2)  # four tables: the copies end within the first look (0.5-1.5 s)
+
+    def slow_look(self: SubscriptionRunner) -> None:
+        look(self)
+        time.sleep(1.0)
+
+    monkeypatch.setattr(InitialLoad, "run", run_and_look)
+    monkeypatch.setattr(InitialLoad, "_copy", slow_copy)
+    monkeypatch.setattr(SubscriptionRunner, "_loading", slow_look)
+    with Replication(publisher, spark, warehouse, copy_data=True, max_sync_workers=1) as rep:
+        wait_until(rep.all_ready, timeout=300, what="every table to be READY")
+    assert shown == [{f"public.{t}": "ready" for t in tables}]
