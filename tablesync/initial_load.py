@@ -230,7 +230,8 @@ class InitialLoad:
         schema = target_schema(relation, context.types, is_keyed(relation))
         labels = (context.subscription, table.qualified_name)
         context.metrics.tablesync_rows_estimated.labels(*labels).set(table.estimated_rows)
-        context.tables.prepare(schema, recreate=True, remember=False)  # the copy fills it
+        # The copy fills it, and makes its first commit with its rows.
+        context.tables.prepare(schema, recreate=True, remember=False, with_copy=True)
         started = time.monotonic()
         on_executors = context.tables.copy_on_executors
         log.info(

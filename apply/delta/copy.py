@@ -3,11 +3,13 @@
 Three ways (``DeltaTables.copy_into`` picks), each one Delta commit
 carrying the copy's mark (idempotent-write id and ``userMetadata``):
 
-- ``write_once``: delta-rs writes the Arrow blocks, read in this process,
-  as they come straight into the table's Parquet files - each row is
-  written once, no JVM round trip. For a local Spark, a warehouse on the
-  local file system and a table whose writer features delta-rs supports
-  (no column mapping, no type widening).
+- ``write_once``: the Arrow blocks, read in this process, written as they
+  come straight into the table's Parquet files, by pgsub's own commit where
+  the protocol allows (delta-rs's otherwise) - each row is written once, no
+  JVM round trip; ``write_first`` the same into a table whose creation was
+  held back for the copy, its commit making the table. For a local Spark,
+  a warehouse on the local file system and a table whose writer features
+  delta-rs supports (no column mapping, no type widening).
 - with a local Spark otherwise, the blocks are staged as Parquet files and
   land in one Spark commit;
 - on a cluster or through Spark Connect (``copy_on_executors``) Spark
@@ -41,6 +43,7 @@ from apply.delta.files.store import commit_name, table_store
 from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.session import SparkErrors, runs_here, struct
 from apply.delta.writer.local_tables import (
+    HeldCreation,
     as_table_holds,
     delta_rs_writes,
     held_schema,
@@ -48,7 +51,7 @@ from apply.delta.writer.local_tables import (
     opened,
 )
 from apply.delta.writer.open_table import OpenTable
-from apply.delta.writer.overwrite import append, hand_appendable
+from apply.delta.writer.overwrite import Appended, append, hand_appendable
 from apply.history.changelog import HistoryMode, changelog_schema
 from apply.history.changelog import copied as changelog_copied
 from apply.history.stamps import Keeping, stamped_schema
@@ -171,6 +174,29 @@ def write_once(
     except deltalake.exceptions.DeltaError as exc:
         raise TargetTableError(f"copying {schema.table} into {target.path} failed: {exc}") from exc
     return written[0], own
+
+
+def write_first(
+    target: TargetTable,
+    held: HeldCreation,
+    schema: TargetSchema,
+    blocks: Iterator[pa.Table],
+    mark: CommitMark,
+) -> Appended:
+    """The rows of ``blocks`` into a table whose first commit was held back for them
+    (``create_table``'s ``hold``): pgsub's own commit, carrying ``mark``, makes the table
+    with them - its version 0, durable when it returns; a ``CommitRacedError`` if another
+    writer made the table first. An overwrite and an append are one here: the table holds
+    no row yet. No delta-rs opening: its protocol and columns are the held creation's."""
+    arrow = arrow_schema(schema.columns)
+    held_columns = held.arrow()
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for block in blocks:
+            yield from as_table_holds(block.cast(arrow), held_columns).to_batches()
+
+    store = table_store(target.path)
+    return append(store, -1, batches(), held_columns, mark, creating=held.actions())
 
 
 def copy_into(

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 import structlog
@@ -52,7 +52,7 @@ from apply.core.records import (
     within_from_metadata,
 )
 from apply.delta.appends import append_messages
-from apply.delta.copy import copy_into, copy_target, kept_copy, write_once
+from apply.delta.copy import copy_into, copy_target, kept_copy, write_first, write_once
 from apply.delta.files.local_store import LocalStore, folders_synced_together, sync_named_folders
 from apply.delta.spark.ddl import follow as follow_ddl
 from apply.delta.spark.detail import log_detail
@@ -63,7 +63,7 @@ from apply.delta.spark.session import SparkErrors, runs_here
 from apply.delta.spark.staged_copy import StagedCopy
 from apply.delta.spark.target import TargetTable
 from apply.delta.state_store import STATE_DIR
-from apply.delta.tables_state import TablesState
+from apply.delta.tables_state import JustCreated, TablesState
 from apply.delta.versions import Witness, write_versions
 from apply.delta.writer.live_files import carries
 from apply.delta.writer.local_tables import delta_rs_writes, folder
@@ -76,6 +76,9 @@ from apply.schema_changes.ddl import SchemaChange
 from conflicts.kinds import DEFAULTS, ConflictKind, Resolution
 from subscriber.replication.lsn import ZERO, Lsn
 from subscriber.replication.names import table_folder
+
+if TYPE_CHECKING:
+    import deltalake
 
 # Tries of a batch whose commit another writer's beat (nothing committed): each on the table
 # as that writer left it.
@@ -148,7 +151,12 @@ class DeltaTables(TablesState):
     # -- schema ------------------------------------------------------------------
 
     def prepare(
-        self, schema: TargetSchema, *, recreate: bool = False, remember: bool = True
+        self,
+        schema: TargetSchema,
+        *,
+        recreate: bool = False,
+        remember: bool = True,
+        with_copy: bool = False,
     ) -> Evolution | None:
         """Create the table, or evolve it to ``schema``; None when nothing changed.
 
@@ -156,7 +164,9 @@ class DeltaTables(TablesState):
         someone else) is not created again empty - that would lose its rows
         silently - unless ``recreate`` (a copy that fills it anew). ``remember``
         False: the caller records the creation (``remember_created``), with others
-        in one write, before anything may depend on it.
+        in one write, before anything may depend on it. ``with_copy``: this thread
+        copies into the table next (``copy_into``), which makes pgsub's own first
+        commit of a table created now, together with the copy's rows.
         """
         keeping = self._keeping(schema)  # of the publisher's schema: its key decides
         schema = keeping.stored(schema)
@@ -167,15 +177,23 @@ class DeltaTables(TablesState):
         with self._held(schema.table, f"preparing {path} for {schema.table}"):
             self._durability.known(path, self._latest_version(path))
             evolution = self._create_or_evolve(
-                schema, path, keeping, recreate=recreate, remember=remember
+                schema, path, keeping, recreate=recreate, remember=remember, with_copy=with_copy
             )
             self._durability.settle(path, self._latest_version(path))
-        with self._lock:
-            self._schemas[schema.table] = schema
+        if self._held_creation(path) is None:  # else known once its copy has made it
+            with self._lock:
+                self._schemas[schema.table] = schema
         return evolution
 
     def _create_or_evolve(
-        self, schema: TargetSchema, path: str, keeping: Keeping, *, recreate: bool, remember: bool
+        self,
+        schema: TargetSchema,
+        path: str,
+        keeping: Keeping,
+        *,
+        recreate: bool,
+        remember: bool,
+        with_copy: bool = False,
     ) -> Evolution:
         """``schema``: the table's own (``keeping.stored``: a change log's and a versions
         table's columns, which have no key)."""
@@ -205,9 +223,9 @@ class DeltaTables(TablesState):
                     "a mirror in history.tables to silence this",
                 )
             made = self._definition.create(
-                self.session(), schema, path, keeping.mode, by_spark=created_before
+                self.session(), schema, path, keeping.mode, by_spark=created_before, hold=with_copy
             )
-            self._local.created = (path, made.table)  # for this thread's copy into it, next
+            self._local.created = JustCreated(path, made, schema)  # for its copy, next
             self._placed.forget(schema.table, path)
             self._forget_open(path)
             self._appends.forget(path)
@@ -431,22 +449,20 @@ class DeltaTables(TablesState):
         source, schema, mode, plan = kept.source, kept.schema, kept.mode, kept.plan
         with self.exclusive(schema.table):
             table = None
-            if self._placed.writes_itself(target.session) and plan is None:
-                table = copy_target(target.path, self._just_created(target.path))
+            created = self._just_created(target.path)
+            writes_itself = self._placed.writes_itself(target.session) and plan is None
+            if created is not None and created.held is not None:
+                if writes_itself and created.held.appendable():
+                    return self._copy_creating(target, created, schema, source, mark, keeping)
+                self._commit_held(target.path, created)  # the creation first, on its own
+            if writes_itself:
+                table = copy_target(target.path, created.made.table if created else None)
             if table is not None:
                 rows, own = write_once(target, table, schema, source.blocks(), mark, mode=mode)
                 copied_rows: tuple[int, int | None] = (rows, None)
                 if own is not None:  # not read back and fsynced again
                     self._durability.settle(target.path, own, made_durable=True)
-                # A big table gains deletion vectors now, before READY, and its key index is
-                # read: not in its first batch while its changes wait (seconds each).
-                gained = self._placed.check_size(target, log_detail(table))
-                if self._placed.merges_locally(target) and keeping.plain:
-                    if self._merge_processes is not None:  # where its batches are merged,
-                        # not waited for: the process runs it before the table's next ask
-                        self._merge_processes.warm(target.path, schema)
-                    else:
-                        self._local_merges.warm(target.path, schema, None if gained else table)
+                self._after_copy(target, schema, keeping, log_detail(table), table)
             else:
                 read_here = not self.copy_on_executors
                 if read_here and not self._placed.spark_here(target.session):
@@ -458,6 +474,63 @@ class DeltaTables(TablesState):
                 )
             self._durability.settle(target.path, self._latest_version(target.path))
             return copied_rows
+
+    def _copy_creating(
+        self,
+        target: TargetTable,
+        created: JustCreated,
+        schema: TargetSchema,
+        source: CopySource,
+        mark: CommitMark,
+        keeping: Keeping,
+    ) -> tuple[int, int | None]:
+        """The copy into a table whose creation was held back for it: one commit, the
+        table's version 0, with its rows; the table known prepared once it is made."""
+        held = created.held
+        assert held is not None
+        try:
+            appended = write_first(target, held, schema, source.blocks(), mark)
+        except CommitRacedError as exc:
+            raise TargetTableError(
+                f"copying {schema.table} into {target.path} failed: another writer created"
+                " the table meanwhile; it is copied again by its sync worker"
+            ) from exc
+        self._durability.settle(target.path, 0, made_durable=True)
+        with self._lock:
+            self._schemas[created.schema.table] = created.schema
+        known = (appended.files, appended.data_size, dict(held.properties))
+        self._after_copy(target, schema, keeping, known)
+        return appended.rows, None
+
+    def _after_copy(
+        self,
+        target: TargetTable,
+        schema: TargetSchema,
+        keeping: Keeping,
+        known: tuple[int, int, dict[str, str]],
+        table: deltalake.DeltaTable | None = None,
+    ) -> None:
+        """After a copy by pgsub's own writer (``known``: the table's detail now; ``table``:
+        as delta-rs has it open, if it does): a big table gains deletion vectors now, before
+        READY, and its key index is read - not in its first batch while its changes wait
+        (seconds each). A table without deletion vectors has no index to read."""
+        gained = self._placed.check_size(target, known)
+        if not (self._placed.merges_locally(target) and keeping.plain):
+            return
+        if self._merge_processes is not None:  # where its batches are merged, not waited
+            # for: the process runs it before the table's next ask
+            self._merge_processes.warm(target.path, schema)
+        elif table is not None or gained:
+            self._local_merges.warm(target.path, schema, None if gained else table)
+
+    def _commit_held(self, path: str, created: JustCreated) -> None:
+        """A held creation made alone, before a copy that cannot make it (the Spark ways)."""
+        held = created.held
+        assert held is not None
+        if held.commit():
+            self._durability.known(path, 0)
+        with self._lock:
+            self._schemas[created.schema.table] = created.schema
 
     def staged_copy(self, schema: TargetSchema) -> StagedCopy:
         folder = f"_pgsub/copy_staging/{self.subscription}/{table_folder(schema.table)}"

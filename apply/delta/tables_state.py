@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 import structlog
@@ -38,7 +38,7 @@ from apply.delta.spark.target import TargetTable
 from apply.delta.table_options import DEFAULT_OPTIONS, CreatedTables, Forgetful, TableOptions
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import latest_version
-from apply.delta.writer.local_tables import folder, is_table
+from apply.delta.writer.local_tables import Created, HeldCreation, folder, is_table
 from apply.delta.writer.merge_processes import MergeProcesses, auto_processes, usable_cpus
 from apply.delta.writer.write_cost import commit_bytes
 from apply.history.changelog import HistoryMode
@@ -46,12 +46,24 @@ from apply.history.stamps import PLAIN, Keeping
 from subscriber.replication.names import table_folder
 
 if TYPE_CHECKING:
-    import deltalake
     from pyspark.sql import SparkSession
 
 HISTORY_PEEK: Final = 100
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class JustCreated:
+    """The table a thread created last (``DeltaTables.prepare``), for its copy next."""
+
+    path: str
+    made: Created
+    schema: TargetSchema  # as ``prepare`` knows the table once it is made
+
+    @property
+    def held(self) -> HeldCreation | None:
+        return self.made.held
 
 
 class TablesState:
@@ -320,14 +332,19 @@ class TablesState:
         with self._lock:
             return sorted(self._schemas)
 
-    def _just_created(self, path: str) -> deltalake.DeltaTable | None:
-        """The table at ``path`` as delta-rs opened it when this thread created it, if that
-        was this thread's last creation: the copy into it goes on from it, not from the log
-        opened again (a listing and a read of its commit in a bucket). Kept for one table a
-        thread, so a table created without a copy holds no store client."""
-        made: tuple[str, deltalake.DeltaTable | None] | None = getattr(self._local, "created", None)
+    def _just_created(self, path: str) -> JustCreated | None:
+        """How this thread created the table at ``path``, if that was its last creation: the
+        copy into it goes on from delta-rs's opening of it, not from the log opened again (a
+        listing and a read of its commit in a bucket), or makes its held first commit. Kept
+        for one table a thread, so a table created without a copy holds no store client."""
+        made: JustCreated | None = getattr(self._local, "created", None)
         self._local.created = None
-        return made[1] if made is not None and made[0] == path else None
+        return made if made is not None and made.path == path else None
+
+    def _held_creation(self, path: str) -> HeldCreation | None:
+        """The first commit of the table at ``path`` this thread held back for its copy."""
+        made: JustCreated | None = getattr(self._local, "created", None)
+        return made.made.held if made is not None and made.path == path else None
 
     def _holds_rows(self, target: TargetTable) -> bool:
         """Whether the table has data files (a table copied before: a resync)."""

@@ -43,7 +43,12 @@ class Tables(Protocol):
     def applied_within(self, table: str) -> Within | None: ...
 
     def prepare(
-        self, schema: TargetSchema, *, recreate: bool = ..., remember: bool = ...
+        self,
+        schema: TargetSchema,
+        *,
+        recreate: bool = ...,
+        remember: bool = ...,
+        with_copy: bool = ...,
     ) -> Evolution | None: ...
 
     def remember_created(self, tables: list[str]) -> None: ...

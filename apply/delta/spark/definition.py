@@ -79,10 +79,12 @@ class TableDefinition:
         history: HistoryMode = HistoryMode.MIRROR,
         *,
         by_spark: bool = False,
+        hold: bool = False,
     ) -> Created:
         """Create the table, kept as ``history`` says, with the reader features and properties
         it needs (``by_spark``: never by delta-rs): how (``Created``; nothing to say when
-        Spark created it)."""
+        Spark created it). ``hold``: pgsub's own first commit, if it would make one, held
+        back for the table's copy to make (``create_table``)."""
         properties, needed = creation_properties(
             [c.name for c in schema.columns], self.features, schema.table
         )
@@ -99,11 +101,17 @@ class TableDefinition:
             # No table feature to enable: pgsub (or delta-rs, for a column that needs one)
             # writes the same first commit as Spark in milliseconds, where Spark's is
             # seconds (the first job of a cold JVM).
-            made = create_table(path, arrow_schema(schema.columns), properties)
+            made = create_table(path, arrow_schema(schema.columns), properties, hold=hold)
         else:
             _create_by_spark(session, schema, path, properties)
             made = Created()
-        log.info("target table created", table=schema.table, path=path, key=list(schema.key))
+        log.info(
+            "target table created",
+            table=schema.table,
+            path=path,
+            key=list(schema.key),
+            **({"committed": "with its copy"} if made.held is not None else {}),
+        )
         return made
 
     def evolve(

@@ -208,9 +208,9 @@ class LocalMerges:
                 return None
             written = 0
             if hand_appendable(table, nullable=True):
-                _, written = append(
+                written = append(
                     open_table.store, table.version(), stage.reader(have), have, mark
-                )
+                ).size
                 table = open_table.synced()
             else:
                 deltalake.write_deltalake(

@@ -4,8 +4,9 @@ What the state store reads and appends where pgsub reaches the warehouse, the te
 when delta-rs may write a table at all (``delta_rs_can_write``; the initial
 copy uses it too), the creation of a target table that needs no table
 feature (``delta_rs_creates``; its first commit pgsub's own unless a column
-needs one, delta-rs's then), and a table's existence and commit marks read
-from its log.
+needs one, delta-rs's then; held back for a copy to make with its rows:
+``HeldCreation``), and a table's existence and commit marks read from its
+log.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pyarrow as pa
 from apply.core.errors import CommitRacedError, TargetTableError
 from apply.delta.files.local_store import LocalStore
 from apply.delta.files.storage import delta_rs_options, is_object_store
-from apply.delta.files.store import LOG, canonical, commit_name, table_store
+from apply.delta.files.store import LOG, TableStore, canonical, commit_name, table_store
 from apply.delta.writer.live_files import latest_version, make_durable, newest_commit
 from apply.delta.writer.overwrite import ENGINE, commit
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
     from apply.core.records import CommitMark
 
+# The protocol of a table whose columns need no table feature, as delta-rs creates it.
+_PLAIN_PROTOCOL: Final = {"minReaderVersion": 1, "minWriterVersion": 2}
 # Writer features delta-rs 1.6 writes correctly; any other makes a write go through Spark.
 DELTA_RS_WRITES: Final = frozenset({"appendOnly", "invariants", "timestampNtz"})
 
@@ -146,16 +149,90 @@ def delta_rs_creates(properties: Mapping[str, str]) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldCreation:
+    """A table's first commit held back (``create_table``'s ``hold``), to be made with the
+    table's first rows: its protocol and metadata, for columns that need no table feature."""
+
+    path: str
+    columns: str  # Delta's schema, as JSON
+    properties: Mapping[str, str]
+    made_at: int  # milliseconds since the epoch
+
+    def actions(self) -> list[dict[str, object]]:
+        """The ``protocol`` and ``metaData`` of the table's version 0, as delta-rs writes
+        them for columns that need no table feature (reader 1, writer 2)."""
+        metadata: dict[str, object] = {
+            "id": str(uuid.uuid4()),
+            "name": None,
+            "description": None,
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": self.columns,
+            "partitionColumns": [],
+            "createdTime": self.made_at,
+            "configuration": dict(self.properties),
+        }
+        return [{"protocol": dict(_PLAIN_PROTOCOL)}, {"metaData": metadata}]
+
+    def arrow(self) -> pa.Schema:
+        """The table's columns as Arrow fields (``held_schema`` of the table once made)."""
+        import deltalake
+
+        return pa.schema(deltalake.Schema.from_json(self.columns).to_arrow())
+
+    def appendable(self) -> bool:
+        """Whether pgsub's own commit may add any rows to it (``overwrite.hand_appendable``
+        with ``nullable``): not append-only, and every column may hold null."""
+        if self.properties.get("delta.appendOnly", "false").lower() == "true":
+            return False
+        return all(field.get("nullable", True) for field in json.loads(self.columns)["fields"])
+
+    def commit(self) -> bool:
+        """The creation alone, as delta-rs writes it, committed by pgsub: whether it made it
+        (False: there was one already, another's)."""
+        made = self.actions()
+        protocol, metadata = made[0]["protocol"], made[1]["metaData"]
+        info = {
+            "timestamp": self.made_at,
+            "operation": "CREATE TABLE",
+            "operationParameters": {
+                "protocol": json.dumps(protocol, separators=(",", ":")),
+                "metadata": json.dumps(metadata, separators=(",", ":")),
+                "mode": "Ignore",
+            },
+            "engineInfo": ENGINE,
+            "clientVersion": ENGINE,
+        }
+        store = self.make_room()
+        try:
+            commit(store, 0, [{"commitInfo": info}, *made])
+        except CommitRacedError:
+            return False  # made meanwhile (IF NOT EXISTS)
+        except OSError as exc:
+            raise TargetTableError(f"cannot create the Delta table at {self.path}: {exc}") from exc
+        return True
+
+    def make_room(self) -> TableStore:
+        """The table's store; on a local disk, its folder and its log's made."""
+        store = table_store(self.path)
+        if isinstance(store, LocalStore):
+            os.makedirs(os.path.join(store.folder, LOG), exist_ok=True)
+        return store
+
+
+@dataclass(frozen=True, slots=True)
 class Created:
     """How ``create_table`` made a table: ``table``, delta-rs's opening of it after its
     creation (None: not opened); ``durable``, its first commit pgsub's own, durable already
-    (delta-rs's is not fsynced)."""
+    (delta-rs's is not fsynced); ``held``, its first commit not made yet (``hold``)."""
 
     table: deltalake.DeltaTable | None = None
     durable: bool = False
+    held: HeldCreation | None = None
 
 
-def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) -> Created:
+def create_table(
+    path: str, schema: pa.Schema, properties: Mapping[str, str], *, hold: bool = False
+) -> Created:
     """Create the table at ``path`` unless there is one (``CREATE TABLE IF NOT EXISTS``);
     a ``_delta_log`` without a commit (a creation cut short) is created over.
 
@@ -164,12 +241,21 @@ def create_table(path: str, schema: pa.Schema, properties: Mapping[str, str]) ->
     the caller opens the table when it needs it. delta-rs's creation read back the log it
     had just made three times (14 requests in a bucket, 9 ms a table on a local disk, the
     first start's load of 200 tables waiting on it). Else delta-rs's, with the table as
-    it opened it after its creation. ``Created`` says which."""
+    it opened it after its creation. ``Created`` says which.
+
+    ``hold``: that own first commit is not made but returned (``Created.held``), for the
+    table's copy to make it with its rows - one commit, its version 0, where a creation
+    then a copy made two, and the copy opened the table made by the first with delta-rs
+    (the first start's load of 200 small tables: a third of its time)."""
     import deltalake
 
     columns = deltalake.Schema.from_arrow(schema).to_json()
     if _plain(columns):
-        return Created(durable=_first_commit(path, columns, properties))
+        creation = HeldCreation(path, columns, dict(properties), int(time.time() * 1000))
+        if hold:
+            creation.make_room()
+            return Created(held=creation)
+        return Created(durable=creation.commit())
     try:
         made = deltalake.DeltaTable.create(
             where(path),
@@ -193,45 +279,6 @@ def _plain(columns: str) -> bool:
     return "timestamp_ntz" not in columns and columns.count('"metadata":{}') == columns.count(
         '"metadata":'
     )
-
-
-def _first_commit(path: str, columns: str, properties: Mapping[str, str]) -> bool:
-    """The table's version 0 as delta-rs writes it for ``columns`` that need no table
-    feature (reader 1, writer 2), committed by pgsub: whether it made it (False: there was
-    one already, another's)."""
-    now = int(time.time() * 1000)
-    protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
-    metadata: dict[str, object] = {
-        "id": str(uuid.uuid4()),
-        "name": None,
-        "description": None,
-        "format": {"provider": "parquet", "options": {}},
-        "schemaString": columns,
-        "partitionColumns": [],
-        "createdTime": now,
-        "configuration": dict(properties),
-    }
-    info = {
-        "timestamp": now,
-        "operation": "CREATE TABLE",
-        "operationParameters": {
-            "protocol": json.dumps(protocol, separators=(",", ":")),
-            "metadata": json.dumps(metadata, separators=(",", ":")),
-            "mode": "Ignore",
-        },
-        "engineInfo": ENGINE,
-        "clientVersion": ENGINE,
-    }
-    store = table_store(path)
-    if isinstance(store, LocalStore):
-        os.makedirs(os.path.join(store.folder, LOG), exist_ok=True)
-    try:
-        commit(store, 0, [{"commitInfo": info}, {"protocol": protocol}, {"metaData": metadata}])
-    except CommitRacedError:
-        return False  # made meanwhile (IF NOT EXISTS)
-    except OSError as exc:
-        raise TargetTableError(f"cannot create the Delta table at {path}: {exc}") from exc
-    return True
 
 
 def is_table(path: str) -> bool:

@@ -27,7 +27,9 @@ commit of an overwrite is the simplest the protocol has, so pgsub writes it:
 The same commit adds files without removing any for a large transaction
 that only inserts (``append``: files written a batch at a time, so memory
 stays one batch whatever the transaction's size, with the same
-statistics).
+statistics), and makes a table's version 0 with its first rows: a copy
+into a table whose creation was held back for it
+(``apply.delta.writer.local_tables.HeldCreation``).
 
 Only for a table whose protocol asks nothing more of a writer
 (``hand_writable``): no column invariants, not append-only, no table
@@ -47,6 +49,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -112,6 +115,16 @@ def hand_appendable(table: deltalake.DeltaTable, nullable: bool = False) -> bool
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What ``append`` wrote: rows, the bytes of its files and commit, its files."""
+
+    rows: int
+    size: int  # files and commit
+    files: int
+    data_size: int  # files alone
+
+
 def append(
     store: TableStore,
     version: int,
@@ -121,12 +134,15 @@ def append(
     file_rows: int = APPEND_FILE_ROWS,
     *,
     replacing: list[LiveFile] | None = None,
-) -> tuple[int, int]:
+    creating: list[dict[str, object]] | None = None,
+) -> Appended:
     """``batches`` added to the table in ``store`` (latest version ``version``) as files of
-    up to ``file_rows`` rows, written a batch at a time, in one commit carrying ``mark``;
-    the rows added and the bytes written (files and commit), each file with the statistics
-    of ``apply.delta.writer.file_stats``. ``replacing``: the live files the commit removes (a copy
-    that replaces the table's rows: an overwrite streamed a batch at a time)."""
+    up to ``file_rows`` rows, written a batch at a time, in one commit carrying ``mark``,
+    each file with the statistics of ``apply.delta.writer.file_stats``. ``replacing``: the
+    live files the commit removes (a copy that replaces the table's rows: an overwrite
+    streamed a batch at a time). ``creating``: the ``protocol`` and ``metaData`` of a
+    table not made yet (``version`` -1), its version 0 made by this commit, as Spark's
+    CREATE TABLE AS SELECT makes it."""
     names: list[str] = []
     adds: list[dict[str, object]] = []
     rows = size = 0
@@ -161,16 +177,23 @@ def append(
         "numOutputBytes": str(size),
     }
     now = _now()
-    mode = "Append" if replacing is None else "Overwrite"
-    actions = opening_actions("WRITE", {"mode": mode}, metrics, mark, now)
+    if creating is None:
+        mode = "Append" if replacing is None else "Overwrite"
+        actions = opening_actions("WRITE", {"mode": mode}, metrics, mark, now)
+    else:
+        actions = opening_actions(
+            "CREATE TABLE AS SELECT", {"partitionBy": "[]"}, metrics, mark, now
+        )
+        actions += creating
     actions += [_remove(file, now) for file in replacing or ()]
+    data_size = size
     try:
         size += commit(store, version + 1, actions + adds)
     except CommitRacedError:
         for name in names:
             store.delete(name)
         raise
-    return rows, size
+    return Appended(rows, size, len(adds), data_size)
 
 
 def _add(name: str, size: int, stats: FileStats) -> dict[str, object]:

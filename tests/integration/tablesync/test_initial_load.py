@@ -104,9 +104,12 @@ def test_first_start_copies_small_tables_under_the_slot_snapshot(
 def test_each_loaded_tables_names_are_made_durable_once_and_before_it_is_ready(
     publisher: PgDatabase, spark: Any, warehouse: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The initial load creates each table and copies into it, two commits in its log's
-    folder: the folders naming them are fsynced once, together, after the copy - and before
-    the table is recorded created and READY (what a restart trusts)."""
+    """The initial load creates each table with its copy's rows: one commit, its version 0
+    (a creation then a copy made two, and the copy opened the table with delta-rs), read by
+    delta-rs as the publisher has it. The folders naming it are fsynced once, after the
+    copy - and before the table is recorded created and READY (what a restart trusts)."""
+    import deltalake
+
     import apply.delta.files.local_store as local_store
     from apply.delta.tables import DeltaTables
 
@@ -130,6 +133,11 @@ def test_each_loaded_tables_names_are_made_durable_once_and_before_it_is_ready(
         for name in paths:
             rep.assert_equal(name, key=("id",))
     for name, path in paths.items():
+        table = deltalake.DeltaTable(path)  # not Spark
+        assert table.version() == 0, f"{name}: {table.version() + 1} commits"
+        assert [c["operation"] for c in table.history()] == ["CREATE TABLE AS SELECT"]
+        assert table.to_pyarrow_table().num_rows == 50
+        assert table.protocol().min_reader_version == 1  # no table feature its data needs
         recorded = events.index(("remembered", name))
         log_folder = ("synced", os.path.join(path, "_delta_log"))
         before = [event for event in events[:recorded] if event == log_folder]

@@ -59,7 +59,12 @@ class MemoryTables:
         return self.within.get(table)
 
     def prepare(
-        self, schema: TargetSchema, *, recreate: bool = False, remember: bool = True
+        self,
+        schema: TargetSchema,
+        *,
+        recreate: bool = False,
+        remember: bool = True,
+        with_copy: bool = False,
     ) -> Evolution | None:
         return None
 

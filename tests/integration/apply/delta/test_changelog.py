@@ -83,11 +83,13 @@ def log_rows(path: str) -> list[dict[str, Any]]:
 
 
 def commit_infos(path: str) -> list[dict[str, Any]]:
-    """The appends' commit infos (the copy's and every batch's), as the log holds them."""
+    """The appends' commit infos (the copy's, which made the table, and every batch's), as
+    the log holds them."""
     import deltalake
 
     infos: list[dict[str, Any]] = deltalake.DeltaTable(path).history()
-    return [c for c in infos if c.get("operation") in ("WRITE", "APPEND") and c.get("userMetadata")]
+    appends = ("WRITE", "APPEND", "CREATE TABLE AS SELECT")
+    return [c for c in infos if c.get("operation") in appends and c.get("userMetadata")]
 
 
 def shape(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
