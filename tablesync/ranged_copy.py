@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Protocol
 
 import pyarrow as pa
@@ -46,6 +47,7 @@ from tablesync.resume import (
     read_again,
     read_again_where,
     snapshot_facts,
+    wal_position,
 )
 from tablesync.state import TableState
 
@@ -180,6 +182,7 @@ class RangedCopy:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             exported = holder.execute("SELECT pg_catalog.pg_export_snapshot()").fetchone()
             _, relation = snapshot_facts(holder, table.relid)
+            manifest = replace(manifest, read_at=wal_position(holder))  # the catch-up's least
             if relation != manifest.relation or exported is None:
                 log.warning(
                     "table copy starts over: the table was rewritten since it was staged",
@@ -195,6 +198,7 @@ class RangedCopy:
                 "table copy resumes",
                 table=table.qualified_name,
                 lsn=str(manifest.lsn),
+                read_at=str(manifest.read_at),
                 staged_ranges=len(done),
                 ranges=len(manifest.ranges),
                 staged_rows=copied if parts is None else None,

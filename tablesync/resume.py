@@ -26,6 +26,15 @@ key it holds, or an update to a new key it holds, is applied over it
 (``RESUMED_RESOLUTIONS``); only a key the catch-up has yet to delete is
 missing, so an update or delete of a missing row is skipped.
 
+The catch-up replays at least to where the WAL was once S' was taken
+(``Manifest.read_at``), not only to the leader's position: a leader behind
+S' (a backlog after the restart) would otherwise apply, once the table is
+READY, the transactions between its position and S' - whose rows the table
+already holds (an insert of a key it has: ``insert_exists``, the
+subscription stopped on it). Ending there, SYNCDONE is at or past S', and
+the leader applies the table's changes only after it, as PostgreSQL's does
+when its sync worker is ahead.
+
 A rewrite of the table between the attempts (VACUUM FULL, CLUSTER,
 TRUNCATE: new relfilenodes, rows at new CTIDs) or a changed table layout
 restarts the copy; so does a sync slot that moved or is gone.
@@ -78,6 +87,13 @@ SELECT pg_catalog.txid_snapshot_xmin(pg_catalog.txid_current_snapshot()) %% 4294
                           WHERE t.isleaf))
 """
 
+# Where the publisher's WAL is, read after a snapshot was taken: past the end of every
+# transaction the snapshot shows (on a standby, replayed up to there).
+WAL_POSITION: Final = """
+SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+            ELSE pg_catalog.pg_current_wal_insert_lsn() END
+"""
+
 # The catch-up after a resumed copy: the table may already show a change it replays.
 RESUMED_RESOLUTIONS: Final[Mapping[ConflictKind, Resolution]] = {
     ConflictKind.INSERT_EXISTS: Resolution.APPLY_REMOTE,
@@ -99,6 +115,9 @@ class Manifest:
     ranges: tuple[BlockRange, ...]
     attempt: int = 1
     landed: bool = False  # every row is in the Delta table; the catch-up is left
+    # The publisher's WAL position once the last attempt's snapshot was taken: every
+    # transaction it shows ends at or before it, so the catch-up replays at least to here.
+    read_at: Lsn | None = None
 
     @property
     def resumed(self) -> bool:
@@ -118,6 +137,7 @@ class Manifest:
                 "ranges": [[r.first, r.stop] for r in self.ranges],
                 "attempt": self.attempt,
                 "landed": self.landed,
+                "read_at": None if self.read_at is None else str(self.read_at),
             }
         )
 
@@ -133,6 +153,7 @@ class Manifest:
             ranges=tuple(BlockRange(first, stop) for first, stop in data["ranges"]),
             attempt=int(data["attempt"]),
             landed=bool(data["landed"]),
+            read_at=Lsn.parse(data["read_at"]) if data.get("read_at") else None,
         )
 
 
@@ -309,6 +330,12 @@ def forget_staged(spool_root: Path, copying: set[int]) -> None:
 
 def next_attempt(manifest: Manifest) -> Manifest:
     return replace(manifest, attempt=manifest.attempt + 1)
+
+
+def wal_position(conn: Any) -> Lsn:
+    """``WAL_POSITION`` on ``conn``, read after its transaction's snapshot was taken."""
+    row = conn.execute(WAL_POSITION).fetchone()
+    return Lsn.parse(str(row[0]))
 
 
 def snapshot_facts(conn: Any, relid: int) -> tuple[int, str]:

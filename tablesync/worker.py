@@ -276,13 +276,17 @@ class SyncWorker:
             # worker ends here too, at its start position, without applying a change.
             return start
         if resumed:
-            # The table holds rows read after ``start``: replay over them (tablesync.resume).
+            # The table holds rows read after ``start``, up to ``read_at``: replay over them,
+            # and at least to there (tablesync.resume).
+            assert staged is not None
+            target = max(target, staged.read_at or start)
             resolutions = {**context.resolutions, **RESUMED_RESOLUTIONS}
             context = replace(context, resolutions=resolutions, reporter=None)
             log.info(
                 "table catch-up replays changes over rows read after its start",
                 table=self.table.qualified_name,
                 lsn=str(start),
+                through=str(target),
                 conflicts="insert_exists, update_exists: apply_remote; missing rows: skip;"
                 " not reported",
             )

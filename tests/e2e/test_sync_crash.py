@@ -232,6 +232,9 @@ WHILE_DOWN = [
     "INSERT INTO a SELECT g, 'new' FROM generate_series(200001, 201000) g",
     "DELETE FROM a WHERE id % 101 = 0",
     "VACUUM FREEZE a",
+    # A backlog the leader decodes for seconds after the restart, while the copy resumes
+    # under a new snapshot: the leader is behind it when the catch-up starts.
+    "CREATE TABLE backlog AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 600000) g",
 ]
 
 
@@ -249,9 +252,10 @@ def test_a_copy_killed_between_ranges_resumes_with_the_ranges_staged(
     daemons: Callable[..., DaemonProcess],
 ) -> None:
     """A keyed table copied in 4 ranges, killed once 2 are staged; the publisher changes while
-    the daemon is down (and, in one case, rewrites the table: VACUUM FULL). A table kept with
-    its history (here as versions) resumes the same way: its copy's rows are its first
-    versions."""
+    the daemon is down (and, in one case, rewrites the table: VACUUM FULL), and leaves the
+    leader a backlog to decode after the restart, so that the copy resumes under a snapshot
+    the leader is behind of. A table kept with its history (here as versions) resumes the
+    same way: its copy's rows are its first versions."""
     publisher.execute(RANGED)
     warehouse = tmp_path / "warehouse"
     config = tmp_path / "pgsub.yaml"
@@ -298,6 +302,14 @@ def test_a_copy_killed_between_ranges_resumes_with_the_ranges_staged(
         (finished,) = [e for e in events if e.get("event") == "table copy finished"]
         assert finished["resumed"] is True
         assert not [e for e in events if e.get("conflict")]  # replays are not conflicts
+        # The leader was behind the new snapshot (the backlog): the catch-up replayed past
+        # it, and the leader applies only after that. Else it applied again the rows the
+        # resumed copy read - a versions table stopped on insert_exists.
+        read_at = Lsn.parse(resumed["read_at"])
+        (catch_up,) = [e for e in events if e.get("event", "").startswith("table catch-up")]
+        assert Lsn.parse(catch_up["through"]) >= read_at
+        syncdone = [e for e in events if e.get("state") == "syncdone"]
+        assert syncdone and Lsn.parse(syncdone[-1]["lsn"]) >= read_at
     with publisher.connect() as conn:
         if history == "mirror":
             assert_delta_equals_publisher(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -58,6 +59,16 @@ def test_a_manifest_survives_its_file() -> None:
     original = next_attempt(manifest())
     assert Manifest.from_json(original.to_json()) == original
     assert original.attempt == 2 and original.resumed and not manifest().resumed
+    read = next_attempt(manifest(read_at=Lsn.parse("0/2B3C4D5")))
+    assert Manifest.from_json(read.to_json()).read_at == Lsn.parse("0/2B3C4D5")
+
+
+def test_a_manifest_written_before_read_at_is_read() -> None:
+    """A spool staged by the release before: no ``read_at`` (the catch-up goes to the
+    leader's position, as it did)."""
+    text = json.loads(manifest().to_json())
+    del text["read_at"]
+    assert Manifest.from_json(json.dumps(text)) == manifest()
 
 
 def test_the_layout_names_the_columns_their_types_and_the_key() -> None:
