@@ -30,6 +30,7 @@ from apply.batching.copy_source import CopySource, StagedParts
 from apply.core.failpoints import failpoint
 from apply.core.records import CommitMark
 from subscriber.replication import session
+from subscriber.replication.catalog import wal_end
 from subscriber.replication.commands import SnapshotAction, quote_literal
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.stream import ReplicationConnection
@@ -47,7 +48,6 @@ from tablesync.resume import (
     read_again,
     read_again_where,
     snapshot_facts,
-    wal_position,
 )
 from tablesync.state import TableState
 
@@ -182,7 +182,8 @@ class RangedCopy:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             exported = holder.execute("SELECT pg_catalog.pg_export_snapshot()").fetchone()
             _, relation = snapshot_facts(holder, table.relid)
-            manifest = replace(manifest, read_at=wal_position(holder))  # the catch-up's least
+            # Read after the snapshot: every transaction it shows ends at or before it.
+            manifest = replace(manifest, read_at=wal_end(holder))
             if relation != manifest.relation or exported is None:
                 log.warning(
                     "table copy starts over: the table was rewritten since it was staged",

@@ -87,13 +87,6 @@ SELECT pg_catalog.txid_snapshot_xmin(pg_catalog.txid_current_snapshot()) %% 4294
                           WHERE t.isleaf))
 """
 
-# Where the publisher's WAL is, read after a snapshot was taken: past the end of every
-# transaction the snapshot shows (on a standby, replayed up to there).
-WAL_POSITION: Final = """
-SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-            ELSE pg_catalog.pg_current_wal_insert_lsn() END
-"""
-
 # The catch-up after a resumed copy: the table may already show a change it replays.
 RESUMED_RESOLUTIONS: Final[Mapping[ConflictKind, Resolution]] = {
     ConflictKind.INSERT_EXISTS: Resolution.APPLY_REMOTE,
@@ -330,12 +323,6 @@ def forget_staged(spool_root: Path, copying: set[int]) -> None:
 
 def next_attempt(manifest: Manifest) -> Manifest:
     return replace(manifest, attempt=manifest.attempt + 1)
-
-
-def wal_position(conn: Any) -> Lsn:
-    """``WAL_POSITION`` on ``conn``, read after its transaction's snapshot was taken."""
-    row = conn.execute(WAL_POSITION).fetchone()
-    return Lsn.parse(str(row[0]))
 
 
 def snapshot_facts(conn: Any, relid: int) -> tuple[int, str]:
