@@ -42,8 +42,8 @@ from apply.delta.files.storage import is_object_store
 from apply.delta.files.store import commit_name, table_store
 from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.session import SparkErrors, runs_here, struct
+from apply.delta.writer.creation import HeldCreation
 from apply.delta.writer.local_tables import (
-    HeldCreation,
     as_table_holds,
     delta_rs_writes,
     held_schema,

@@ -36,9 +36,10 @@ from apply.delta.spark.origins import OriginTracker
 from apply.delta.spark.session import SparkErrors, thread_session
 from apply.delta.spark.target import TargetTable
 from apply.delta.table_options import DEFAULT_OPTIONS, CreatedTables, Forgetful, TableOptions
+from apply.delta.writer.creation import Created, HeldCreation
 from apply.delta.writer.durability import Durability
 from apply.delta.writer.live_files import latest_version
-from apply.delta.writer.local_tables import Created, HeldCreation, folder, is_table
+from apply.delta.writer.local_tables import folder, is_table
 from apply.delta.writer.merge_processes import MergeProcesses, auto_processes, usable_cpus
 from apply.delta.writer.write_cost import commit_bytes
 from apply.history.changelog import HistoryMode

@@ -40,7 +40,8 @@ from apply.delta.spark import sql as delta_sql
 from apply.delta.spark.detail import detail
 from apply.delta.spark.origins import ROW_TRACKING
 from apply.delta.spark.session import SparkErrors, struct
-from apply.delta.writer.local_tables import Created, create_table, delta_rs_creates, described
+from apply.delta.writer.creation import Created, create_table, delta_rs_creates
+from apply.delta.writer.local_tables import described
 from apply.delta.writer.protocol import warn_gained
 from apply.history.changelog import PREFIX, HistoryMode
 from apply.history.versions import VALID_FROM

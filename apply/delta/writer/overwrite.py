@@ -29,7 +29,7 @@ that only inserts (``append``: files written a batch at a time, so memory
 stays one batch whatever the transaction's size, with the same
 statistics), and makes a table's version 0 with its first rows: a copy
 into a table whose creation was held back for it
-(``apply.delta.writer.local_tables.HeldCreation``).
+(``apply.delta.writer.creation.HeldCreation``).
 
 Only for a table whose protocol asks nothing more of a writer
 (``hand_writable``): no column invariants, not append-only, no table

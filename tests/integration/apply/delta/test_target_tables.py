@@ -326,7 +326,7 @@ def test_pgsub_and_delta_rs_create_the_table_spark_would_create(
     from apply.core.features import PORTABLE
     from apply.core.maintenance_policy import DEFAULT_POLICY
     from apply.delta.spark.definition import TableDefinition
-    from apply.delta.writer.local_tables import Created
+    from apply.delta.writer.creation import Created
 
     scalars = [t.BOOL, t.INT2, t.INT4, t.INT8, t.FLOAT4, t.FLOAT8, t.BYTEA, t.DATE]
     scalars += [t.TIMESTAMP, t.TIMESTAMPTZ, t.TEXT, t.UUID, t.JSONB, t.INTERVAL, t.TIME]

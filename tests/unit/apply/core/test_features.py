@@ -119,7 +119,7 @@ def test_the_earlier_true_and_false_of_deletion_vectors_mean_always_and_never() 
 def test_delta_rs_creates_a_table_only_when_it_enables_no_table_feature() -> None:
     from apply.core.maintenance_policy import DEFAULT_POLICY, retention_properties
     from apply.delta.spark.origins import ROW_TRACKING
-    from apply.delta.writer.local_tables import delta_rs_creates
+    from apply.delta.writer.creation import delta_rs_creates
 
     plain = {**retention_properties(DEFAULT_POLICY), "pgsub.source": "public.t"}
     assert delta_rs_creates(plain)

@@ -15,7 +15,8 @@ import pytest
 from apply.core.errors import CommitRacedError
 from apply.core.records import CommitMark
 from apply.delta.files.local_store import LocalStore
-from apply.delta.writer.local_tables import HeldCreation, create_table, is_table
+from apply.delta.writer.creation import HeldCreation, create_table
+from apply.delta.writer.local_tables import is_table
 from apply.delta.writer.overwrite import append
 from subscriber.replication.lsn import Lsn
 from tests.support.fsyncs import recorded_fsyncs
