@@ -267,17 +267,17 @@ class TransactionAssembler:
                 new, old = None, cast(Delete, message).old
                 changes.append(RowChange(relation, Op.DELETE, None, old))
             size += image_size(new) + image_size(old)
-        begin, commit, bound = whole.begin, whole.commit, self._spill_after
+        bound = self._spill_after
         if bound is not None and (len(changes) > bound.changes or size > bound.size):
-            self._open = _Open(begin)  # past the bounds: into a spool, as one at a time
+            self._open = _Open(whole.begin)  # past the bounds: into a spool, one at a time
             for change in changes:
                 self._add(change, None)
-            return self._commit(commit)
+            return self._commit(whole.commit)
         return RemoteTransaction(
-            xid=begin.xid,
-            final_lsn=commit.commit_lsn,
-            end_lsn=commit.end_lsn,
-            commit_time=commit.commit_time,
+            xid=whole.xid,
+            final_lsn=whole.final_lsn,
+            end_lsn=whole.end_lsn,
+            commit_time=whole.commit_time,
             changes=tuple(changes),
             size=size,
         )

@@ -25,7 +25,7 @@ column name), so rows from both sides of an ``ALTER TABLE`` line up.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from apply.core.batch import TableChange, TableWork
@@ -285,43 +285,70 @@ def fold_keyed(net: KeyedNet, changes: Sequence[TableChange], layout: Layout) ->
             return (values[first],)
         return tuple(values[p] for p in key_positions)
 
+    latest, insert = layout.latest, Op.INSERT
     for entry in changes:
         change = entry.change
         assert isinstance(change, RowChange)
         tx = entry.tx
-        relation = change.relation
-        if change.op is Op.DELETE:
-            assert change.old is not None
-            key = key_of(layout.normalize(change.old, relation))
-            row = rows.get(key)
-            if row is None:
-                rows[key] = KeyedRow(key, First.DELETE, tx, False, None)
-            else:
-                row.present, row.image, row.toast_key = False, None, None
-                row.changes, row.last_tx = row.changes + 1, tx
-            continue
-        assert change.new is not None
-        new = layout.normalize(change.new, relation)
-        key = key_of(new)
-        if change.op is Op.INSERT:
-            row = rows.get(key)
-            if row is None:
-                rows[key] = KeyedRow(key, First.INSERT, tx, True, new)
-            else:
-                row.present, row.image, row.toast_key, row.reinserted = True, new, None, True
-                row.changes, row.last_tx = row.changes + 1, tx
-            continue
-        old_key = key if change.old is None else key_of(layout.normalize(change.old, relation))
-        if old_key == key:
-            row = rows.get(key)
-            if row is None:
-                rows[key] = KeyedRow(key, First.UPDATE, tx, True, new)
-            else:
-                row.image = _overlay(new, row.image if row.present else None)
-                row.present = True
-                row.changes, row.last_tx = row.changes + 1, tx
-            continue
-        _key_change(rows, old_key, key, new, tx)
+        new = change.new
+        if (
+            first is not None
+            and change.relation is latest
+            and change.old is None
+            and new is not None
+            and net.key_kinds is not None
+        ):
+            # Most changes: an INSERT or an UPDATE of a key's first change in the batch, a
+            # key of one column, the table's latest layout - made without a call but the row's.
+            key: Key = (new.values[first],)
+            if key not in rows:
+                made = First.INSERT if change.op is insert else First.UPDATE
+                rows[key] = KeyedRow(key, made, tx, True, new)
+                continue
+        _fold_change(rows, change, tx, key_of, layout)
+
+
+def _fold_change(
+    rows: dict[Key, KeyedRow],
+    change: RowChange,
+    tx: int,
+    key_of: Callable[[TupleData], Key],
+    layout: Layout,
+) -> None:
+    """``fold_keyed`` of one change, any change."""
+    relation = change.relation
+    if change.op is Op.DELETE:
+        assert change.old is not None
+        key = key_of(layout.normalize(change.old, relation))
+        row = rows.get(key)
+        if row is None:
+            rows[key] = KeyedRow(key, First.DELETE, tx, False, None)
+        else:
+            row.present, row.image, row.toast_key = False, None, None
+            row.changes, row.last_tx = row.changes + 1, tx
+        return
+    assert change.new is not None
+    new = layout.normalize(change.new, relation)
+    key = key_of(new)
+    if change.op is Op.INSERT:
+        row = rows.get(key)
+        if row is None:
+            rows[key] = KeyedRow(key, First.INSERT, tx, True, new)
+        else:
+            row.present, row.image, row.toast_key, row.reinserted = True, new, None, True
+            row.changes, row.last_tx = row.changes + 1, tx
+        return
+    old_key = key if change.old is None else key_of(layout.normalize(change.old, relation))
+    if old_key == key:
+        row = rows.get(key)
+        if row is None:
+            rows[key] = KeyedRow(key, First.UPDATE, tx, True, new)
+        else:
+            row.image = _overlay(new, row.image if row.present else None)
+            row.present = True
+            row.changes, row.last_tx = row.changes + 1, tx
+        return
+    _key_change(rows, old_key, key, new, tx)
 
 
 def _key_change(rows: dict[Key, KeyedRow], old_key: Key, key: Key, new: TupleData, tx: int) -> None:

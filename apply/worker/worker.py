@@ -116,7 +116,7 @@ class ApplyWorker:
                     self._apply_spooled(tx, stopping)
                 continue
             if queued is not None:
-                self._add(queued)
+                self._add(queued, self._hooks.skip_lsn)
                 # What else is waiting joins this batch first: a batch due by the age of its
                 # oldest transaction takes everything that arrived while the last one applied.
                 tx = self._add_waiting(tx)
@@ -129,10 +129,11 @@ class ApplyWorker:
                 self._hooks.idle(self._progress.done_through)
         self._hooks.record_checkpoint()  # a clean stop: the next start resumes exactly here
 
-    def _add(self, queued: Queued) -> None:
+    def _add(self, queued: Queued, skip: Lsn | None) -> None:
+        """``queued`` joins the open batch; ``skip``: the skip LSN (``_skipping``)."""
         tx = queued.tx
         assert isinstance(tx, RemoteTransaction)
-        if self._skipping(tx, len(tx.changes)):
+        if skip is not None and self._skipping(tx, len(tx.changes), skip):
             tx = replace(tx, changes=(), size=0)
         self._batcher.add(tx, arrived=queued.arrived)
         forming = self._applier.forming
@@ -195,18 +196,21 @@ class ApplyWorker:
         single-row ones is 200,000 of them)."""
         while True:
             run = self._queue.take(RUN, accept=in_memory_transaction)
+            skip = self._hooks.skip_lsn  # read once a run: a look at the settings each
             for n, queued in enumerate(run):
                 if self._batcher.full() or self._isolating(tx):
                     self._queue.give_back(run[n:])
                     return tx
-                self._add(queued)
+                self._add(queued, skip)
                 tx = queued.tx
             if len(run) < RUN or (until is not None and time.monotonic() >= until):
                 return tx
 
-    def _skipping(self, tx: AssembledTransaction, changes: int) -> bool:
-        """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty)."""
-        skip = self._hooks.skip_lsn
+    def _skipping(self, tx: AssembledTransaction, changes: int, skip: Lsn | None = None) -> bool:
+        """``pgsub skip``: whether ``tx`` finishes at the skip LSN (it is applied as empty);
+        ``skip``: that LSN as read for a run of transactions (None: read it now)."""
+        if skip is None:
+            skip = self._hooks.skip_lsn
         if skip is None or self._clear_skip_at is not None or tx.final_lsn < skip:
             return False
         self._clear_skip_at = tx.end_lsn

@@ -72,6 +72,10 @@ _ROLLBACK_PREPARED_HEAD: Final = struct.Struct("!BQQqqI")
 
 _IDENTITIES: Final = {ord(r.value): r for r in ReplicaIdentity}
 CHANGE_TYPES: Final = frozenset(b"IUD")
+# A small transaction read whole (``PgOutputDecoder.whole_at``): its xid, final LSN and
+# Begin's commit time, its Commit's flags, end LSN and commit time, its row changes, and
+# the index of the frame after its Commit.
+WholeFields = tuple[int, Lsn, int, int, Lsn, int, tuple[Insert | Update | Delete, ...], int]
 # Fewer messages of one relation than this are decoded one by one: below it,
 # numpy's fixed cost per call outweighs what the column-wise walk saves.
 WALK_AT_LEAST: Final = 32
@@ -194,12 +198,13 @@ class PgOutputDecoder:
 
     def whole_at(
         self, frames: Sequence[tuple[Lsn, bytes]], at: int, most: int
-    ) -> tuple[Begin, tuple[Insert | Update | Delete, ...], Commit, int] | None:
+    ) -> WholeFields | None:
         """The small transaction whose Begin is ``frames[at]`` (frames as (LSN, payload)),
         read whole when it is all there - at most ``most`` row changes ``decode_change``
-        reads directly, then its Commit - and well formed: its Begin, its changes, its
-        Commit and the index of the frame after it, as ``decode_begin``, ``decode_change``
-        and ``decode_commit`` in turn would decode them. Nothing is kept of it (the session
+        reads directly, then its Commit - and well formed: its Begin's and Commit's fields,
+        its changes and the index of the frame after it (``WholeFields``), as
+        ``decode_begin``, ``decode_change`` and ``decode_commit`` in turn would decode them,
+        with no Begin or Commit made. Nothing is kept of it (the session
         is outside a transaction before and after). None: not such a transaction; its
         frames are left to be decoded one at a time."""
         begin = frames[at][1]
@@ -217,9 +222,16 @@ class PgOutputDecoder:
                 flags, commit_lsn, end_lsn, time = _COMMIT.unpack_from(payload, 1)
                 if commit_lsn != final_lsn:
                     return None
-                opened = Begin(unpacked(final_lsn), commit_time, xid)
-                commit = Commit(flags, opened.final_lsn, unpacked(end_lsn), time)
-                return opened, tuple(changes), commit, index + 1
+                return (
+                    xid,
+                    unpacked(final_lsn),
+                    commit_time,
+                    flags,
+                    unpacked(end_lsn),
+                    time,
+                    tuple(changes),
+                    index + 1,
+                )
             change = self._change_within(payload) if len(changes) < most else None
             if change is None:
                 return None

@@ -85,12 +85,12 @@ class TransactionTracker:
     def observe(self, message: Decoded) -> None:
         progress = self._progress
         if type(message) is WholeTransaction and not self._holding:
-            progress.handed_out(message.commit.end_lsn)  # read whole in one step: never open
+            progress.handed_out(message.end_lsn)  # read whole in one step: never open
             return
         match message:
-            case WholeTransaction(commit=commit):  # its Begin was held: open since
+            case WholeTransaction(end_lsn=end):  # its Begin was held: open since
                 self._holding = False
-                progress.close_transaction(commit.end_lsn)
+                progress.close_transaction(end)
             case Begin() if self._holding:
                 self._holding = False  # held, then handed on as it was: opened already
             case Begin() | BeginPrepare():

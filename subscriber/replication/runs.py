@@ -46,11 +46,42 @@ _COMMIT: Final = ord("C")
 @quick
 @dataclass(frozen=True, slots=True)
 class WholeTransaction:
-    """A small transaction decoded to its Commit: the messages it was, as one item."""
+    """A small transaction decoded to its Commit, as one item: its Begin's and Commit's
+    fields, flat - the two messages are made only when asked for (``begin``, ``commit``,
+    ``messages``), which a backlog of single-row transactions never does (two objects
+    less a transaction on the receiver's thread)."""
 
-    begin: Begin
+    xid: int
+    final_lsn: Lsn  # the Begin's, which is the Commit's commit LSN
+    begin_time: int  # the Begin's commit time
+    flags: int  # the Commit's
+    end_lsn: Lsn
+    commit_time: int  # the Commit's
     changes: tuple[Insert | Update | Delete, ...]
-    commit: Commit
+
+    @classmethod
+    def of(
+        cls, begin: Begin, changes: tuple[Insert | Update | Delete, ...], commit: Commit
+    ) -> WholeTransaction:
+        """The transaction ``begin``, ``changes``, ``commit`` (whose commit LSN is the
+        Begin's final LSN)."""
+        return cls(
+            begin.xid,
+            begin.final_lsn,
+            begin.commit_time,
+            commit.flags,
+            commit.end_lsn,
+            commit.commit_time,
+            changes,
+        )
+
+    @property
+    def begin(self) -> Begin:
+        return Begin(self.final_lsn, self.begin_time, self.xid)
+
+    @property
+    def commit(self) -> Commit:
+        return Commit(self.flags, self.final_lsn, self.end_lsn, self.commit_time)
 
     def messages(self) -> list[Message]:
         """The messages it was, in stream order."""
@@ -102,8 +133,10 @@ class RunDecoder:
             if whole_at is not None and self._begin is None and not self._payloads:
                 whole = whole_at(frames, at, WHOLE_AT_MOST)
                 if whole is not None:
-                    begin, changes, commit, at = whole
-                    yield WholeTransaction(begin, changes, commit)
+                    xid, final_lsn, begin_time, flags, end_lsn, commit_time, changes, at = whole
+                    yield WholeTransaction(
+                        xid, final_lsn, begin_time, flags, end_lsn, commit_time, changes
+                    )
                     continue
             lsn, payload = frames[at]
             yield from self.push(payload, lsn)
@@ -119,7 +152,7 @@ class RunDecoder:
             whole, self._begin, self._whole = self._whole, None, []
             if kind == _COMMIT:
                 commit = self.decoder.decode_commit(payload, lsn)
-                return (WholeTransaction(begin, tuple(whole), commit),)
+                return (WholeTransaction.of(begin, tuple(whole), commit),)
             released: list[Decoded] = [begin, *whole]
             released.extend(self._push(payload, lsn))
             return released

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
+from typing import NoReturn
 
 import psycopg
 import structlog
@@ -39,12 +40,11 @@ from subscriber.replication.lsn import ZERO, Lsn, unpacked
 from subscriber.replication.progress import Feedback, Progress
 from subscriber.replication.stream_policy import Silence, StreamPolicy
 from subscriber.replication.wire import (
-    XLOG_PAYLOAD,
     Keepalive,
     XLogData,
     parse_frame,
     status_update,
-    xlog_header,
+    xlog_frames,
 )
 
 log = structlog.get_logger(__name__)
@@ -323,31 +323,35 @@ class ReplicationStream:
         """Every XLogData libpq holds, as (WAL start, payload) in stream order: at least
         one, waited for as ``read`` waits, or none when ``timeout`` passes first.
 
-        The receiver's path: past the first frame, one clock reading for the lot, and no
-        ``XLogData`` made for each frame. As with ``read``, ``progress`` counts the lot
-        received when the consumer comes back for more.
+        The receiver's path: past the first frame, one flat loop (``wire.xlog_frames``), one
+        clock reading for the lot, and no ``XLogData`` made for each frame. As with
+        ``read``, ``progress`` counts the lot received when the consumer comes back for more.
         """
         first = self.read(timeout)
         if first is None:
             return []
         out = [(first.data_start, first.payload)]
-        received = end = sent = 0
-        while (frame := self._next_frame()) is not None:
-            header = xlog_header(frame)
-            if header is None:  # a keepalive; ``parse_frame`` refuses what is no frame
-                message = parse_frame(frame)
-                assert isinstance(message, Keepalive)  # an XLogData has a header
-                # Its WAL end covers the frames before it, not yet taken in: told later.
-                self._keepalive(message, taken_in=False)
-                continue
-            start, end, sent = header
-            out.append((unpacked(start), frame[XLOG_PAYLOAD:]))
-            received = max(received, start, end)
+        received = 0
+        while True:
+            try:
+                run = xlog_frames(self._pgconn.get_copy_data, out)
+            except psycopg.OperationalError as exc:
+                raise ConnectionLostError(f"replication connection lost: {exc}") from exc
+            received = max(received, run.received)
+            if run.send_time:  # a keepalive among them may have told more already
+                self.last_server_time = max(self.last_server_time, run.send_time)
+                self.last_wal_end = unpacked(max(self.last_wal_end or 0, run.wal_end))
+            if run.stop_length <= 0:
+                if run.stop_length < 0:
+                    self._copy_ended(run.stop_length)
+                break
+            assert run.stop is not None  # a frame of ``stop_length`` bytes
+            message = parse_frame(bytes(run.stop))  # refuses what is no frame
+            assert isinstance(message, Keepalive)  # an XLogData was taken
+            # Its WAL end covers the frames before it, not yet taken in: told later.
+            self._keepalive(message, taken_in=False)
         if len(out) > 1:
             self._arrived()
-            if sent:  # a keepalive among them may have told more already
-                self.last_server_time = max(self.last_server_time, sent)
-                self.last_wal_end = unpacked(max(self.last_wal_end or 0, end))
             self._handed = max(self._handed, unpacked(received))
         return out
 
@@ -404,7 +408,11 @@ class ReplicationStream:
             return bytes(data)
         if nbytes == 0:
             return None
-        # -1: the server ended the copy; -2: an error. Either way the stream is over.
+        self._copy_ended(nbytes)
+
+    def _copy_ended(self, nbytes: int) -> NoReturn:
+        """``get_copy_data`` gave ``nbytes`` < 0: -1, the server ended the copy; -2, an
+        error. Either way the stream is over."""
         self.ended = True
         reason = self._final_error() or "the server ended the replication stream"
         raise ConnectionLostError(reason)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -54,12 +55,44 @@ class Keepalive:
 XLOG_PAYLOAD: Final = 1 + _XLOG_HEADER.size
 
 
-def xlog_header(frame: bytes) -> tuple[int, int, int] | None:
-    """An XLogData frame's WAL start, WAL end and send time; None for any other frame
-    (``parse_frame`` says what it is, or why it is none)."""
-    if len(frame) >= XLOG_PAYLOAD and frame[0] == 0x77:  # 'w'
-        return _XLOG_HEADER.unpack_from(frame, 1)
-    return None
+# libpq's next CopyData frame, as psycopg's ``PGconn.get_copy_data(1)`` gives it: its
+# length (0: none is buffered; -1: the copy ended; -2: an error) and its bytes.
+GetCopyData = Callable[[int], tuple[int, memoryview]]
+
+
+@dataclass(slots=True)
+class XLogRun:
+    """What ``xlog_frames`` took: the highest WAL position of its frames (their starts and
+    ends, as PostgreSQL's apply worker counts ``last_received``), the last one's WAL end
+    and send time (0: none was taken), and the frame that stopped it - its length as
+    ``GetCopyData`` gave it (0: none was left) and its bytes."""
+
+    received: int = 0
+    wal_end: int = 0
+    send_time: int = 0
+    stop_length: int = 0
+    stop: memoryview | None = None
+
+
+def xlog_frames(get_copy_data: GetCopyData, out: list[tuple[Lsn, bytes]]) -> XLogRun:
+    """Appends to ``out`` each XLogData frame libpq holds, as (WAL start, payload) in
+    stream order, until one that is not an XLogData (a keepalive, the end of the copy,
+    what ``parse_frame`` refuses: the caller's to handle) or none is buffered.
+
+    The receiver's loop over a backlog's frames - three a single-row transaction - made
+    flat: each frame's bytes copied once (its payload), no call a frame but libpq's and
+    the header's unpacking (docs/performance.md, "Frames taken in one flat loop")."""
+    append = out.append
+    unpack = _XLOG_HEADER.unpack_from
+    received = end = sent = 0
+    while True:
+        length, data = get_copy_data(1)
+        if length < XLOG_PAYLOAD or data[0] != 0x77:  # not a 'w' with a whole header
+            return XLogRun(received, end, sent, length, data)
+        start, end, sent = unpack(data, 1)
+        append((unpacked(start), bytes(data[XLOG_PAYLOAD:])))
+        received = max(received, start)
+        received = max(received, end)
 
 
 def parse_frame(frame: bytes) -> XLogData | Keepalive:

@@ -52,6 +52,7 @@ SAMPLE: dict[str, Any] = {  # a distinct value a field name, whatever its class
     "values": (b"7", None),
     "final_lsn": Lsn(0x10),
     "commit_time": 12,
+    "begin_time": 11,
     "xid": 741,
     "flags": 0,
     "commit_lsn": Lsn(0x10),

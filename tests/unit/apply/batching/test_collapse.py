@@ -162,3 +162,20 @@ def test_a_net_sent_to_a_writer_process_arrives_whole_and_in_order() -> None:
     assert [type(r.image) for r in back.rows.values()] == [type(r.image) for r in net.rows.values()]
     assert back.rows[(b"2",)].toast_key == (b"1",) and back.rows[(b"1",)].partner == (b"2",)
     assert back.rows[(b"4",)].reinserted and back.rows[(b"7",)].keeps_target_values
+
+
+def test_a_keys_first_change_folds_alike_in_the_tables_layout_or_an_equal_one() -> None:
+    """``fold_keyed`` makes a key's first INSERT or UPDATE in the table's latest layout
+    without its general step; a Relation equal to it but not it takes the general step:
+    the same rows either way, their first change, transaction and image."""
+    same = relation("id", "v", "big")
+    assert same == T and same is not T
+    changes = [ins(T, 1, "a"), upd(T, 2, "b"), upd(T, 1, "c"), dele(T, 3), ins(T, 3, "d")]
+    mixed = [ins(T, 1, "a"), upd(same, 2, "b"), upd(same, 1, "c"), dele(same, 3)]
+    latest = keyed(batch(tx(*changes[:1]), tx(*changes[1:], end=200)))
+    equal = keyed(batch(tx(*mixed[:1]), tx(*mixed[1:], ins(same, 3, "d"), end=200)))
+    assert latest.rows == equal.rows
+    one, two = latest.rows[(b"1",)], latest.rows[(b"2",)]
+    assert (one.first, one.first_tx, one.changes, one.image) == (First.INSERT, 0, 2, row(1, "c"))
+    assert (two.first, two.first_tx, two.changes, two.image) == (First.UPDATE, 1, 1, row(2, "b"))
+    assert latest.rows[(b"3",)].first is First.DELETE and latest.rows[(b"3",)].reinserted

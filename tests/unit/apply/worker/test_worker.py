@@ -513,10 +513,10 @@ def test_a_batch_whose_writes_are_done_is_confirmed_before_a_backlog_queued_mean
     formed: list[Lsn] = []
     add = harness.worker._add
 
-    def slow_add(queued: Any) -> Any:
+    def slow_add(queued: Any, skip: Any) -> Any:
         formed.append(queued.tx.end_lsn)
         time.sleep(0.002)
-        return add(queued)
+        return add(queued, skip)
 
     monkeypatch.setattr(harness.worker, "_add", slow_add)
     stopping = threading.Event()

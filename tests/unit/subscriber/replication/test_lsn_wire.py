@@ -1,4 +1,5 @@
 import struct
+from collections.abc import Callable
 
 import pytest
 
@@ -10,6 +11,7 @@ from subscriber.replication.wire import (
     parse_frame,
     pg_timestamp,
     status_update,
+    xlog_frames,
 )
 
 
@@ -57,6 +59,50 @@ def test_xlogdata_and_keepalive_frames() -> None:
 def test_bad_frames_raise_protocol_error(frame: bytes) -> None:
     with pytest.raises(ProtocolError):
         parse_frame(frame)
+
+
+def _libpq(*frames: bytes, then: int = 0) -> Callable[[int], tuple[int, memoryview]]:
+    """``get_copy_data`` of a libpq holding ``frames``, then giving ``then`` (0: none left)."""
+    given = iter([(len(f), memoryview(f)) for f in frames] + [(then, memoryview(b""))])
+    return lambda _: next(given)
+
+
+def _xlog(start: int, end: int, payload: bytes) -> bytes:
+    return b"w" + struct.pack("!QQq", start, end, start * 10) + payload
+
+
+def test_xlog_frames_takes_every_xlogdata_buffered_and_stops_at_what_is_none() -> None:
+    """Each frame's WAL start and payload (its own bytes), the highest position among their
+    starts and ends, the last one's WAL end and send time; it stops at a keepalive, handing
+    it back whole for ``parse_frame``, and takes on from the frame after it."""
+    keepalive = b"k" + struct.pack("!QqB", 0x900, 5, 1)
+    get = _libpq(_xlog(0x30, 0x40, b"B1"), _xlog(0x50, 0x48, b"C2"), keepalive, _xlog(7, 8, b"U"))
+    out: list[tuple[Lsn, bytes]] = []
+    run = xlog_frames(get, out)
+    assert out == [(Lsn(0x30), b"B1"), (Lsn(0x50), b"C2")]
+    assert all(type(payload) is bytes and type(lsn) is Lsn for lsn, payload in out)
+    assert (run.received, run.wal_end, run.send_time) == (0x50, 0x48, 0x50 * 10)
+    assert run.stop is not None and bytes(run.stop) == keepalive
+    assert run.stop_length == len(keepalive)
+    run = xlog_frames(get, out)
+    assert out[2:] == [(Lsn(7), b"U")] and run.stop_length == 0
+
+
+@pytest.mark.parametrize("then", [-1, -2])
+def test_xlog_frames_hands_back_the_end_of_the_copy(then: int) -> None:
+    out: list[tuple[Lsn, bytes]] = []
+    run = xlog_frames(_libpq(_xlog(1, 2, b"B"), then=then), out)
+    assert out == [(Lsn(1), b"B")] and run.stop_length == then
+
+
+def test_xlog_frames_leaves_a_truncated_xlogdata_to_parse_frame() -> None:
+    """A 'w' frame shorter than its header is not taken: ``parse_frame`` refuses it."""
+    short = b"w" + b"\x00" * 10
+    out: list[tuple[Lsn, bytes]] = []
+    run = xlog_frames(_libpq(short), out)
+    assert out == [] and run.stop is not None
+    with pytest.raises(ProtocolError):
+        parse_frame(bytes(run.stop))
 
 
 def test_status_update_layout() -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from apply.delta.files.local_store import LocalStore
 from apply.delta.writer.key_index import KeyIndex, lookup_keys
+from apply.delta.writer.live_files import VectorFile
 
 TYPES = pa.schema(
     [
@@ -79,3 +80,37 @@ def test_a_one_column_key_is_the_column_itself() -> None:
     assert fields is not None
     rows = pa.table({"id": pa.array([3, 1], pa.int32()), "v": ["a", "b"]})
     assert KeyIndex(LocalStore("unused"), fields).key_of(rows).equals(pa.array([3, 1], pa.int64()))
+
+
+def _file(name: str) -> VectorFile:
+    return VectorFile(name, name, 1, 0, None, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    files=st.lists(st.lists(st.integers(-50, 50), max_size=40), min_size=1, max_size=4),
+    wanted=st.lists(st.integers(-60, 60), max_size=30, unique=True),  # a batch: one row a key
+)
+def test_a_batchs_integer_keys_are_found_in_any_order_as_each_file_holds_them(
+    files: list[list[int]], wanted: list[int]
+) -> None:
+    """The rows holding a key of the batch, by file in row order, whatever order the batch's
+    keys come in (they are looked up sorted) and though a file holds a key twice."""
+    fields = lookup_keys(TYPES, ("id",))
+    assert fields is not None
+    index = KeyIndex(LocalStore("unused"), fields)
+    live = [_file(f"part-{n}") for n in range(len(files))]
+    for file, keys in zip(live, files, strict=True):
+        index.added(file.name, pa.table({"id": pa.array(keys, pa.int64())}))
+    matches, found = index.find(live, pa.array(wanted, pa.int64()))
+    looked_for = set(wanted)
+    expected = {
+        file.name: [row for row, key in enumerate(keys) if key in looked_for]
+        for file, keys in zip(live, files, strict=True)
+    }
+    got = {match.file.name: match.positions.tolist() for match in matches}
+    assert got == {name: rows for name, rows in expected.items() if rows}
+    keys_by_file = dict(zip([f.name for f in live], files, strict=True))
+    assert found.to_pylist() == [
+        keys_by_file[match.file.name][row] for match in matches for row in match.positions
+    ]
