@@ -81,7 +81,8 @@ def xlog_frames(get_copy_data: GetCopyData, out: list[tuple[Lsn, bytes]]) -> XLo
 
     The receiver's loop over a backlog's frames - three a single-row transaction - made
     flat: each frame's bytes copied once (its payload), no call a frame but libpq's and
-    the header's unpacking (docs/performance.md, "Frames taken in one flat loop")."""
+    the header's unpacking (docs/performance.md, "The backlog's three threads, less
+    Python each")."""
     append = out.append
     unpack = _XLOG_HEADER.unpack_from
     received = end = sent = 0
