@@ -14,17 +14,23 @@ column, so that they can be turned into typed columns a batch at a time.
 ``decode_changes`` takes a run of consecutive Insert/Update/Delete messages
 at once and reads the row images of each relation's messages a column at a
 time (``subscriber.replication.tuples``); the result equals decoding them one by one,
-errors included.
+errors included. What a backlog of small transactions is made of is read without a
+cursor (``subscriber.replication.direct_reads``, which the decoder extends).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from typing import Final, cast
+from typing import Final
 
 import numpy as np
 
+from subscriber.replication.direct_reads import (
+    BEGIN_BODY,
+    COMMIT_BODY,
+    DirectReads,
+)
 from subscriber.replication.errors import ProtocolError
 from subscriber.replication.lsn import Lsn, unpacked
 from subscriber.replication.messages import (
@@ -51,37 +57,21 @@ from subscriber.replication.messages import (
     Type,
     Update,
 )
-from subscriber.replication.reader import MessageReader, tuple_at
+from subscriber.replication.reader import MessageReader
 from subscriber.replication.tuples import ChangeGroup, RowChanges, RunBuffer, walk_changes
 
-_BEGIN: Final = struct.Struct("!QqI")
-_COMMIT: Final = struct.Struct("!BQQq")
-_BEGIN_SIZE: Final = 1 + _BEGIN.size  # the whole message, its type byte included
-_COMMIT_SIZE: Final = 1 + _COMMIT.size
-_BEGIN_TYPE: Final = ord("B")
-_COMMIT_TYPE: Final = b"C"
-_U32: Final = struct.Struct("!I").unpack_from
-# A row change's type and the byte naming its first row image (``decode_change``).
-_INSERT, _UPDATE, _DELETE = ord("I"), ord("U"), ord("D")
-_NEW, _KEY = ord("N"), ord("K")
-_OLD: Final = frozenset(b"KO")
 _STREAM_COMMIT: Final = struct.Struct("!IBQQq")
 _PREPARE_HEAD: Final = struct.Struct("!BQQqI")
 _BEGIN_PREPARE_HEAD: Final = struct.Struct("!QQqI")
 _ROLLBACK_PREPARED_HEAD: Final = struct.Struct("!BQQqqI")
 
 _IDENTITIES: Final = {ord(r.value): r for r in ReplicaIdentity}
-CHANGE_TYPES: Final = frozenset(b"IUD")
-# A small transaction read whole (``PgOutputDecoder.whole_at``): its xid, final LSN and
-# Begin's commit time, its Commit's flags, end LSN and commit time, its row changes, and
-# the index of the frame after its Commit.
-WholeFields = tuple[int, Lsn, int, int, Lsn, int, tuple[Insert | Update | Delete, ...], int]
 # Fewer messages of one relation than this are decoded one by one: below it,
 # numpy's fixed cost per call outweighs what the column-wise walk saves.
 WALK_AT_LEAST: Final = 32
 
 
-class PgOutputDecoder:
+class PgOutputDecoder(DirectReads):
     """Decodes one replication session's pgoutput messages, in order."""
 
     def __init__(self, proto_version: int = 1, *, parallel_streaming: bool = False) -> None:
@@ -160,108 +150,6 @@ class PgOutputDecoder:
             ) from exc
         return message
 
-    def decode_begin(self, payload: bytes, lsn: Lsn | None = None) -> Begin:
-        """``decode`` of a Begin message, without a reader when it is well formed and
-        may come here; otherwise ``decode`` itself, for its error."""
-        if len(payload) != _BEGIN_SIZE or self._open is not None or self._stream_xid is not None:
-            return cast(Begin, self.decode(payload, lsn))
-        final_lsn, commit_time, xid = _BEGIN.unpack_from(payload, 1)
-        begin = self._open = Begin(unpacked(final_lsn), commit_time, xid)
-        return begin
-
-    def decode_commit(self, payload: bytes, lsn: Lsn | None = None) -> Commit:
-        """``decode`` of a Commit message, as ``decode_begin`` is of a Begin."""
-        open_ = self._open
-        if len(payload) != _COMMIT_SIZE or not isinstance(open_, Begin):
-            return cast(Commit, self.decode(payload, lsn))
-        flags, commit_lsn, end_lsn, commit_time = _COMMIT.unpack_from(payload, 1)
-        if commit_lsn != open_.final_lsn:
-            return cast(Commit, self.decode(payload, lsn))
-        self._open = None
-        return Commit(flags, unpacked(commit_lsn), unpacked(end_lsn), commit_time)
-
-    def decode_change(self, payload: bytes, lsn: Lsn | None = None) -> Insert | Update | Delete:
-        """``decode`` of an Insert, an Update without an old image, or a Delete in an open
-        transaction (not a streamed block), read without a cursor when well formed - a
-        backlog of small transactions is bound by the receiver's Python a message; any
-        other message, or one not well formed, ``decode`` itself, for its error."""
-        change = self._plain_change(payload)
-        if change is None:
-            return cast(Insert | Update | Delete, self.decode(payload, lsn))
-        return change
-
-    def _plain_change(self, payload: bytes) -> Insert | Update | Delete | None:
-        """``decode_change``'s direct read; None: the message is left to ``decode``."""
-        if self._open is None or self._stream_xid is not None:
-            return None
-        return self._change_within(payload)
-
-    def whole_at(
-        self, frames: Sequence[tuple[Lsn, bytes]], at: int, most: int
-    ) -> WholeFields | None:
-        """The small transaction whose Begin is ``frames[at]`` (frames as (LSN, payload)),
-        read whole when it is all there - at most ``most`` row changes ``decode_change``
-        reads directly, then its Commit - and well formed: its Begin's and Commit's fields,
-        its changes and the index of the frame after it (``WholeFields``), as
-        ``decode_begin``, ``decode_change`` and ``decode_commit`` in turn would decode them,
-        with no Begin or Commit made. Nothing is kept of it (the session
-        is outside a transaction before and after). None: not such a transaction; its
-        frames are left to be decoded one at a time."""
-        begin = frames[at][1]
-        if len(begin) != _BEGIN_SIZE or self._open is not None or self._stream_xid is not None:
-            return None
-        if begin[0] != _BEGIN_TYPE:
-            return None
-        changes: list[Insert | Update | Delete] = []
-        for index in range(at + 1, min(len(frames), at + most + 2)):
-            payload = frames[index][1]
-            if payload[:1] == _COMMIT_TYPE:
-                if len(payload) != _COMMIT_SIZE:
-                    return None
-                final_lsn, commit_time, xid = _BEGIN.unpack_from(begin, 1)
-                flags, commit_lsn, end_lsn, time = _COMMIT.unpack_from(payload, 1)
-                if commit_lsn != final_lsn:
-                    return None
-                return (
-                    xid,
-                    unpacked(final_lsn),
-                    commit_time,
-                    flags,
-                    unpacked(end_lsn),
-                    time,
-                    tuple(changes),
-                    index + 1,
-                )
-            change = self._change_within(payload) if len(changes) < most else None
-            if change is None:
-                return None
-            changes.append(change)
-        return None
-
-    def _change_within(self, payload: bytes) -> Insert | Update | Delete | None:
-        """A row change in an open transaction read directly; None: left to ``decode``."""
-        if len(payload) < 8:
-            return None
-        relation = self.relations.get(_U32(payload, 1)[0])
-        kind, part = payload[0], payload[5]
-        if (
-            relation is None
-            or kind not in CHANGE_TYPES
-            or (part not in _OLD if kind == _DELETE else part != _NEW)
-        ):
-            return None
-        try:
-            image, end = tuple_at(payload, 6, len(relation.columns))
-        except ProtocolError:
-            return None
-        if end != len(payload):
-            return None
-        if kind == _UPDATE:
-            return Update(relation.oid, image)
-        if kind == _INSERT:
-            return Insert(relation.oid, image)
-        return Delete(relation.oid, image, part == _KEY)
-
     def decode_changes(self, payloads: Sequence[bytes], lsns: Sequence[Lsn]) -> RowChanges:
         """Consecutive Insert/Update/Delete messages, decoded together.
 
@@ -332,14 +220,14 @@ class PgOutputDecoder:
     # -- transactions ----------------------------------------------------
 
     def _begin(self, r: MessageReader) -> Begin:
-        final_lsn, commit_time, xid = r._unpack(_BEGIN)
+        final_lsn, commit_time, xid = r._unpack(BEGIN_BODY)
         self._no_open_transaction("Begin")
         begin = Begin(unpacked(final_lsn), commit_time, xid)
         self._open = begin
         return begin
 
     def _commit(self, r: MessageReader) -> Commit:
-        flags, commit_lsn, end_lsn, commit_time = r._unpack(_COMMIT)
+        flags, commit_lsn, end_lsn, commit_time = r._unpack(COMMIT_BODY)
         if not isinstance(self._open, Begin):
             raise ProtocolError("Commit without a Begin", offset=0)
         if commit_lsn != self._open.final_lsn:

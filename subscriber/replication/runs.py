@@ -29,10 +29,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from subscriber.replication.direct_reads import CHANGE_TYPES
 from subscriber.replication.frozen import quick
 from subscriber.replication.lsn import Lsn
 from subscriber.replication.messages import Begin, Commit, Delete, Insert, Message, Update
-from subscriber.replication.pgoutput import CHANGE_TYPES, WALK_AT_LEAST, PgOutputDecoder
+from subscriber.replication.pgoutput import WALK_AT_LEAST, PgOutputDecoder
 from subscriber.replication.tuples import RowChanges
 
 RUN_MESSAGES: Final = 8192
